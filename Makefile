@@ -1,0 +1,59 @@
+# pg_cdc — every command a developer or CI needs. All set-up is in scripts/ and idempotent.
+SHELL := /bin/bash
+ENV := source scripts/env.sh &&
+
+.PHONY: demo test deps install up down restart psql unit lint regress e2e golden clean logs
+
+## demo: install what is missing, build + install the extension, start PostgreSQL and Kafka, run the demo
+demo: up
+	@$(ENV) scripts/demo.sh
+
+## test: everything CI checks (.ci/run runs exactly this)
+test: lint unit up regress e2e
+	@echo "make test: all checks passed"
+
+deps:
+	@scripts/install-deps.sh
+
+install: deps
+	@scripts/install-ext.sh
+
+## up: start PostgreSQL 15 (pg_cdc preloaded) and a single-node Kafka; restarts PostgreSQL when the extension changed
+up: install
+	@scripts/pg.sh start-fresh
+	@scripts/kafka.sh start
+
+down:
+	@scripts/kafka.sh stop
+	@scripts/pg.sh stop
+
+restart: install
+	@scripts/pg.sh restart
+
+psql:
+	@$(ENV) psql
+
+logs:
+	@scripts/pg.sh logs -n 50
+
+unit: deps
+	cargo test -p cdc-core -p cdc-sinks
+
+lint: deps
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+## regress: golden SQL tests of the SQL surface (pg_test/)
+regress:
+	@scripts/regress.sh
+
+## e2e: end-to-end tests against the real PostgreSQL and the real Kafka
+e2e:
+	@$(ENV) "$$PG_CDC_VENV/bin/python" -m pytest -q tests/e2e
+
+## golden: re-capture the pgoutput golden files from the running PostgreSQL
+golden:
+	@$(ENV) scripts/capture-golden.sh
+
+clean:
+	cargo clean

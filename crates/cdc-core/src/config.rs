@@ -1,0 +1,746 @@
+//! Capture config (`cdc_enable`) and sink config (`cdc_add_sink`): parsing and validation.
+//!
+//! Every key of the product description is known here. Keys whose feature is built are parsed into
+//! typed structs; keys whose feature is planned are refused with 0A000 (feature_not_supported) unless
+//! they are set to their "off" value, so a config never silently does less than it says. Unknown keys
+//! are 22023 with a "did you mean" hint; wrong types name the JSON path (`config.operations[1]`).
+//! Validation needs no database: the caller passes what it knows about the table in [`TableShape`].
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use crate::error::{did_you_mean, CdcError, CdcResult, ErrorKind};
+
+/// What the caller knows about the table being enabled.
+#[derive(Debug, Clone, Default)]
+pub struct TableShape {
+    /// The table's name as `regclass::text` prints it (for messages).
+    pub display_name: String,
+    /// Names of the columns pgoutput publishes (not dropped, not generated), in order.
+    pub columns: Vec<String>,
+    /// Primary key columns, empty when there is none.
+    pub primary_key: Vec<String>,
+    /// Columns of the REPLICA IDENTITY USING INDEX index, empty when not set.
+    pub replica_identity_index: Vec<String>,
+    /// `relreplident`: b'd', b'n', b'f' or b'i'.
+    pub replica_identity: u8,
+}
+
+/// The row operations a table can publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Operations {
+    /// INSERT events.
+    pub insert: bool,
+    /// UPDATE events.
+    pub update: bool,
+    /// DELETE events.
+    pub delete: bool,
+    /// TRUNCATE events.
+    pub truncate: bool,
+}
+
+impl Operations {
+    /// Every operation.
+    pub const ALL: Operations = Operations {
+        insert: true,
+        update: true,
+        delete: true,
+        truncate: true,
+    };
+
+    /// Only inserts: a table without a key can be captured this way.
+    pub fn insert_only(&self) -> bool {
+        self.insert && !self.update && !self.delete
+    }
+}
+
+/// The validated capture config of one table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureConfig {
+    /// Operations to emit.
+    pub operations: Operations,
+    /// Columns in the event images, in table order; `None` means every column.
+    pub include_columns: Option<Vec<String>>,
+    /// Columns never in the event images.
+    pub exclude_columns: Vec<String>,
+    /// Columns that form the message key (resolved: the given `key_columns`, else the primary key,
+    /// else the replica identity index; empty when the table has none, which only insert-only or
+    /// REPLICA IDENTITY FULL tables may have).
+    pub key_columns: Vec<String>,
+    /// Deliver the full before image of updates and deletes (sets REPLICA IDENTITY FULL).
+    pub before_image: bool,
+    /// Add `metadata.transaction` (id, commit LSN and time, position, size).
+    pub include_transaction_info: bool,
+    /// Column whose value keys the Kafka message instead of the key columns.
+    pub partition_key: Option<String>,
+}
+
+impl CaptureConfig {
+    /// Whether a column appears in the event images.
+    pub fn includes(&self, column: &str) -> bool {
+        let included = match &self.include_columns {
+            Some(cols) => cols.iter().any(|c| c == column),
+            None => true,
+        };
+        included && !self.exclude_columns.iter().any(|c| c == column)
+    }
+}
+
+/// Keys `cdc_enable` accepts, as in the product description.
+pub const CAPTURE_KEYS: &[&str] = &[
+    "capture_mode",
+    "operations",
+    "include_columns",
+    "exclude_columns",
+    "filter",
+    "filter_expression",
+    "key_columns",
+    "before_image",
+    "include_before_image",
+    "include_transaction_info",
+    "include_user_context",
+    "include_query_text",
+    "partition_key",
+    "compliance",
+    "exactly_once",
+    "schema_evolution",
+    "transformations",
+];
+
+/// A JSON object being read, with the path for messages and the keys already used.
+struct Obj<'a> {
+    path: String,
+    map: &'a Map<String, Value>,
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> CdcError {
+    CdcError::new(ErrorKind::InvalidParameter, msg)
+}
+
+fn wrong_type(path: &str, expected: &str, got: &Value) -> CdcError {
+    invalid(format!("{path} must be {expected}, not {}", type_name(got)))
+}
+
+impl<'a> Obj<'a> {
+    fn root(name: &str, v: &'a Value) -> CdcResult<Self> {
+        match v {
+            Value::Object(map) => Ok(Obj {
+                path: name.to_string(),
+                map,
+            }),
+            other => Err(wrong_type(name, "a JSON object", other)),
+        }
+    }
+
+    fn child_path(&self, key: &str) -> String {
+        format!("{}.{}", self.path, key)
+    }
+
+    fn check_keys(&self, known: &[&str]) -> CdcResult<()> {
+        for k in self.map.keys() {
+            if !known.contains(&k.as_str()) {
+                let mut e = invalid(format!("unknown key \"{k}\" in {}", self.path));
+                e = match did_you_mean(k, known.iter().copied()) {
+                    Some(s) => e.hint(format!("Did you mean \"{s}\"?")),
+                    None => e.hint(format!("Valid keys: {}.", known.join(", "))),
+                };
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn bool(&self, key: &str) -> CdcResult<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(wrong_type(&self.child_path(key), "true or false", v)),
+        }
+    }
+
+    fn string(&self, key: &str) -> CdcResult<Option<&'a str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
+            Some(Value::String(_)) => Err(invalid(format!(
+                "{} must not be empty",
+                self.child_path(key)
+            ))),
+            Some(v) => Err(wrong_type(&self.child_path(key), "a string", v)),
+        }
+    }
+
+    fn int(&self, key: &str, min: i64, max: i64) -> CdcResult<Option<i64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v @ Value::Number(n)) => match n.as_i64() {
+                Some(i) if (min..=max).contains(&i) => Ok(Some(i)),
+                _ => Err(invalid(format!(
+                    "{} must be an integer between {min} and {max}, not {n}",
+                    self.child_path(key)
+                ))
+                .detail(format!("got a {}", type_name(v)))),
+            },
+            Some(v) => Err(wrong_type(&self.child_path(key), "an integer", v)),
+        }
+    }
+
+    fn strings(&self, key: &str) -> CdcResult<Option<Vec<String>>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => {
+                let mut out = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    match item {
+                        Value::String(s) if !s.is_empty() => {
+                            if out.contains(s) {
+                                return Err(invalid(format!(
+                                    "{}[{i}]: \"{s}\" is listed twice",
+                                    self.child_path(key)
+                                )));
+                            }
+                            out.push(s.clone())
+                        }
+                        other => {
+                            return Err(wrong_type(
+                                &format!("{}[{i}]", self.child_path(key)),
+                                "a non-empty string",
+                                other,
+                            ))
+                        }
+                    }
+                }
+                Ok(Some(out))
+            }
+            Some(v) => Err(wrong_type(&self.child_path(key), "an array of strings", v)),
+        }
+    }
+
+    fn object(&self, key: &str) -> CdcResult<Option<Obj<'a>>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Object(map)) => Ok(Some(Obj {
+                path: self.child_path(key),
+                map,
+            })),
+            Some(v) => Err(wrong_type(&self.child_path(key), "a JSON object", v)),
+        }
+    }
+}
+
+fn planned(path: &str, what: &str) -> CdcError {
+    CdcError::new(
+        ErrorKind::FeatureNotSupported,
+        format!("{path} is not supported yet: {what} is planned"),
+    )
+    .hint("See the README's configuration table for what works in this version.")
+}
+
+fn check_column(shape: &TableShape, path: &str, col: &str) -> CdcResult<()> {
+    if shape.columns.iter().any(|c| c == col) {
+        return Ok(());
+    }
+    let e = CdcError::new(
+        ErrorKind::UndefinedColumn,
+        format!(
+            "{path}: column \"{col}\" of table {} does not exist",
+            shape.display_name
+        ),
+    );
+    Err(
+        match did_you_mean(col, shape.columns.iter().map(String::as_str)) {
+            Some(s) => e.hint(format!("Did you mean \"{s}\"?")),
+            None => e.hint(format!("Columns: {}.", shape.columns.join(", "))),
+        },
+    )
+}
+
+/// Parses and validates a `cdc_enable` config against the table.
+pub fn parse_capture_config(config: &Value, shape: &TableShape) -> CdcResult<CaptureConfig> {
+    parse_capture(config, Some(shape))
+}
+
+/// Re-reads a config that `cdc_enable` already validated (the worker's view): the table's columns
+/// are not checked again, since later DDL may have changed them; the key columns come from the
+/// catalog, where `cdc_enable` stored them resolved.
+pub fn parse_stored_capture_config(
+    config: &Value,
+    key_columns: Vec<String>,
+) -> CdcResult<CaptureConfig> {
+    let mut cfg = parse_capture(config, None)?;
+    cfg.key_columns = key_columns;
+    Ok(cfg)
+}
+
+fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<CaptureConfig> {
+    let check_column = |path: &str, col: &str| match shape {
+        Some(shape) => check_column(shape, path, col),
+        None => Ok(()),
+    };
+    let o = Obj::root("config", config)?;
+    o.check_keys(CAPTURE_KEYS)?;
+
+    for (a, b) in [
+        ("before_image", "include_before_image"),
+        ("filter", "filter_expression"),
+    ] {
+        if o.get(a).is_some() && o.get(b).is_some() {
+            return Err(invalid(format!(
+                "config.{a} and config.{b} are the same setting; give only one"
+            )));
+        }
+    }
+
+    if let Some(mode) = o.string("capture_mode")? {
+        match mode {
+            "all_changes" => {}
+            "filtered" | "full_audit" => {
+                return Err(planned(
+                    "config.capture_mode",
+                    &format!("capture_mode \"{mode}\""),
+                ))
+            }
+            other => {
+                return Err(
+                    invalid(format!("config.capture_mode: unknown mode \"{other}\""))
+                        .hint("Valid modes: all_changes, filtered, full_audit."),
+                )
+            }
+        }
+    }
+
+    let operations = match o.strings("operations")? {
+        None => Operations::ALL,
+        Some(list) => {
+            if list.is_empty() {
+                return Err(invalid(
+                    "config.operations must list at least one operation",
+                ));
+            }
+            let mut ops = Operations {
+                insert: false,
+                update: false,
+                delete: false,
+                truncate: false,
+            };
+            for (i, op) in list.iter().enumerate() {
+                match op.to_ascii_uppercase().as_str() {
+                    "INSERT" => ops.insert = true,
+                    "UPDATE" => ops.update = true,
+                    "DELETE" => ops.delete = true,
+                    "TRUNCATE" => ops.truncate = true,
+                    _ => {
+                        return Err(invalid(format!(
+                            "config.operations[{i}]: unknown operation \"{op}\""
+                        ))
+                        .hint("Valid operations: INSERT, UPDATE, DELETE, TRUNCATE."))
+                    }
+                }
+            }
+            ops
+        }
+    };
+
+    let include_columns = o.strings("include_columns")?;
+    if let Some(cols) = &include_columns {
+        if cols.is_empty() {
+            return Err(invalid(
+                "config.include_columns must list at least one column",
+            ));
+        }
+        for (i, c) in cols.iter().enumerate() {
+            check_column(&format!("config.include_columns[{i}]"), c)?;
+        }
+    }
+    let exclude_columns = o.strings("exclude_columns")?.unwrap_or_default();
+    for (i, c) in exclude_columns.iter().enumerate() {
+        check_column(&format!("config.exclude_columns[{i}]"), c)?;
+    }
+
+    if let Some(f) = o.get("filter").or_else(|| o.get("filter_expression")) {
+        if !f.is_string() {
+            return Err(wrong_type("config.filter", "a string", f));
+        }
+        return Err(planned("config.filter", "row filtering"));
+    }
+
+    let before_image = match o.bool("before_image")? {
+        Some(b) => b,
+        None => o.bool("include_before_image")?.unwrap_or(false),
+    };
+    let include_transaction_info = o.bool("include_transaction_info")?.unwrap_or(false);
+    for key in ["include_user_context", "include_query_text"] {
+        if o.bool(key)? == Some(true) {
+            return Err(planned(&format!("config.{key}"), "user context capture"));
+        }
+    }
+
+    let partition_key = o.string("partition_key")?.map(str::to_string);
+    if let Some(p) = &partition_key {
+        check_column("config.partition_key", p)?;
+    }
+
+    let key_columns = match o.strings("key_columns")? {
+        Some(cols) => {
+            if cols.is_empty() {
+                return Err(invalid("config.key_columns must list at least one column"));
+            }
+            for (i, c) in cols.iter().enumerate() {
+                check_column(&format!("config.key_columns[{i}]"), c)?;
+            }
+            cols
+        }
+        None => match shape {
+            Some(s) if !s.primary_key.is_empty() => s.primary_key.clone(),
+            Some(s) => s.replica_identity_index.clone(),
+            None => Vec::new(),
+        },
+    };
+
+    // A table whose updates and deletes cannot be identified breaks the application's own UPDATEs
+    // once it is in a publication that publishes them.
+    let unidentified = shape.filter(|shape| {
+        shape.primary_key.is_empty()
+            && shape.replica_identity != b'f'
+            && !(shape.replica_identity == b'i' && !shape.replica_identity_index.is_empty())
+            && !before_image
+    });
+    if let Some(shape) = unidentified.filter(|_| !operations.insert_only()) {
+        return Err(CdcError::new(
+            ErrorKind::PrerequisiteState,
+            format!("table {} has no primary key, so its updates and deletes cannot be captured", shape.display_name),
+        )
+        .detail("PostgreSQL refuses UPDATE and DELETE on a published table without a replica identity.")
+        .hint(
+            "Capture inserts only with \"operations\": [\"INSERT\"], or give the table an identity: \
+             \"include_before_image\": true (REPLICA IDENTITY FULL), or ALTER TABLE ... REPLICA IDENTITY USING INDEX <unique index>.",
+        ));
+    }
+
+    if let Some(c) = o.object("compliance")? {
+        c.check_keys(&[
+            "redact_pii",
+            "pii_columns",
+            "redaction_method",
+            "audit_retention_days",
+        ])?;
+        if c.bool("redact_pii")? == Some(true) {
+            return Err(planned("config.compliance.redact_pii", "PII redaction"));
+        }
+    }
+    if let Some(e) = o.object("exactly_once")? {
+        e.check_keys(&["enabled", "checkpoint_interval_ms"])?;
+        e.int("checkpoint_interval_ms", 1, 3_600_000)?;
+        if e.bool("enabled")? == Some(true) {
+            return Err(planned(
+                "config.exactly_once.enabled",
+                "exactly-once delivery",
+            ));
+        }
+    }
+    if let Some(s) = o.object("schema_evolution")? {
+        s.check_keys(&[
+            "enabled",
+            "compatibility_mode",
+            "schema_registry",
+            "auto_register",
+        ])?;
+        if s.bool("enabled")? != Some(false) {
+            return Err(planned("config.schema_evolution", "schema evolution"));
+        }
+    }
+    match o.get("transformations") {
+        None => {}
+        Some(Value::Array(a)) if a.is_empty() => {}
+        Some(Value::Array(_)) => {
+            return Err(planned(
+                "config.transformations",
+                "transformations (enrich, compute, mask)",
+            ))
+        }
+        Some(v) => return Err(wrong_type("config.transformations", "an array", v)),
+    }
+
+    Ok(CaptureConfig {
+        operations,
+        include_columns,
+        exclude_columns,
+        key_columns,
+        before_image,
+        include_transaction_info,
+        partition_key,
+    })
+}
+
+/// Sink types known to pg_cdc; only `kafka` is built so far.
+pub const SINK_TYPES: &[&str] = &[
+    "kafka", "kinesis", "eventhub", "pubsub", "pulsar", "webhook", "postgres", "table",
+];
+
+/// The event encoding of a sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// pg_cdc's JSON event (metadata, before, after, diff).
+    Json,
+}
+
+/// A validated Kafka sink config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaSinkConfig {
+    /// `bootstrap.servers`; `None` means the server setting `cdc.kafka_bootstrap_servers`.
+    pub bootstrap_servers: Option<String>,
+    /// Topic name or template over `{database}`, `{schema}`, `{table}`.
+    pub topic: String,
+    /// Event encoding.
+    pub format: Format,
+    /// `acks`: "all" or "1" (0 cannot confirm delivery and is refused).
+    pub acks: String,
+    /// `compression.type`.
+    pub compression: Option<String>,
+    /// `batch.size` in bytes.
+    pub batch_size: Option<i64>,
+    /// `linger.ms`.
+    pub linger_ms: Option<i64>,
+    /// Table names this sink is limited to (`None`: every captured table); the caller resolves them.
+    pub tables: Option<Vec<String>>,
+    /// librdkafka properties passed through (TLS, SASL, ...). Values may be secrets: never echoed.
+    pub properties: BTreeMap<String, String>,
+}
+
+/// Kafka sink keys, as in the product description.
+pub const KAFKA_KEYS: &[&str] = &[
+    "bootstrap_servers",
+    "topic",
+    "format",
+    "schema_registry",
+    "acks",
+    "compression",
+    "batch_size",
+    "linger_ms",
+    "exactly_once",
+    "transactional_id",
+    "partition_key",
+    "include_transformations",
+    "tables",
+    "properties",
+];
+
+/// librdkafka settings pg_cdc sets itself; `properties` may not override them.
+const RESERVED_PROPERTIES: &[&str] = &[
+    "bootstrap.servers",
+    "acks",
+    "enable.idempotence",
+    "transactional.id",
+];
+
+/// Validates a topic name or template: Kafka's legal characters plus `{database}`, `{schema}`, `{table}`.
+pub fn validate_topic_template(path: &str, topic: &str) -> CdcResult<()> {
+    let mut rest = topic;
+    let mut literal = String::new();
+    while let Some(open) = rest.find('{') {
+        literal.push_str(&rest[..open]);
+        let close = rest[open..]
+            .find('}')
+            .ok_or_else(|| invalid(format!("{path}: unclosed '{{' in topic template")))?;
+        let name = &rest[open + 1..open + close];
+        if !["database", "schema", "table"].contains(&name) {
+            return Err(invalid(format!("{path}: unknown placeholder {{{name}}}"))
+                .hint("Topic templates may use {database}, {schema} and {table}."));
+        }
+        rest = &rest[open + close + 1..];
+    }
+    literal.push_str(rest);
+    if let Some(bad) = literal
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(invalid(format!(
+            "{path}: character {bad:?} is not allowed in a Kafka topic name"
+        ))
+        .hint("Kafka topic names use letters, digits, '.', '_' and '-' only."));
+    }
+    if topic.len() > 249 {
+        return Err(invalid(format!(
+            "{path}: a Kafka topic name has at most 249 characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Expands a topic template for one table; characters Kafka does not allow become '_'.
+pub fn expand_topic(template: &str, database: &str, schema: &str, table: &str) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    template
+        .replace("{database}", &clean(database))
+        .replace("{schema}", &clean(schema))
+        .replace("{table}", &clean(table))
+}
+
+/// Validates a sink type and returns its config (only Kafka so far).
+pub fn parse_sink_config(sink_type: &str, config: &Value) -> CdcResult<KafkaSinkConfig> {
+    match sink_type {
+        "kafka" => parse_kafka_config(config),
+        t if SINK_TYPES.contains(&t) => Err(CdcError::new(
+            ErrorKind::FeatureNotSupported,
+            format!("sink type \"{t}\" is not supported yet"),
+        )
+        .hint("Sink types available in this version: kafka.")),
+        t => {
+            let e = invalid(format!("unknown sink type \"{t}\""));
+            Err(match did_you_mean(t, SINK_TYPES.iter().copied()) {
+                Some(s) => e.hint(format!(
+                    "Did you mean \"{s}\"? Valid sink types: {}.",
+                    SINK_TYPES.join(", ")
+                )),
+                None => e.hint(format!("Valid sink types: {}.", SINK_TYPES.join(", "))),
+            })
+        }
+    }
+}
+
+fn parse_kafka_config(config: &Value) -> CdcResult<KafkaSinkConfig> {
+    let o = Obj::root("config", config)?;
+    o.check_keys(KAFKA_KEYS)?;
+    let topic = o
+        .string("topic")?
+        .ok_or_else(|| {
+            invalid("config.topic is required for a kafka sink")
+                .hint("Add \"topic\": \"orders-cdc\".")
+        })?
+        .to_string();
+    validate_topic_template("config.topic", &topic)?;
+    let bootstrap_servers = o.string("bootstrap_servers")?.map(str::to_string);
+    let format = match o.string("format")?.unwrap_or("json") {
+        "json" => Format::Json,
+        f @ ("debezium" | "avro" | "protobuf") => {
+            return Err(planned("config.format", &format!("format \"{f}\"")))
+        }
+        other => {
+            return Err(
+                invalid(format!("config.format: unknown format \"{other}\""))
+                    .hint("Valid formats: json, debezium, avro, protobuf."),
+            )
+        }
+    };
+    if o.get("schema_registry").is_some() {
+        o.string("schema_registry")?;
+        return Err(planned(
+            "config.schema_registry",
+            "schema registry support (with format avro)",
+        ));
+    }
+    let acks = match o.get("acks") {
+        None => "all".to_string(),
+        Some(Value::String(s)) if s == "all" || s == "-1" => "all".to_string(),
+        Some(Value::String(s)) if s == "1" => "1".to_string(),
+        Some(Value::Number(n)) if n.as_i64() == Some(-1) => "all".to_string(),
+        Some(Value::Number(n)) if n.as_i64() == Some(1) => "1".to_string(),
+        Some(Value::String(s)) if s == "0" => return Err(acks_zero()),
+        Some(Value::Number(n)) if n.as_i64() == Some(0) => return Err(acks_zero()),
+        Some(v) => {
+            return Err(invalid(format!(
+                "config.acks must be \"all\" or \"1\", not {v}"
+            )))
+        }
+    };
+    let compression = match o.string("compression")? {
+        None => None,
+        Some(c @ ("none" | "gzip" | "snappy" | "lz4" | "zstd")) => Some(c.to_string()),
+        Some(other) => {
+            return Err(
+                invalid(format!("config.compression: unknown codec \"{other}\""))
+                    .hint("Valid codecs: none, gzip, snappy, lz4, zstd."),
+            )
+        }
+    };
+    let batch_size = o.int("batch_size", 1, 2_147_483_647)?;
+    let linger_ms = o.int("linger_ms", 0, 900_000)?;
+    if o.bool("exactly_once")? == Some(true) {
+        return Err(planned(
+            "config.exactly_once",
+            "exactly-once (transactional) delivery",
+        ));
+    }
+    if o.get("transactional_id").is_some() {
+        o.string("transactional_id")?;
+        return Err(planned(
+            "config.transactional_id",
+            "exactly-once (transactional) delivery",
+        ));
+    }
+    if o.get("partition_key").is_some() {
+        o.string("partition_key")?;
+        return Err(planned(
+            "config.partition_key",
+            "a sink-level partition key (use the capture config's partition_key)",
+        ));
+    }
+    if o.bool("include_transformations")? == Some(true) {
+        return Err(planned("config.include_transformations", "transformations"));
+    }
+    let tables = o.strings("tables")?;
+    let mut properties = BTreeMap::new();
+    if let Some(p) = o.object("properties")? {
+        for (k, v) in p.map {
+            let path = format!("config.properties.\"{k}\"");
+            let value = match v {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                other => return Err(wrong_type(&path, "a string, number or boolean", other)),
+            };
+            if RESERVED_PROPERTIES.contains(&k.as_str()) {
+                return Err(
+                    invalid(format!("{path} is set by pg_cdc and cannot be overridden"))
+                        .hint("Use the sink's own keys (bootstrap_servers, acks) instead."),
+                );
+            }
+            properties.insert(k.clone(), value);
+        }
+    }
+    Ok(KafkaSinkConfig {
+        bootstrap_servers,
+        topic,
+        format,
+        acks,
+        compression,
+        batch_size,
+        linger_ms,
+        tables,
+        properties,
+    })
+}
+
+fn acks_zero() -> CdcError {
+    invalid("config.acks = 0 cannot be used: pg_cdc advances its slot only after the broker acknowledges")
+        .hint("Use \"all\" (the default) or \"1\".")
+}
+
+#[cfg(test)]
+mod tests;

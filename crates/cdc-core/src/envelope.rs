@@ -1,0 +1,386 @@
+//! Builds pg_cdc's JSON event for one row change.
+//!
+//! ```text
+//! {"metadata": {"source","database","schema","table","operation","timestamp","lsn","commit_lsn",
+//!               "transaction_id", ["transaction": {...}], ["unchanged_toast_columns": [...]]},
+//!  "before": {...} | null, "after": {...} | null, ["diff": {"col": {"from": .., "to": ..}}]}
+//! ```
+//! The message key is the key columns as a JSON object (`{"order_id":1}`), or the `partition_key`
+//! column when one is configured. Field order is fixed, so the same WAL always encodes to the same
+//! bytes (P13).
+
+use std::sync::Arc;
+
+use crate::config::CaptureConfig;
+use crate::decode::{OldKind, Relation, Tuple, TupleValue};
+use crate::json::{write_key, write_str, write_u64};
+use crate::lsn::Lsn;
+use crate::time::format_pg_timestamp_ms;
+use crate::types::TypeRegistry;
+use crate::value::write_value;
+
+/// Row operation of an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// A row was inserted.
+    Insert,
+    /// A row was updated.
+    Update,
+    /// A row was deleted.
+    Delete,
+    /// The table was truncated.
+    Truncate,
+}
+
+impl Op {
+    /// The name in `metadata.operation`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Insert => "INSERT",
+            Op::Update => "UPDATE",
+            Op::Delete => "DELETE",
+            Op::Truncate => "TRUNCATE",
+        }
+    }
+}
+
+/// How one relation version maps onto events: which columns go into the images and the key.
+#[derive(Debug)]
+pub struct RelationPlan {
+    /// The relation as described by the WAL at this point.
+    pub relation: Relation,
+    /// The table's capture config.
+    pub config: Arc<CaptureConfig>,
+    /// Indexes of the columns in the images, in table order.
+    pub included: Vec<usize>,
+    /// Indexes of the key columns, in `key_columns` order; empty when the table has no key.
+    pub key: Vec<usize>,
+    /// Index of the `partition_key` column.
+    pub partition: Option<usize>,
+}
+
+impl RelationPlan {
+    /// Plans a relation version under a capture config. Configured columns missing from this
+    /// version (dropped since `cdc_enable`) are skipped.
+    pub fn new(relation: Relation, config: Arc<CaptureConfig>) -> Self {
+        let index = |name: &str| relation.columns.iter().position(|c| c.name == name);
+        let included = (0..relation.columns.len())
+            .filter(|&i| config.includes(&relation.columns[i].name))
+            .collect();
+        let key = config.key_columns.iter().filter_map(|k| index(k)).collect();
+        let partition = config.partition_key.as_deref().and_then(index);
+        RelationPlan {
+            relation,
+            config,
+            included,
+            key,
+            partition,
+        }
+    }
+}
+
+/// Transaction-level facts every event of the transaction carries.
+#[derive(Debug, Clone)]
+pub struct TxnInfo {
+    /// Transaction id.
+    pub xid: u32,
+    /// LSN of the commit record.
+    pub commit_lsn: Lsn,
+    /// Commit time, PostgreSQL microseconds.
+    pub commit_time: i64,
+    /// Number of events of this transaction delivered to this sink.
+    pub event_count: usize,
+}
+
+/// One encoded event, ready for a sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Table OID.
+    pub table_oid: u32,
+    /// Schema name (for topic templates).
+    pub schema: Arc<str>,
+    /// Table name (for topic templates).
+    pub table: Arc<str>,
+    /// Operation.
+    pub op: Op,
+    /// LSN of the change.
+    pub lsn: Lsn,
+    /// Message key (JSON), `None` when the table has no key or for TRUNCATE.
+    pub key: Option<Vec<u8>>,
+    /// Message value (JSON).
+    pub payload: Vec<u8>,
+}
+
+/// The images of one row change, after TOAST resolution.
+pub struct RowChange<'a, 'p> {
+    /// Relation plan in force at the change.
+    pub plan: &'p RelationPlan,
+    /// Operation.
+    pub op: Op,
+    /// LSN of the change.
+    pub lsn: Lsn,
+    /// Old image and which kind it is.
+    pub old: Option<(OldKind, &'p Tuple<'a>)>,
+    /// New image.
+    pub new: Option<&'p Tuple<'a>>,
+}
+
+/// Writes events; holds the per-database constants.
+#[derive(Debug, Clone)]
+pub struct Encoder {
+    /// `metadata.source`.
+    pub source: String,
+    /// `metadata.database`.
+    pub database: String,
+}
+
+impl Encoder {
+    /// An encoder for events from `database`.
+    pub fn new(database: &str) -> Self {
+        Encoder {
+            source: "pg_cdc".to_string(),
+            database: database.to_string(),
+        }
+    }
+
+    fn write_metadata(
+        &self,
+        out: &mut Vec<u8>,
+        rel: &Relation,
+        op: Op,
+        lsn: Lsn,
+        txn: &TxnInfo,
+        index: usize,
+        cfg: &CaptureConfig,
+    ) {
+        out.extend_from_slice(b"{\"metadata\":{");
+        write_key(out, "source");
+        write_str(out, self.source.as_bytes());
+        out.push(b',');
+        write_key(out, "database");
+        write_str(out, self.database.as_bytes());
+        out.push(b',');
+        write_key(out, "schema");
+        write_str(out, rel.namespace.as_bytes());
+        out.push(b',');
+        write_key(out, "table");
+        write_str(out, rel.name.as_bytes());
+        out.push(b',');
+        write_key(out, "operation");
+        write_str(out, op.as_str().as_bytes());
+        out.push(b',');
+        write_key(out, "timestamp");
+        write_str(out, format_pg_timestamp_ms(txn.commit_time).as_bytes());
+        out.push(b',');
+        write_key(out, "lsn");
+        write_u64(out, lsn.0);
+        out.push(b',');
+        write_key(out, "commit_lsn");
+        write_u64(out, txn.commit_lsn.0);
+        out.push(b',');
+        write_key(out, "transaction_id");
+        write_u64(out, u64::from(txn.xid));
+        if cfg.include_transaction_info {
+            out.extend_from_slice(b",\"transaction\":{");
+            write_key(out, "id");
+            write_u64(out, u64::from(txn.xid));
+            out.push(b',');
+            write_key(out, "commit_lsn");
+            write_u64(out, txn.commit_lsn.0);
+            out.push(b',');
+            write_key(out, "event_index");
+            write_u64(out, index as u64);
+            out.push(b',');
+            write_key(out, "event_count");
+            write_u64(out, txn.event_count as u64);
+            out.push(b'}');
+        }
+    }
+
+    /// Encodes one row change. `index` is the event's 1-based position in its transaction.
+    pub fn encode_row(
+        &self,
+        types: &TypeRegistry,
+        ch: &RowChange<'_, '_>,
+        txn: &TxnInfo,
+        index: usize,
+    ) -> Event {
+        let plan = ch.plan;
+        let rel = &plan.relation;
+        let cols = &rel.columns;
+        let full_old = match ch.old {
+            Some((OldKind::Full, t)) => Some(t),
+            _ => None,
+        };
+        // The value of column i in the new image, with unchanged TOAST filled from a full old image.
+        let new_value = |i: usize| -> TupleValue<'_> {
+            let v = ch
+                .new
+                .and_then(|t| t.get(i).copied())
+                .unwrap_or(TupleValue::Null);
+            match (v, full_old) {
+                (TupleValue::UnchangedToast, Some(old)) => {
+                    old.get(i).copied().unwrap_or(TupleValue::Null)
+                }
+                _ => v,
+            }
+        };
+        let old_value = |i: usize| -> TupleValue<'_> {
+            ch.old
+                .and_then(|(_, t)| t.get(i).copied())
+                .unwrap_or(TupleValue::Null)
+        };
+
+        let mut out = Vec::with_capacity(256 + 32 * plan.included.len());
+        self.write_metadata(&mut out, rel, ch.op, ch.lsn, txn, index, &plan.config);
+        let mut unchanged: Vec<usize> = Vec::new();
+        if ch.new.is_some() {
+            for &i in &plan.included {
+                if new_value(i) == TupleValue::UnchangedToast {
+                    unchanged.push(i);
+                }
+            }
+        }
+        if !unchanged.is_empty() {
+            out.extend_from_slice(b",\"unchanged_toast_columns\":[");
+            for (n, &i) in unchanged.iter().enumerate() {
+                if n > 0 {
+                    out.push(b',');
+                }
+                write_str(&mut out, cols[i].name.as_bytes());
+            }
+            out.push(b']');
+        }
+        out.extend_from_slice(b"},\"before\":");
+        match ch.old {
+            None => out.extend_from_slice(b"null"),
+            Some((OldKind::Full, _)) => {
+                self.write_image(&mut out, types, plan, &plan.included, old_value)
+            }
+            // Key-only old image: the key columns are the only ones it holds.
+            Some((OldKind::Key, _)) => {
+                let key_cols: Vec<usize> = (0..cols.len()).filter(|&i| cols[i].is_key).collect();
+                self.write_image(&mut out, types, plan, &key_cols, old_value)
+            }
+        }
+        out.extend_from_slice(b",\"after\":");
+        if ch.new.is_some() {
+            let present: Vec<usize> = plan
+                .included
+                .iter()
+                .copied()
+                .filter(|i| !unchanged.contains(i))
+                .collect();
+            self.write_image(&mut out, types, plan, &present, new_value);
+        } else {
+            out.extend_from_slice(b"null");
+        }
+        if ch.op == Op::Update && full_old.is_some() {
+            out.extend_from_slice(b",\"diff\":{");
+            let mut first = true;
+            for &i in &plan.included {
+                let (o, n) = (old_value(i), new_value(i));
+                if o == n || n == TupleValue::UnchangedToast {
+                    continue;
+                }
+                if !first {
+                    out.push(b',');
+                }
+                first = false;
+                write_key(&mut out, &cols[i].name);
+                out.extend_from_slice(b"{\"from\":");
+                write_tuple_value(&mut out, types, cols[i].type_oid, o);
+                out.extend_from_slice(b",\"to\":");
+                write_tuple_value(&mut out, types, cols[i].type_oid, n);
+                out.push(b'}');
+            }
+            out.push(b'}');
+        }
+        out.push(b'}');
+
+        // Key: partition_key column, else key columns, taken from the new image (old for deletes).
+        let key_source = |i: usize| {
+            if ch.new.is_some() {
+                new_value(i)
+            } else {
+                old_value(i)
+            }
+        };
+        let key_cols: Vec<usize> = match plan.partition {
+            Some(p) => vec![p],
+            None => plan.key.clone(),
+        };
+        let key = if key_cols.is_empty() {
+            None
+        } else {
+            let mut k = Vec::with_capacity(32);
+            self.write_image(&mut k, types, plan, &key_cols, key_source);
+            Some(k)
+        };
+        Event {
+            table_oid: rel.oid,
+            schema: Arc::from(rel.namespace.as_str()),
+            table: Arc::from(rel.name.as_str()),
+            op: ch.op,
+            lsn: ch.lsn,
+            key,
+            payload: out,
+        }
+    }
+
+    fn write_image<'v>(
+        &self,
+        out: &mut Vec<u8>,
+        types: &TypeRegistry,
+        plan: &RelationPlan,
+        cols: &[usize],
+        value: impl Fn(usize) -> TupleValue<'v>,
+    ) {
+        out.push(b'{');
+        for (n, &i) in cols.iter().enumerate() {
+            if n > 0 {
+                out.push(b',');
+            }
+            let c = &plan.relation.columns[i];
+            write_key(out, &c.name);
+            write_tuple_value(out, types, c.type_oid, value(i));
+        }
+        out.push(b'}');
+    }
+
+    /// Encodes a TRUNCATE of one table: no key, no images, the options in `metadata.truncate`.
+    pub fn encode_truncate(
+        &self,
+        plan: &RelationPlan,
+        options: u8,
+        lsn: Lsn,
+        txn: &TxnInfo,
+        index: usize,
+    ) -> Event {
+        let rel = &plan.relation;
+        let mut out = Vec::with_capacity(320);
+        self.write_metadata(&mut out, rel, Op::Truncate, lsn, txn, index, &plan.config);
+        out.extend_from_slice(b",\"truncate\":{\"cascade\":");
+        out.extend_from_slice(if options & 1 != 0 { b"true" } else { b"false" });
+        out.extend_from_slice(b",\"restart_identity\":");
+        out.extend_from_slice(if options & 2 != 0 { b"true" } else { b"false" });
+        out.extend_from_slice(b"}},\"before\":null,\"after\":null}");
+        Event {
+            table_oid: rel.oid,
+            schema: Arc::from(rel.namespace.as_str()),
+            table: Arc::from(rel.name.as_str()),
+            op: Op::Truncate,
+            lsn,
+            key: None,
+            payload: out,
+        }
+    }
+}
+
+fn write_tuple_value(out: &mut Vec<u8>, types: &TypeRegistry, type_oid: u32, v: TupleValue<'_>) {
+    match v {
+        TupleValue::Text(t) => write_value(out, types, type_oid, t),
+        // UnchangedToast never reaches here for images (listed in unchanged_toast_columns instead).
+        TupleValue::Null | TupleValue::UnchangedToast => out.extend_from_slice(b"null"),
+    }
+}

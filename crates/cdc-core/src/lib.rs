@@ -1,0 +1,24 @@
+//! pg_cdc's pure core: everything between the bytes PostgreSQL's pgoutput plugin produces and the
+//! bytes a sink publishes, with no pgrx and no network, so it is unit-tested with plain `cargo test`.
+//!
+//! ```text
+//! decode (pgoutput v1) ─▶ pipeline (transactions, relation plans) ─▶ envelope (JSON event, key)
+//!                              ▲                                          ▲
+//!                       config (capture/sink)                  value + types (text -> JSON)
+//! ```
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod decode;
+pub mod envelope;
+pub mod error;
+pub mod json;
+pub mod lsn;
+pub mod pipeline;
+pub mod time;
+pub mod types;
+pub mod value;
+
+pub use error::{CdcError, CdcResult, ErrorKind};
+pub use lsn::Lsn;

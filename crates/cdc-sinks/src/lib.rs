@@ -1,0 +1,82 @@
+//! pg_cdc's sinks: where encoded events go.
+//!
+//! Every sink implements [`Sink`]: it takes whole committed transactions of encoded events and
+//! returns only once each event is acknowledged by the destination, or with an error. The worker
+//! confirms the replication slot only after `publish` returns `Ok` ("ack before advance"), so a
+//! failed or interrupted publish re-sends the same transactions later: delivery is at-least-once,
+//! and every event carries `(commit_lsn, lsn)` for consumers that deduplicate.
+//!
+//! Sinks run on the worker's main thread and never call into PostgreSQL.
+#![warn(missing_docs)]
+
+pub mod kafka;
+
+use cdc_core::pipeline::Transaction;
+
+/// What to do about a failed publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Transient (broker unreachable, timeout, leader change): back off and retry.
+    Retry,
+    /// Needs an operator (authentication, authorization, invalid config, record too large):
+    /// keep the slot, report the error, retry slowly.
+    Operator,
+}
+
+/// A failed publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkError {
+    /// Retry class.
+    pub class: ErrorClass,
+    /// What happened, without secrets.
+    pub message: String,
+}
+
+impl std::fmt::Display for SinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SinkError {}
+
+/// Counts from one publish.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PublishStats {
+    /// Events acknowledged.
+    pub events: u64,
+    /// Payload + key bytes acknowledged.
+    pub bytes: u64,
+}
+
+/// A destination for events.
+pub trait Sink {
+    /// Publishes every event of `transactions`, in order, and returns once all are acknowledged.
+    fn publish(&mut self, transactions: &[Transaction]) -> Result<PublishStats, SinkError>;
+}
+
+/// An in-memory sink for tests: keeps every published event.
+#[derive(Debug, Default)]
+pub struct MemorySink {
+    /// Published events in order.
+    pub events: Vec<cdc_core::envelope::Event>,
+    /// When set, the next publish fails with this error (and is then cleared).
+    pub fail_next: Option<SinkError>,
+}
+
+impl Sink for MemorySink {
+    fn publish(&mut self, transactions: &[Transaction]) -> Result<PublishStats, SinkError> {
+        if let Some(e) = self.fail_next.take() {
+            return Err(e);
+        }
+        let mut stats = PublishStats::default();
+        for t in transactions {
+            for e in &t.events {
+                stats.events += 1;
+                stats.bytes += (e.payload.len() + e.key.as_ref().map_or(0, Vec::len)) as u64;
+                self.events.push(e.clone());
+            }
+        }
+        Ok(stats)
+    }
+}

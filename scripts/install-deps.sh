@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs everything pg_cdc needs to build, run and test on a Debian 12 machine.
+# Idempotent: every step checks first and does nothing when the thing is already there.
+# Caches live outside the repository (~/.cargo, ~/.pgrx, $PG_CDC_CACHE), so a second run is fast.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=scripts/env.sh
+source "$here/env.sh"
+
+log() { printf '[install] %s\n' "$*"; }
+
+need_apt=()
+for pkg in postgresql-15 postgresql-server-dev-15 postgresql-contrib libclang-dev clang cmake pkg-config \
+    libcurl4-openssl-dev libsasl2-dev libzstd-dev liblz4-dev libssl-dev zlib1g-dev \
+    maven openjdk-17-jre-headless python3-venv sudo procps; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "apt packages: ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "cargo not found: install Rust (rustup) first" >&2
+  exit 1
+fi
+
+if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
+  log "cargo-pgrx $PGRX_VERSION (about 4 minutes on 2 cores)"
+  cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+fi
+
+if [ ! -f "$HOME/.pgrx/config.toml" ] || ! grep -q "pg15" "$HOME/.pgrx/config.toml"; then
+  log "cargo pgrx init --pg15"
+  cargo pgrx init --pg15 "$PG_BIN/pg_config"
+fi
+
+# Python client used by the tests and the demo to read Kafka independently of the worker.
+if [ ! -x "$PG_CDC_VENV/bin/python" ]; then
+  log "python venv $PG_CDC_VENV"
+  python3 -m venv "$PG_CDC_VENV"
+fi
+if ! "$PG_CDC_VENV/bin/python" -c 'import confluent_kafka, psycopg' 2>/dev/null; then
+  log "python packages"
+  "$PG_CDC_VENV/bin/pip" install -q -r "$here/../tests/requirements.txt"
+fi
+
+"$here/kafka.sh" install
+log "done"

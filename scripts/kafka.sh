@@ -1,0 +1,403 @@
+#!/usr/bin/env bash
+# A real single-node Apache Kafka broker for pg_cdc's end-to-end tests.
+#
+# One JVM plays both KRaft roles (broker + controller) on 127.0.0.1, with every internal topic at
+# replication factor 1 so that transactions (exactly-once producers) work on one node.
+# The jars come from Maven Central through kafka/pom.xml; nothing is downloaded from elsewhere.
+#
+#   scripts/kafka.sh install   resolve the jars into $PG_CDC_CACHE/kafka-$KAFKA_VERSION/libs (once)
+#   scripts/kafka.sh start     install if needed, format storage the first time, start, wait until it answers
+#   scripts/kafka.sh stop      SIGTERM (controlled shutdown), SIGKILL after a grace period
+#   scripts/kafka.sh kill      SIGKILL at once (fault injection)
+#   scripts/kafka.sh status    exit 0 running and answering, 1 running but not answering, 3 stopped
+#   scripts/kafka.sh logs [tail args]   e.g. `logs -n 200` or `logs -f`
+#   scripts/kafka.sh reset     stop and wipe the data directory (topics, offsets, transactions)
+#
+# Every command is idempotent. Runtime files live in $PG_CDC_RUN/kafka (see paths below).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
+# shellcheck source=env.sh source-path=SCRIPTDIR
+source "$here/env.sh"
+
+KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
+# The broker runs as an ordinary user, never as root (the tests also run Postgres as `postgres`).
+KAFKA_USER="${KAFKA_USER:-postgres}"
+KAFKA_HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xmx512m -Xms256m}"
+KAFKA_START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"   # seconds until the broker must answer
+KAFKA_STOP_TIMEOUT="${KAFKA_STOP_TIMEOUT:-30}"     # seconds of grace after SIGTERM
+
+kafka_home="$PG_CDC_CACHE/kafka-$KAFKA_VERSION"
+libs="$kafka_home/libs"
+marker="$kafka_home/.installed"      # holds install_stamp; present only once libs/ is complete
+run_dir="$PG_CDC_RUN/kafka"
+data_dir="$run_dir/data"
+conf="$run_dir/server.properties"
+log4j_conf="$run_dir/log4j2.yaml"
+log_file="$run_dir/kafka.log"
+pid_file="$run_dir/kafka.pid"
+
+log() { printf '[kafka] %s\n' "$*"; }
+die() { printf '[kafka] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------------------------
+# install
+
+# Changes whenever the version or the pom changes, so editing the pom re-resolves the jars.
+install_stamp() {
+  printf '%s %s\n' "$KAFKA_VERSION" "$(sha256sum "$repo/kafka/pom.xml" | cut -d' ' -f1)"
+}
+
+cmd_install() {
+  if [ -f "$marker" ] && [ "$(cat "$marker")" = "$(install_stamp)" ]; then
+    return 0
+  fi
+  command -v mvn >/dev/null || die "mvn not found (apt-get install maven)"
+  command -v java >/dev/null || die "java not found (apt-get install openjdk-17-jre-headless)"
+  log "resolving Kafka $KAFKA_VERSION from Maven Central into $libs"
+  mkdir -p "$kafka_home"
+  # Resolve into a scratch dir and rename, so an interrupted install never looks complete.
+  local tmp="$kafka_home/libs.tmp.$$" mvn_log="$kafka_home/mvn.log"
+  rm -rf "$tmp"
+  if ! mvn -q -B -f "$repo/kafka/pom.xml" \
+      -Dmaven.repo.local="$PG_CDC_CACHE/m2" \
+      -Dkafka.version="$KAFKA_VERSION" \
+      dependency:copy-dependencies -DoutputDirectory="$tmp" >"$mvn_log" 2>&1; then
+    cat "$mvn_log" >&2
+    rm -rf "$tmp"
+    die "maven could not resolve Kafka $KAFKA_VERSION"
+  fi
+  for jar in "kafka_2.13-$KAFKA_VERSION.jar" "kafka-tools-$KAFKA_VERSION.jar" "kafka-clients-$KAFKA_VERSION.jar"; do
+    [ -f "$tmp/$jar" ] || { rm -rf "$tmp"; die "$jar missing after resolution (see $mvn_log)"; }
+  done
+  rm -rf "$libs"
+  mv "$tmp" "$libs"
+  # The broker runs as $KAFKA_USER: make sure it can read the jars whatever root's umask was.
+  chmod -R a+rX "$kafka_home"
+  install_stamp >"$marker"
+  log "installed $(find "$libs" -name '*.jar' | wc -l) jars"
+}
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+# Sets run_as_prefix to a command prefix that runs what follows as $KAFKA_USER when we are root
+# (empty otherwise). setpriv execs in place (no PAM session, no extra parent process), so a pid
+# taken before it is the pid of the final program.
+set_run_as_prefix() {
+  run_as_prefix=()
+  if [ "$(id -u)" -eq 0 ] && [ "$KAFKA_USER" != root ]; then
+    run_as_prefix=(setpriv --reuid="$(id -u "$KAFKA_USER")" --regid="$(id -g "$KAFKA_USER")"
+      --init-groups env HOME="$run_dir" USER="$KAFKA_USER" LOGNAME="$KAFKA_USER")
+  fi
+}
+
+as_kafka_user() {
+  set_run_as_prefix
+  "${run_as_prefix[@]}" "$@"
+}
+
+# Runs one of Kafka's command-line tools (a main class) quietly and with a quick-starting JVM.
+kafka_tool() {
+  as_kafka_user java -Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC \
+    -Dlog4j2.configurationFile="$log4j_conf" -Dkafka.root.level=WARN \
+    -cp "$libs/*" "$@"
+}
+
+# The pid of the running broker, if the pid file names a live kafka.Kafka process.
+# Checking the command line guards against a stale pid file whose pid was reused.
+broker_pid() {
+  [ -f "$pid_file" ] || return 1
+  local pid
+  pid="$(cat "$pid_file" 2>/dev/null)" || return 1
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q ' kafka\.Kafka ' || return 1
+  echo "$pid"
+}
+
+port_open() {  # host port
+  (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
+}
+
+# True when the broker answers a metadata request and lists itself. Uses the Python client when
+# the test venv exists (fast); falls back to kafka-topics (a JVM start, about 2 s).
+broker_answers() {
+  port_open "$KAFKA_HOST" "$KAFKA_PORT" || return 1
+  if [ -x "$PG_CDC_VENV/bin/python" ] &&
+     "$PG_CDC_VENV/bin/python" -c 'import confluent_kafka' 2>/dev/null; then
+    "$PG_CDC_VENV/bin/python" - "$KAFKA_BOOTSTRAP" 2>/dev/null <<'EOF'
+import sys
+from confluent_kafka.admin import AdminClient
+md = AdminClient({"bootstrap.servers": sys.argv[1]}).list_topics(timeout=5)
+sys.exit(0 if 1 in md.brokers else 1)
+EOF
+  else
+    kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$KAFKA_BOOTSTRAP" --list \
+      >/dev/null 2>&1
+  fi
+}
+
+wait_gone() {  # pid seconds -> true once the process has exited
+  local pid="$1" deadline=$((SECONDS + $2))
+  while kill -0 "$pid" 2>/dev/null; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.2
+  done
+}
+
+show_log_tail() {
+  if [ -f "$log_file" ]; then
+    echo "---- last 60 lines of $log_file ----" >&2
+    tail -n 60 "$log_file" >&2
+    echo "----" >&2
+  fi
+}
+
+# Waits until the broker answers; otherwise prints the log tail, stops it and exits non-zero.
+wait_ready() {
+  local pid="$1" deadline=$((SECONDS + KAFKA_START_TIMEOUT))
+  while :; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      show_log_tail
+      rm -f "$pid_file"
+      die "broker (pid $pid) exited during startup"
+    fi
+    if broker_answers; then
+      return 0
+    fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      show_log_tail
+      cmd_stop >&2 || true
+      die "broker did not answer on $KAFKA_BOOTSTRAP within ${KAFKA_START_TIMEOUT}s"
+    fi
+    sleep 0.5
+  done
+}
+
+# ---------------------------------------------------------------------------------------------
+# start
+
+write_config() {
+  cat >"$conf" <<EOF
+# Generated by scripts/kafka.sh at every start; edit the script, not this file.
+# KRaft combined mode: this one process is both the broker and the only controller.
+process.roles=broker,controller
+node.id=1
+# A static quorum of one. (Kafka 4.x also offers a dynamic quorum, controller.quorum.bootstrap.servers
+# + \`format --standalone\`, but that records the controller address in the metadata log, so changing
+# KAFKA_CONTROLLER_PORT later would need a reset.)
+controller.quorum.voters=1@$KAFKA_HOST:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://$KAFKA_HOST:$KAFKA_PORT,CONTROLLER://$KAFKA_HOST:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://$KAFKA_HOST:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+
+log.dirs=$data_dir
+
+# One node: every internal topic must fit on it, or transactions and consumer groups never start.
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=5
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=5
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+default.replication.factor=1
+min.insync.replicas=1
+
+num.partitions=3
+auto.create.topics.enable=true
+# Consumers in tests join alone; don't wait 3 s for more members.
+group.initial.rebalance.delay.ms=0
+
+# Small files: test data is tiny and the disk is shared.
+log.segment.bytes=16777216
+log.index.size.max.bytes=1048576
+log.retention.hours=24
+log.retention.check.interval.ms=60000
+
+# After a SIGKILL (scripts/kafka.sh kill) the restarted broker cannot register until the dead
+# incarnation's session expires (default 9 s). 5 s keeps restarts quick while tolerating GC pauses
+# and a busy 2-core machine.
+broker.session.timeout.ms=5000
+broker.heartbeat.interval.ms=1000
+
+num.network.threads=2
+num.io.threads=4
+num.recovery.threads.per.data.dir=1
+EOF
+}
+
+format_storage() {
+  # Still the Scala kafka.tools.StorageTool in 4.1 and 4.4, while most tools moved to
+  # org.apache.kafka.tools; take the Java one if a later release ships it.
+  local cls
+  if grep -lq --binary-files=text 'org/apache/kafka/tools/StorageTool.class' "$libs"/*.jar; then
+    cls=org.apache.kafka.tools.StorageTool
+  else
+    cls=kafka.tools.StorageTool
+  fi
+  # A cluster id is a base64url-encoded random UUID without padding, as `random-uuid` prints.
+  local cluster_id
+  cluster_id="$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+  log "formatting $data_dir (cluster id $cluster_id)"
+  kafka_tool "$cls" format -t "$cluster_id" -c "$conf" >>"$log_file" 2>&1 || {
+      show_log_tail
+      die "formatting storage failed"
+    }
+}
+
+cmd_start() {
+  cmd_install
+
+  local pid
+  if pid="$(broker_pid)"; then
+    if broker_answers; then
+      log "already running (pid $pid) and answering on $KAFKA_BOOTSTRAP"
+      return 0
+    fi
+    log "running (pid $pid) but not answering yet; waiting"
+    wait_ready "$pid"
+    log "ready on $KAFKA_BOOTSTRAP (pid $pid)"
+    return 0
+  fi
+  rm -f "$pid_file"
+
+  # Someone else (an old broker whose pid file was lost, another service) holds our ports.
+  for port in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
+    if port_open "$KAFKA_HOST" "$port"; then
+      die "$KAFKA_HOST:$port is already in use by another process (ss -ltnp 'sport = :$port')"
+    fi
+  done
+
+  id "$KAFKA_USER" >/dev/null 2>&1 ||
+    die "user $KAFKA_USER does not exist (install postgresql, or set KAFKA_USER)"
+
+  # $PG_CDC_RUN is shared with other services; only the kafka/ part belongs to $KAFKA_USER.
+  mkdir -p "$PG_CDC_RUN"
+  chmod a+rx "$PG_CDC_RUN"
+  mkdir -p "$data_dir"
+  touch "$log_file"
+  if [ "$(id -u)" -eq 0 ]; then
+    chown -R "$KAFKA_USER:" "$run_dir"
+  fi
+
+  write_config
+  install -m 0644 "$repo/kafka/log4j2.yaml" "$log4j_conf"
+
+  if [ ! -f "$data_dir/meta.properties" ]; then
+    format_storage
+  fi
+
+  log "starting Kafka $KAFKA_VERSION on $KAFKA_BOOTSTRAP (controller :$KAFKA_CONTROLLER_PORT) as $KAFKA_USER"
+  echo "==== $(date -Is) start Kafka $KAFKA_VERSION ====" >>"$log_file"
+  # setsid: the broker gets its own session, so it outlives this script and the terminal or
+  # CI step that ran it. The inner shell starts `kafka.sh __exec_broker`, which execs (through
+  # setpriv) into java, and records its pid: so the pid file names the JVM itself, however setsid
+  # forks. --wait: return only once the pid file is written.
+  # shellcheck disable=SC2016  # $1, $@ and $! belong to the inner shell
+  setsid --wait bash -c '
+    pid_file="$1"; shift
+    "$@" &
+    echo $! >"$pid_file"
+  ' _ "$pid_file" \
+    "$here/kafka.sh" __exec_broker \
+    </dev/null >>"$log_file" 2>&1
+
+  # The pid file is written just before bash -c returns, so it is there now.
+  pid="$(cat "$pid_file")"
+  wait_ready "$pid"
+  log "ready on $KAFKA_BOOTSTRAP (pid $pid, log $log_file)"
+}
+
+# Internal: becomes the broker JVM (exec, so the pid cmd_start recorded is the JVM's), as
+# $KAFKA_USER. Called only by cmd_start; stdout/stderr are already the log file.
+cmd_exec_broker() {
+  set_run_as_prefix
+  # shellcheck disable=SC2086  # KAFKA_HEAP_OPTS is a list of JVM flags
+  exec "${run_as_prefix[@]}" java $KAFKA_HEAP_OPTS \
+    -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError \
+    -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$log4j_conf" \
+    -Dkafka.logs.dir="$run_dir" \
+    -cp "$libs/*" kafka.Kafka "$conf"
+}
+
+# ---------------------------------------------------------------------------------------------
+# stop / kill / status / logs / reset
+
+cmd_stop() {
+  local pid
+  if ! pid="$(broker_pid)"; then
+    rm -f "$pid_file"
+    log "not running"
+    return 0
+  fi
+  log "stopping (pid $pid)"
+  kill -TERM "$pid" 2>/dev/null || true
+  if ! wait_gone "$pid" "$KAFKA_STOP_TIMEOUT"; then
+    log "still running after ${KAFKA_STOP_TIMEOUT}s; SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    wait_gone "$pid" 10 || die "pid $pid survived SIGKILL"
+  fi
+  rm -f "$pid_file"
+  log "stopped"
+}
+
+cmd_kill() {
+  local pid
+  if ! pid="$(broker_pid)"; then
+    rm -f "$pid_file"
+    log "not running"
+    return 0
+  fi
+  log "SIGKILL (pid $pid)"
+  kill -KILL "$pid" 2>/dev/null || true
+  wait_gone "$pid" 10 || die "pid $pid survived SIGKILL"
+  rm -f "$pid_file"
+}
+
+cmd_status() {
+  local pid
+  if ! pid="$(broker_pid)"; then
+    log "stopped"
+    return 3
+  fi
+  if broker_answers; then
+    log "running (pid $pid), answering on $KAFKA_BOOTSTRAP"
+    return 0
+  fi
+  log "running (pid $pid), NOT answering on $KAFKA_BOOTSTRAP"
+  return 1
+}
+
+cmd_logs() {
+  [ -f "$log_file" ] || die "no log yet ($log_file)"
+  if [ $# -eq 0 ]; then set -- -n 100; fi
+  tail "$@" "$log_file"
+}
+
+cmd_reset() {
+  cmd_stop
+  log "wiping $data_dir"
+  rm -rf "$data_dir"
+}
+
+usage() {
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+case "${1:-}" in
+  install) cmd_install ;;
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  kill) cmd_kill ;;
+  status) cmd_status ;;
+  logs) shift; cmd_logs "$@" ;;
+  reset) cmd_reset ;;
+  __exec_broker) cmd_exec_broker ;;
+  *) usage ;;
+esac

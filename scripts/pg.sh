@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The dev/test PostgreSQL 15 cluster: wal_level=logical, pg_cdc preloaded, trust auth on loopback,
+# run by the `postgres` user (initdb refuses root).
+#
+#   scripts/pg.sh start     initdb the first time, then start and wait until it accepts connections
+#   scripts/pg.sh start-fresh  start, restarting first if the installed pg_cdc library is newer than the server
+#   scripts/pg.sh stop      fast shutdown (idempotent)
+#   scripts/pg.sh restart   stop + start (after installing a new build of the extension)
+#   scripts/pg.sh crash     pg_ctl stop -m immediate (fault injection), then start
+#   scripts/pg.sh status    exit 0 when running
+#   scripts/pg.sh reset     stop and wipe the data directory
+#   scripts/pg.sh logs      tail the server log
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=env.sh source-path=SCRIPTDIR
+source "$here/env.sh"
+
+PGDATA_DIR="${PG_CDC_PGDATA:-$PG_CDC_RUN/pgdata}"
+LOG_FILE="$PG_CDC_RUN/postgresql.log"
+as_pg() { runuser -u postgres -- "$@"; }
+log() { printf '[pg] %s\n' "$*"; }
+
+ensure_dirs() {
+  mkdir -p "$PG_CDC_RUN"
+  chmod a+rx "$PG_CDC_RUN"
+  mkdir -p "$PG_CDC_RUN/sock"
+  chown postgres:postgres "$PG_CDC_RUN/sock"
+  touch "$LOG_FILE"
+  chown postgres:postgres "$LOG_FILE"
+}
+
+init_cluster() {
+  [ -f "$PGDATA_DIR/PG_VERSION" ] && return 0
+  log "initdb $PGDATA_DIR"
+  mkdir -p "$PGDATA_DIR"
+  chown postgres:postgres "$PGDATA_DIR"
+  chmod 700 "$PGDATA_DIR"
+  as_pg "$PG_BIN/initdb" -D "$PGDATA_DIR" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+}
+
+write_conf() {
+  # Rewritten at every start so a changed port or broker address takes effect.
+  cat > "$PGDATA_DIR/pg_cdc.conf" <<CONF
+listen_addresses = '$PGHOST'
+port = $PGPORT
+unix_socket_directories = '$PG_CDC_RUN/sock'
+wal_level = logical
+shared_preload_libraries = 'pg_cdc'
+max_replication_slots = 32
+max_wal_senders = 16
+max_worker_processes = 16
+cdc.database = '$PGDATABASE'
+cdc.kafka_bootstrap_servers = '$KAFKA_BOOTSTRAP'
+log_min_messages = warning
+log_line_prefix = '%m [%p] %b '
+CONF
+  chown postgres:postgres "$PGDATA_DIR/pg_cdc.conf"
+  grep -q "include_if_exists = 'pg_cdc.conf'" "$PGDATA_DIR/postgresql.conf" \
+    || echo "include_if_exists = 'pg_cdc.conf'" >> "$PGDATA_DIR/postgresql.conf"
+}
+
+running() { as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" status >/dev/null 2>&1; }
+
+start() {
+  ensure_dirs
+  init_cluster
+  write_conf
+  if running; then
+    log "already running on $PGHOST:$PGPORT"
+    return 0
+  fi
+  as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -l "$LOG_FILE" -w -t 60 start >/dev/null \
+    || { tail -n 30 "$LOG_FILE" >&2; exit 1; }
+  log "running on $PGHOST:$PGPORT (data $PGDATA_DIR, log $LOG_FILE)"
+}
+
+stop() {
+  if [ -f "$PGDATA_DIR/PG_VERSION" ] && running; then
+    as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -m fast -w -t 60 stop >/dev/null
+    log "stopped"
+  fi
+}
+
+case "${1:-}" in
+  start) start ;;
+  start-fresh)
+    # Like start, but restarts a running server whose pg_cdc library is older than the installed one
+    # (shared_preload_libraries are loaded only at server start).
+    lib="$("$PG_BIN/pg_config" --pkglibdir)/pg_cdc.so"
+    if [ -f "$PGDATA_DIR/postmaster.pid" ] && running && [ "$lib" -nt "$PGDATA_DIR/postmaster.pid" ]; then
+      log "pg_cdc was reinstalled: restarting"
+      stop
+    fi
+    start ;;
+  stop) stop ;;
+  restart) stop; start ;;
+  crash)
+    as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -m immediate stop >/dev/null || true
+    start ;;
+  status) running ;;
+  reset) stop; rm -rf "$PGDATA_DIR"; log "wiped $PGDATA_DIR" ;;
+  logs) shift; tail "${@:--n 100}" "$LOG_FILE" ;;
+  *) echo "usage: $0 start|stop|restart|crash|status|reset|logs" >&2; exit 2 ;;
+esac

@@ -1,0 +1,63 @@
+//! The SQL surface. Every function validates its whole input before it changes anything, and
+//! answers a mistake with a SQLSTATE, the JSON path and a HINT (see `errors`).
+pub mod capture;
+pub mod sinks;
+
+use cdc_core::{CdcError, ErrorKind};
+
+use crate::errors::raise;
+
+/// Refuses to configure capture on a server where it could not run.
+pub(crate) fn check_prerequisites() {
+    let wal_level =
+        crate::catalog::select_one::<String>("SELECT current_setting('wal_level')", &[])
+            .unwrap_or_default();
+    if wal_level != "logical" {
+        raise(
+            CdcError::new(
+                ErrorKind::PrerequisiteState,
+                format!("wal_level is \"{wal_level}\", pg_cdc needs \"logical\""),
+            )
+            .hint("Set wal_level = logical in postgresql.conf and restart PostgreSQL."),
+        );
+    }
+    if !crate::preloaded() {
+        raise(
+            CdcError::new(ErrorKind::PrerequisiteState, "pg_cdc is not loaded through shared_preload_libraries, so its worker is not running")
+                .hint("Add pg_cdc to shared_preload_libraries in postgresql.conf and restart PostgreSQL."),
+        );
+    }
+    let encoding = crate::catalog::select_one::<String>("SELECT pg_encoding_to_char(encoding)::text FROM pg_database WHERE datname = current_database()", &[])
+        .unwrap_or_default();
+    if encoding != "UTF8" {
+        raise(
+            CdcError::new(
+                ErrorKind::PrerequisiteState,
+                format!("database encoding is {encoding}; pg_cdc emits JSON and needs UTF8"),
+            )
+            .hint("Create the database WITH ENCODING 'UTF8'."),
+        );
+    }
+    let database = crate::catalog::select_one::<String>("SELECT current_database()::text", &[])
+        .unwrap_or_default();
+    let worker_db = crate::gucs::string(&crate::gucs::DATABASE);
+    if database != worker_db {
+        raise(
+            CdcError::new(
+                ErrorKind::PrerequisiteState,
+                format!("the pg_cdc worker runs in database \"{worker_db}\", not in \"{database}\""),
+            )
+            .hint(format!("Use pg_cdc in database \"{worker_db}\", or set cdc.database = '{database}' and restart PostgreSQL.")),
+        );
+    }
+}
+
+/// The catalog schema, or an error when the extension is not installed here.
+pub(crate) fn schema() -> String {
+    crate::catalog::extension_schema().unwrap_or_else(|| {
+        raise(CdcError::new(
+            ErrorKind::PrerequisiteState,
+            "extension pg_cdc is not installed in this database",
+        ))
+    })
+}

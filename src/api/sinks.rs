@@ -1,0 +1,141 @@
+//! `cdc_add_sink` and `cdc_drop_sink`: where captured changes go.
+use cdc_core::config::parse_sink_config;
+use cdc_core::{CdcError, ErrorKind};
+use pgrx::prelude::*;
+use pgrx::{JsonB, Uuid};
+
+use super::{check_prerequisites, schema};
+use crate::catalog;
+use crate::errors::{raise, OrRaise};
+
+/// Slot name of a sink: `_cdc_` and the sink id without dashes (lowercase letters and digits, as
+/// slot names require; 37 characters).
+pub fn slot_name(id: &Uuid) -> String {
+    let hex: String = id.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    format!("_cdc_{hex}")
+}
+
+/// Adds a destination. Returns its id. Each sink reads its own logical replication slot, so a
+/// slow sink never holds back another; the slot is created right away when this is the first
+/// statement of its transaction that writes (the usual autocommit call), so every change committed
+/// after `cdc_add_sink` returns is delivered. Inside a transaction that already wrote, the worker
+/// creates the slot after commit instead, and delivery starts from that point (a NOTICE says so).
+///
+/// ```sql
+/// SELECT cdc_add_sink(sink_name => 'kafka_orders', sink_type => 'kafka',
+///                     config => '{"bootstrap_servers": "127.0.0.1:9092", "topic": "orders-cdc"}');
+/// ```
+#[pg_extern(volatile)]
+fn cdc_add_sink(sink_name: &str, sink_type: &str, config: JsonB) -> Uuid {
+    check_prerequisites();
+    let schema = schema();
+    if sink_name.is_empty() || sink_name.len() > 200 {
+        raise(CdcError::new(
+            ErrorKind::InvalidParameter,
+            "sink_name must be 1 to 200 characters long",
+        ));
+    }
+    let cfg = parse_sink_config(sink_type, &config.0).or_raise();
+    let exists = crate::catalog::select_one::<bool>(
+        &format!("SELECT EXISTS (SELECT 1 FROM {schema}._cdc_sinks WHERE sink_name = $1)"),
+        &[sink_name.into()],
+    )
+    .unwrap_or(false);
+    if exists {
+        raise(
+            CdcError::new(
+                ErrorKind::DuplicateObject,
+                format!("sink \"{sink_name}\" already exists"),
+            )
+            .hint("Choose another name, or cdc_drop_sink it first."),
+        );
+    }
+    // Resolve config.tables to OIDs now, so a typo fails here rather than in the worker.
+    let table_oids: Option<Vec<pg_sys::Oid>> = cfg.tables.as_ref().map(|names| {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                crate::catalog::select_one::<pg_sys::Oid>(
+                    "SELECT to_regclass($1)::oid",
+                    &[n.as_str().into()],
+                )
+                .unwrap_or_else(|| {
+                    raise(CdcError::new(
+                        ErrorKind::UndefinedTable,
+                        format!("config.tables[{i}]: relation \"{n}\" does not exist"),
+                    ))
+                })
+            })
+            .collect()
+    });
+
+    let id = crate::catalog::select_one::<Uuid>("SELECT gen_random_uuid()", &[])
+        .unwrap_or_else(|| pgrx::error!("gen_random_uuid failed"));
+    let slot = slot_name(&id);
+    // SAFETY: reads the current transaction's top-level xid, set once it has written.
+    let wrote = unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId;
+    let slot_created = if wrote {
+        pgrx::notice!(
+            "this transaction already wrote, so the slot of sink \"{sink_name}\" is created by the worker after COMMIT; \
+             changes committed before then are not delivered to it"
+        );
+        false
+    } else {
+        // Waits for transactions that are writing right now to finish, so the slot starts after them.
+        // Read-only SPI on purpose: a writing statement would assign an xid, and PostgreSQL refuses
+        // to create a logical slot in a transaction that has one.
+        catalog::json(
+            "SELECT to_jsonb((pg_create_logical_replication_slot($1, 'pgoutput')).slot_name::text)",
+            &[slot.as_str().into()],
+        );
+        true
+    };
+    catalog::run(
+        &format!(
+            "INSERT INTO {schema}._cdc_sinks (sink_id, sink_name, sink_type, config, slot_name, table_oids, delivery_mode, state)
+             VALUES ($1, $2, $3, $4, $5, $6, 'at_least_once', $7)"
+        ),
+        &[
+            id.into(),
+            sink_name.into(),
+            sink_type.into(),
+            config.into(),
+            slot.as_str().into(),
+            table_oids.into(),
+            (if slot_created { "starting" } else { "creating_slot" }).into(),
+        ],
+    );
+    if catalog::json(
+        &format!("SELECT to_jsonb(count(*)) FROM {schema}._cdc_publications"),
+        &[],
+    ) == Some(serde_json::json!(0))
+    {
+        pgrx::notice!("no table is captured yet: SELECT cdc_enable('<table>') to start");
+    }
+    id
+}
+
+/// Drops a destination. The worker drops its replication slot after this commits (a slot drop
+/// cannot be rolled back, so it waits for the commit).
+///
+/// ```sql
+/// SELECT cdc_drop_sink('kafka_orders');
+/// ```
+#[pg_extern(volatile)]
+fn cdc_drop_sink(sink_name: &str) {
+    let schema = schema();
+    let deleted = catalog::json_write(
+        &format!("SELECT to_jsonb(count(*)) FROM (DELETE FROM {schema}._cdc_sinks WHERE sink_name = $1 RETURNING 1) d"),
+        &[sink_name.into()],
+    );
+    if deleted == Some(serde_json::json!(0)) {
+        raise(
+            CdcError::new(
+                ErrorKind::UndefinedObject,
+                format!("sink \"{sink_name}\" does not exist"),
+            )
+            .hint("SELECT sink_name FROM _cdc_sinks lists the sinks."),
+        );
+    }
+}

@@ -1,0 +1,115 @@
+//! SPI access to PostgreSQL's catalogs and pg_cdc's own tables.
+//!
+//! Each read is one query that returns a single jsonb document, parsed with serde: it keeps the
+//! SPI surface (and its unsafety) to a handful of calls.
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use serde_json::Value;
+
+/// The jsonb of a one-row, one-column result: no row and NULL are both `None`.
+fn one_json(r: Result<Option<JsonB>, pgrx::spi::SpiError>) -> Option<Value> {
+    match r {
+        Ok(v) => v.map(|j| j.0),
+        Err(pgrx::spi::SpiError::InvalidPosition) => None,
+        Err(e) => pgrx::error!("pg_cdc catalog query failed: {e}"),
+    }
+}
+
+/// Runs a writing statement that returns at most one jsonb value (no row or NULL -> `None`).
+pub fn json_write(sql: &str, args: &[DatumWithOid<'_>]) -> Option<Value> {
+    one_json(Spi::connect_mut(|c| {
+        c.update(sql, Some(1), args)?.first().get_one::<JsonB>()
+    }))
+}
+
+/// Runs a read-only query for one value of any type (no row or NULL -> `None`).
+///
+/// Reads go through read-only SPI on purpose: pgrx's writing SPI calls assign a transaction id,
+/// after which PostgreSQL refuses to create a logical replication slot in that transaction, and
+/// the worker would burn an xid per tick.
+pub fn select_one<T: pgrx::FromDatum + pgrx::IntoDatum>(
+    sql: &str,
+    args: &[DatumWithOid<'_>],
+) -> Option<T> {
+    match Spi::connect(|c| c.select(sql, Some(1), args)?.first().get_one::<T>()) {
+        Ok(v) => v,
+        Err(pgrx::spi::SpiError::InvalidPosition) => None,
+        Err(e) => pgrx::error!("pg_cdc catalog query failed: {e}"),
+    }
+}
+
+/// Runs a read-only query that returns at most one jsonb value (see [`select_one`]).
+pub fn json(sql: &str, args: &[DatumWithOid<'_>]) -> Option<Value> {
+    one_json(Spi::connect(|c| {
+        c.select(sql, Some(1), args)?.first().get_one::<JsonB>()
+    }))
+}
+
+/// Runs a statement that changes the database.
+pub fn run(sql: &str, args: &[DatumWithOid<'_>]) {
+    Spi::run_with_args(sql, args)
+        .unwrap_or_else(|e| pgrx::error!("pg_cdc catalog statement failed: {e}"))
+}
+
+/// The schema pg_cdc is installed in, quoted for SQL; `None` when the extension is absent.
+pub fn extension_schema() -> Option<String> {
+    select_one::<String>(
+        "SELECT quote_ident(n.nspname::text) FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace \
+         WHERE e.extname = 'pg_cdc'",
+        &[],
+    )
+}
+
+/// The publication every sink's slot reads.
+pub const PUBLICATION: &str = "_cdc_publication";
+
+/// Everything `cdc_enable` needs to know about a table, as one jsonb.
+pub const TABLE_SHAPE_SQL: &str = r#"
+SELECT jsonb_build_object(
+  'relkind', c.relkind::text,
+  'persistence', c.relpersistence::text,
+  'replident', c.relreplident::text,
+  'schema', n.nspname::text,
+  'name', c.relname::text,
+  'display', c.oid::regclass::text,
+  'qualified', quote_ident(n.nspname::text) || '.' || quote_ident(c.relname::text),
+  'columns', (SELECT coalesce(jsonb_agg(a.attname::text ORDER BY a.attnum), '[]')
+                FROM pg_attribute a
+               WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
+  'primary_key', (SELECT coalesce(jsonb_agg(a.attname::text ORDER BY k.ord), '[]')
+                    FROM pg_index i
+                    CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+                    JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                   WHERE i.indrelid = c.oid AND i.indisprimary),
+  'ri_index', (SELECT coalesce(jsonb_agg(a.attname::text ORDER BY k.ord), '[]')
+                 FROM pg_index i
+                 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+                 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                WHERE i.indrelid = c.oid AND i.indisreplident),
+  'ri_index_oid', (SELECT i.indexrelid::bigint FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident),
+  'in_publication', EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+                             WHERE p.pubname = '_cdc_publication' AND pr.prrelid = c.oid),
+  'is_extension_member', EXISTS (SELECT 1 FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+                                  WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                                    AND d.refclassid = 'pg_extension'::regclass AND e.extname = 'pg_cdc')
+)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = $1"#;
+
+/// String field of a jsonb object ("" when absent).
+pub fn str_field<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+/// String-array field of a jsonb object (empty when absent).
+pub fn strings_field(v: &Value, key: &str) -> Vec<String> {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}

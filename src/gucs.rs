@@ -1,0 +1,99 @@
+//! Every server setting of pg_cdc, under the `cdc.` prefix.
+//!
+//! | setting | context | default | meaning |
+//! |---|---|---|---|
+//! | `cdc.database` | postmaster | `postgres` | database the worker connects to (where `CREATE EXTENSION pg_cdc` ran) |
+//! | `cdc.kafka_bootstrap_servers` | sighup | `127.0.0.1:9092` | Kafka servers for sinks whose config gives none |
+//! | `cdc.naptime_ms` | sighup | 200 | how long the worker sleeps when no sink had work |
+//! | `cdc.batch_changes` | sighup | 10000 | `upto_nchanges` of one peek (whole transactions are never split) |
+//! | `cdc.heartbeat_interval_ms` | sighup | 10000 | how often an idle sink moves its slot forward over WAL it does not capture |
+//! | `cdc.max_retry_backoff_ms` | sighup | 30000 | cap of the exponential backoff after a sink error |
+use std::ffi::CString;
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+
+/// `cdc.database`.
+pub static DATABASE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"postgres"));
+/// `cdc.kafka_bootstrap_servers`.
+pub static KAFKA_BOOTSTRAP_SERVERS: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"127.0.0.1:9092"));
+/// `cdc.naptime_ms`.
+pub static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
+/// `cdc.batch_changes`.
+pub static BATCH_CHANGES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+/// `cdc.heartbeat_interval_ms`.
+pub static HEARTBEAT_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+/// `cdc.max_retry_backoff_ms`.
+pub static MAX_RETRY_BACKOFF_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
+
+/// Registers the settings (from `_PG_init`).
+pub fn init() {
+    GucRegistry::define_string_guc(
+        c"cdc.database",
+        c"Database the pg_cdc worker connects to.",
+        c"Create the pg_cdc extension in this database. Changing it requires a restart.",
+        &DATABASE,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"cdc.kafka_bootstrap_servers",
+        c"Kafka bootstrap servers for sinks whose config names none.",
+        c"",
+        &KAFKA_BOOTSTRAP_SERVERS,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"cdc.naptime_ms",
+        c"How long the pg_cdc worker sleeps when no sink had work.",
+        c"",
+        &NAPTIME_MS,
+        10,
+        60_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"cdc.batch_changes",
+        c"Changes read from a slot per batch (whole transactions are never split).",
+        c"",
+        &BATCH_CHANGES,
+        1,
+        10_000_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"cdc.heartbeat_interval_ms",
+        c"How often an idle sink moves its slot past WAL it does not capture.",
+        c"Keeps retained WAL bounded when captured tables are quiet.",
+        &HEARTBEAT_INTERVAL_MS,
+        100,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"cdc.max_retry_backoff_ms",
+        c"Cap of the exponential backoff after a sink error.",
+        c"",
+        &MAX_RETRY_BACKOFF_MS,
+        100,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    // Reserve the prefix so a typo such as cdc.databse is reported instead of ignored.
+    // SAFETY: called from _PG_init with a static NUL-terminated string.
+    unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"cdc".as_ptr()) };
+}
+
+/// Reads a string setting.
+pub fn string(setting: &GucSetting<Option<CString>>) -> String {
+    setting
+        .get()
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}

@@ -1,0 +1,131 @@
+//! The background worker: for each sink, read its slot, build events, publish, then confirm.
+//!
+//! ```text
+//!  loop:
+//!    catalog (one transaction, read-only) ── sinks, captured tables, slots
+//!    for each sink:
+//!      peek its slot (read-only transaction) ─▶ frames ─▶ Assembler ─▶ whole transactions of events
+//!      publish to the sink (no transaction open; waits for every broker acknowledgement)
+//!      advance the slot + _cdc_offsets + state (one short writing transaction)
+//!    drop slots of dropped sinks; sleep cdc.naptime_ms when nothing happened
+//! ```
+//! Ack before advance: the slot moves only after the sink acknowledged, so a crash anywhere
+//! re-sends (at-least-once). Every SPI step runs in [`run_tx`], which turns a PostgreSQL ERROR
+//! (a dropped slot, a dropped publication) into an `Err` for that sink instead of killing the worker.
+//!
+//! Threads: everything here runs on the worker's main thread. librdkafka's own threads never call
+//! back into PostgreSQL: delivery reports are served by `poll` on this thread.
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
+mod source;
+mod state;
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::time::{Duration, Instant};
+
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
+};
+use pgrx::pg_sys::panic::CaughtError;
+use pgrx::prelude::*;
+
+use crate::gucs;
+use state::Worker;
+
+/// Registers the static worker (from `_PG_init` while preloading).
+pub fn register() {
+    BackgroundWorkerBuilder::new("pg_cdc worker")
+        .set_type("pg_cdc worker")
+        .set_function("pg_cdc_worker_main")
+        .set_library("pg_cdc")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        // Restarted one second after it exits with 1 (crash, pg_terminate_backend).
+        .set_restart_time(Some(Duration::from_secs(1)))
+        .load();
+}
+
+/// Worker entry point.
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn pg_cdc_worker_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let database = gucs::string(&gucs::DATABASE);
+    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
+    pgrx::log!("pg_cdc worker started in database \"{database}\"");
+
+    let mut worker = Worker::new();
+    if let Err(e) = run_tx(source::set_session_settings) {
+        pgrx::warning!("pg_cdc worker: cannot set its session settings: {e}");
+    }
+    while !BackgroundWorker::sigterm_received() {
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: the documented way for a background worker to reload postgresql.conf.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        let busy = worker.tick();
+        if !busy {
+            let nap = Duration::from_millis(gucs::NAPTIME_MS.get().max(10) as u64);
+            if !BackgroundWorker::wait_latch(Some(nap)) {
+                break;
+            }
+        }
+    }
+    // proc_exit skips Rust destructors: close the producers first.
+    drop(worker);
+    pgrx::log!("pg_cdc worker stopping");
+    // SAFETY: ends this background worker process; exit code 1 asks the postmaster to restart it.
+    unsafe { pg_sys::proc_exit(1) };
+}
+
+/// Whether the worker was asked to stop (checked while waiting for a broker).
+pub fn stop_requested() -> bool {
+    BackgroundWorker::sigterm_received()
+}
+
+fn caught_message(e: CaughtError) -> String {
+    match e {
+        CaughtError::PostgresError(r) | CaughtError::ErrorReport(r) => r.message().to_string(),
+        CaughtError::RustPanic { ereport, .. } => ereport.message().to_string(),
+    }
+}
+
+/// Runs `f` in its own transaction. An ERROR raised inside aborts the transaction and comes back
+/// as `Err(message)`; the worker keeps running.
+pub fn run_tx<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    // SAFETY: the standard transaction bracket of a background worker; no transaction is open here.
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+    }
+    let result = PgTryBuilder::new(AssertUnwindSafe(move || Ok(f())))
+        .catch_others(|e| Err(caught_message(e)))
+        .execute();
+    // SAFETY: closes the transaction opened above, committing on success and aborting on error.
+    unsafe {
+        if result.is_ok() {
+            pg_sys::PopActiveSnapshot();
+            pg_sys::CommitTransactionCommand();
+        } else {
+            pg_sys::AbortCurrentTransaction();
+        }
+    }
+    result
+}
+
+/// Exponential backoff: 500 ms doubled per consecutive failure, capped by `cdc.max_retry_backoff_ms`.
+pub fn backoff(failures: u32) -> Duration {
+    let cap = gucs::MAX_RETRY_BACKOFF_MS.get().max(100) as u64;
+    let ms = 500u64.saturating_mul(1u64 << failures.min(16));
+    Duration::from_millis(ms.min(cap))
+}
+
+/// When a retry is due.
+pub fn retry_at(failures: u32) -> Instant {
+    Instant::now() + backoff(failures)
+}
+
+/// Per-slot bookkeeping for orphan detection: first time (database clock) a slot was seen without a sink.
+pub type OrphanSightings = HashMap<String, String>;

@@ -1,0 +1,336 @@
+//! The worker's SPI calls: catalog, slots, peeking, confirming. Each function runs inside
+//! `run_tx` and returns owned Rust data.
+use std::collections::HashMap;
+
+use cdc_core::pipeline::RawFrame;
+use cdc_core::types::{PgTypeRow, TypeRegistry};
+use cdc_core::Lsn;
+use pgrx::prelude::*;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::catalog::{self, PUBLICATION};
+
+/// Session settings that fix the text format of every value pgoutput sends (see `cdc_core::types`).
+pub fn set_session_settings() {
+    for stmt in [
+        "SET DateStyle = 'ISO, YMD'",
+        "SET IntervalStyle = 'iso_8601'",
+        "SET TimeZone = 'UTC'",
+        "SET extra_float_digits = 1",
+        "SET bytea_output = 'hex'",
+        "SET statement_timeout = 0",
+        "SET lock_timeout = '10s'",
+        "SET application_name = 'pg_cdc worker'",
+    ] {
+        catalog::run(stmt, &[]);
+    }
+}
+
+/// A sink as the catalog has it.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct SinkRow {
+    /// Sink id (uuid text).
+    pub id: String,
+    /// Sink name.
+    pub name: String,
+    /// Sink type.
+    #[serde(rename = "type")]
+    pub sink_type: String,
+    /// Sink config.
+    pub config: Value,
+    /// Slot name.
+    pub slot: String,
+    /// Tables the sink is limited to.
+    pub tables: Option<Vec<u32>>,
+    /// State last written.
+    pub state: String,
+    /// Error last written.
+    pub last_error: Option<String>,
+}
+
+/// A captured table as the catalog has it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TableRow {
+    /// Table OID.
+    pub oid: u32,
+    /// Capture config.
+    pub config: Value,
+    /// Resolved key columns.
+    pub key_columns: Vec<String>,
+}
+
+/// A replication slot of this database.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SlotRow {
+    /// Slot name.
+    pub name: String,
+    /// confirmed_flush_lsn as text.
+    pub confirmed: Option<String>,
+    /// wal_status (reserved, extended, unreserved, lost).
+    pub wal_status: Option<String>,
+    /// PID of the process using it, if any.
+    pub active_pid: Option<i32>,
+}
+
+/// Everything the worker reads at the start of a tick.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Catalog {
+    /// Current database.
+    pub database: String,
+    /// Database clock (for orphan-slot sightings).
+    pub now: String,
+    /// pg_current_wal_insert_lsn() as text.
+    pub wal_insert_lsn: String,
+    /// Sinks.
+    pub sinks: Vec<SinkRow>,
+    /// Captured tables.
+    pub tables: Vec<TableRow>,
+    /// Slots named like pg_cdc's in this database.
+    pub slots: Vec<SlotRow>,
+}
+
+/// Reads the catalog; `None` when the extension is not installed in this database.
+pub fn load_catalog() -> Option<Catalog> {
+    let schema = catalog::extension_schema()?;
+    let sql = format!(
+        r#"SELECT jsonb_build_object(
+  'database', current_database(),
+  'now', clock_timestamp()::text,
+  'wal_insert_lsn', pg_current_wal_insert_lsn()::text,
+  'sinks', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'id', sink_id, 'name', sink_name, 'type', sink_type, 'config', config, 'slot', slot_name,
+                'tables', table_oids::bigint[], 'state', state, 'last_error', last_error) ORDER BY created_at), '[]')
+              FROM {schema}._cdc_sinks),
+  'tables', (SELECT coalesce(jsonb_agg(jsonb_build_object('oid', table_oid::bigint, 'config', config, 'key_columns', key_columns)), '[]')
+               FROM {schema}._cdc_publications WHERE status = 'active'),
+  'slots', (SELECT coalesce(jsonb_agg(jsonb_build_object('name', slot_name, 'confirmed', confirmed_flush_lsn::text,
+                'wal_status', wal_status, 'active_pid', active_pid)), '[]')
+              FROM pg_replication_slots WHERE database = current_database() AND slot_name LIKE '\_cdc\_%')
+)"#
+    );
+    let v = catalog::json(&sql, &[])?;
+    match serde_json::from_value(v) {
+        Ok(c) => Some(c),
+        Err(e) => pgrx::error!("pg_cdc: unexpected catalog shape: {e}"),
+    }
+}
+
+/// Creates a sink's slot (for sinks added inside a transaction that had already written).
+pub fn create_slot(slot: &str) {
+    catalog::json(
+        "SELECT to_jsonb((pg_create_logical_replication_slot($1, 'pgoutput')).slot_name::text)",
+        &[slot.into()],
+    );
+}
+
+/// Drops a slot.
+pub fn drop_slot(slot: &str) {
+    catalog::json(
+        "SELECT to_jsonb(pg_drop_replication_slot($1)::text)",
+        &[slot.into()],
+    );
+}
+
+/// Whether a transaction that started before `since` is still open (it may be the one that
+/// created a slot whose sink row is not committed yet).
+pub fn older_transaction_open(since: &str) -> bool {
+    catalog::json(
+        "SELECT to_jsonb(EXISTS (SELECT 1 FROM pg_stat_activity WHERE xact_start < $1::timestamptz AND pid <> pg_backend_pid()))",
+        &[since.into()],
+    ) == Some(Value::Bool(true))
+}
+
+/// Reads up to `batch` changes (whole transactions) from a slot without consuming them.
+pub fn peek(slot: &str, batch: i32, types: &mut TypeRegistry) -> Vec<RawFrame> {
+    let sql = format!(
+        "SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, \
+         'proto_version', '1', 'publication_names', '{PUBLICATION}', 'messages', 'true')"
+    );
+    quiet_decoding_logs();
+    let frames = Spi::connect(|client| -> Result<Vec<RawFrame>, pgrx::spi::SpiError> {
+        let mut cursor = client.try_open_cursor(&sql, &[slot.into(), batch.into()])?;
+        let mut frames = Vec::new();
+        loop {
+            let table = cursor.fetch(1000)?;
+            if table.is_empty() {
+                break;
+            }
+            for row in table {
+                let lsn = row.get::<i64>(1)?.unwrap_or(0);
+                let data = row.get::<Vec<u8>>(2)?.unwrap_or_default();
+                frames.push(RawFrame {
+                    lsn: Lsn(lsn as u64),
+                    data,
+                });
+            }
+        }
+        Ok(frames)
+    })
+    .unwrap_or_else(|e| pgrx::error!("reading slot {slot}: {e}"));
+    learn_types(&frames, types);
+    frames
+}
+
+/// Looks up, in pg_type, every column type of the batch's relations the registry has not seen
+/// (then their element and base types), once per worker lifetime.
+fn learn_types(frames: &[RawFrame], types: &mut TypeRegistry) {
+    let mut wanted: Vec<u32> = Vec::new();
+    for f in frames.iter().filter(|f| f.data.first() == Some(&b'R')) {
+        if let Ok(cdc_core::decode::Message::Relation(rel)) = cdc_core::decode::decode(&f.data) {
+            for c in rel.columns {
+                if !types.knows(c.type_oid) && !wanted.contains(&c.type_oid) {
+                    wanted.push(c.type_oid);
+                }
+            }
+        }
+    }
+    for _ in 0..8 {
+        if wanted.is_empty() {
+            return;
+        }
+        let list = format!(
+            "{{{}}}",
+            wanted
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let rows = catalog::json(
+            "SELECT coalesce(jsonb_agg(jsonb_build_object('oid', oid::bigint, 'typtype', typtype::text, 'typcategory', typcategory::text, \
+             'typelem', typelem::bigint, 'typbasetype', typbasetype::bigint, 'typdelim', typdelim::text)), '[]') \
+             FROM pg_type WHERE oid = ANY($1::oid[])",
+            &[list.as_str().into()],
+        )
+        .unwrap_or(Value::Null);
+        let mut rows: Vec<PgTypeRow> = rows
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|r| PgTypeRow {
+                        oid: r["oid"].as_u64().unwrap_or(0) as u32,
+                        typtype: catalog::str_field(r, "typtype")
+                            .bytes()
+                            .next()
+                            .unwrap_or(b'b'),
+                        typcategory: catalog::str_field(r, "typcategory")
+                            .bytes()
+                            .next()
+                            .unwrap_or(b'U'),
+                        typelem: r["typelem"].as_u64().unwrap_or(0) as u32,
+                        typbasetype: r["typbasetype"].as_u64().unwrap_or(0) as u32,
+                        typdelim: catalog::str_field(r, "typdelim")
+                            .bytes()
+                            .next()
+                            .unwrap_or(b','),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        // Dependencies first: a domain's base type and an array's element type must be known.
+        let next: Vec<u32> = rows
+            .iter()
+            .flat_map(|r| [r.typelem, r.typbasetype])
+            .filter(|&o| o != 0 && !types.knows(o) && !wanted.contains(&o))
+            .collect();
+        if !next.is_empty() {
+            wanted = next.into_iter().chain(wanted).collect();
+            wanted.dedup();
+            continue;
+        }
+        rows.sort_by_key(|r| (r.typtype == b'd') as u8);
+        for r in &rows {
+            types.add(r);
+        }
+        // Types pg_type no longer has (dropped since) are converted as text.
+        for o in &wanted {
+            if !types.knows(*o) {
+                types.add(&PgTypeRow {
+                    oid: *o,
+                    typtype: b'b',
+                    typcategory: b'U',
+                    typelem: 0,
+                    typbasetype: 0,
+                    typdelim: b',',
+                });
+            }
+        }
+        wanted.clear();
+    }
+}
+
+/// Per-table delivery progress of one publish.
+#[derive(Debug, Default, Clone)]
+pub struct TableProgress {
+    /// Events delivered.
+    pub events: u64,
+    /// Commit LSN of the last delivered transaction touching the table.
+    pub last_commit_lsn: u64,
+    /// Its commit time, Unix microseconds.
+    pub last_commit_unix_micros: i64,
+}
+
+/// PostgreSQL 15 logs "starting logical decoding for slot ..." at LOG level for every peek and
+/// advance; at one peek per sink every `cdc.naptime_ms` that would flood the server log. Silence
+/// it for the current transaction only (our own failures are reported through the sink state).
+fn quiet_decoding_logs() {
+    catalog::json(
+        "SELECT to_jsonb(set_config('log_min_messages', 'fatal', true))",
+        &[],
+    );
+}
+
+/// Confirms the slot up to `lsn` and records per-table progress.
+pub fn confirm(
+    schema: &str,
+    sink_name: &str,
+    slot: &str,
+    lsn: Lsn,
+    progress: &HashMap<u32, TableProgress>,
+) {
+    quiet_decoding_logs();
+    catalog::json(
+        "SELECT to_jsonb((pg_replication_slot_advance($1, $2::pg_lsn)).end_lsn::text)",
+        &[slot.into(), lsn.to_string().into()],
+    );
+    if progress.is_empty() {
+        return;
+    }
+    let rows: Vec<Value> = progress
+        .iter()
+        .map(|(oid, p)| json!({"table_oid": oid, "n": p.events, "last_lsn": p.last_commit_lsn, "ts": p.last_commit_unix_micros}))
+        .collect();
+    catalog::run(
+        &format!(
+            "INSERT INTO {schema}._cdc_offsets AS o (sink_name, table_name, last_lsn, last_timestamp, events_published, table_oid)
+             SELECT $1, x.table_oid::regclass::text, x.last_lsn, 'epoch'::timestamptz + x.ts * interval '1 microsecond', x.n, x.table_oid
+               FROM jsonb_to_recordset($2) AS x(table_oid oid, n bigint, last_lsn bigint, ts bigint)
+             ON CONFLICT (sink_name, table_name) DO UPDATE
+                SET last_lsn = EXCLUDED.last_lsn, last_timestamp = EXCLUDED.last_timestamp,
+                    events_published = o.events_published + EXCLUDED.events_published, table_oid = EXCLUDED.table_oid"
+        ),
+        &[sink_name.into(), pgrx::JsonB(Value::Array(rows)).into()],
+    );
+}
+
+/// Records a sink's state (only called when it changed).
+pub fn set_state(schema: &str, sink_id: &str, state: &str, error: Option<&str>) {
+    catalog::run(
+        &format!("UPDATE {schema}._cdc_sinks SET state = $2, last_error = $3, state_since = now() WHERE sink_id = $1::uuid"),
+        &[sink_id.into(), state.into(), error.into()],
+    );
+}
+
+/// Writes a heartbeat message that the sink's next peek returns, so its slot can move past WAL
+/// it does not capture. Returns the WAL insert position after it.
+pub fn emit_heartbeat() -> Option<String> {
+    catalog::json(
+        &format!(
+            "SELECT to_jsonb(pg_logical_emit_message(false, '{}', '')::text)",
+            cdc_core::pipeline::HEARTBEAT_PREFIX
+        ),
+        &[],
+    )
+    .and_then(|v| v.as_str().map(str::to_string))
+}

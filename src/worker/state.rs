@@ -1,0 +1,410 @@
+//! The worker's state across ticks: one [`SinkRun`] per sink, the type registry, the parsed
+//! capture configs, and orphan-slot sightings.
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cdc_core::config::{
+    parse_sink_config, parse_stored_capture_config, CaptureConfig, KafkaSinkConfig,
+};
+use cdc_core::pipeline::{Assembler, SinkTables};
+use cdc_core::time::pg_to_unix_micros;
+use cdc_core::types::TypeRegistry;
+use cdc_core::Lsn;
+use cdc_sinks::kafka::KafkaSink;
+use cdc_sinks::{ErrorClass, Sink};
+
+use super::source::{self, Catalog, SinkRow, TableProgress};
+use super::{retry_at, run_tx, stop_requested, OrphanSightings};
+use crate::gucs;
+
+/// Runtime state of one sink.
+struct SinkRun {
+    row: SinkRow,
+    config: Result<KafkaSinkConfig, String>,
+    assembler: Assembler,
+    producer: Option<KafkaSink>,
+    failures: u32,
+    retry_at: Option<Instant>,
+    /// (state, last_error) as last written to the catalog.
+    written: (String, Option<String>),
+    last_heartbeat: Option<Instant>,
+    heartbeat_end: Option<Lsn>,
+}
+
+/// The worker.
+pub struct Worker {
+    sinks: HashMap<String, SinkRun>,
+    types: TypeRegistry,
+    /// Parsed capture configs by (oid, config text), so a config is parsed once.
+    configs: HashMap<u32, (String, Arc<CaptureConfig>)>,
+    orphans: OrphanSightings,
+    schema: Option<String>,
+    last_missing_extension_log: Option<Instant>,
+}
+
+impl Worker {
+    pub fn new() -> Self {
+        Worker {
+            sinks: HashMap::new(),
+            types: TypeRegistry::new(),
+            configs: HashMap::new(),
+            orphans: HashMap::new(),
+            schema: None,
+            last_missing_extension_log: None,
+        }
+    }
+
+    /// One pass over every sink. Returns true when any sink read changes (run again at once).
+    pub fn tick(&mut self) -> bool {
+        let cat = match run_tx(|| {
+            let schema = crate::catalog::extension_schema();
+            (schema, source::load_catalog())
+        }) {
+            Ok((Some(schema), Some(cat))) => {
+                self.schema = Some(schema);
+                cat
+            }
+            Ok(_) => {
+                if self
+                    .last_missing_extension_log
+                    .is_none_or(|t| t.elapsed().as_secs() > 300)
+                {
+                    pgrx::log!("pg_cdc worker: extension pg_cdc is not installed in this database; waiting");
+                    self.last_missing_extension_log = Some(Instant::now());
+                }
+                self.sinks.clear();
+                return false;
+            }
+            Err(e) => {
+                pgrx::warning!("pg_cdc worker: cannot read its catalog: {e}");
+                return false;
+            }
+        };
+        self.refresh_configs(&cat);
+        self.sync_sinks(&cat);
+        let mut busy = false;
+        let ids: Vec<String> = cat.sinks.iter().map(|s| s.id.clone()).collect();
+        for id in ids {
+            if stop_requested() {
+                break;
+            }
+            busy |= self.step(&id, &cat);
+        }
+        self.drop_orphan_slots(&cat);
+        busy
+    }
+
+    fn refresh_configs(&mut self, cat: &Catalog) {
+        let mut next = HashMap::new();
+        for t in &cat.tables {
+            let text = t.config.to_string() + &t.key_columns.join("\u{1}");
+            let parsed = match self.configs.remove(&t.oid) {
+                Some((old_text, cfg)) if old_text == text => cfg,
+                _ => match parse_stored_capture_config(&t.config, t.key_columns.clone()) {
+                    Ok(cfg) => Arc::new(cfg),
+                    Err(e) => {
+                        pgrx::warning!("pg_cdc worker: capture config of table OID {} is invalid, skipping it: {e}", t.oid);
+                        continue;
+                    }
+                },
+            };
+            next.insert(t.oid, (text, parsed));
+        }
+        self.configs = next;
+    }
+
+    fn sync_sinks(&mut self, cat: &Catalog) {
+        self.sinks
+            .retain(|id, _| cat.sinks.iter().any(|s| &s.id == id));
+        for row in &cat.sinks {
+            let changed = self
+                .sinks
+                .get(&row.id)
+                .is_none_or(|r| r.row.config != row.config || r.row.tables != row.tables);
+            if changed {
+                let config =
+                    parse_sink_config(&row.sink_type, &row.config).map_err(|e| e.to_string());
+                self.sinks.insert(
+                    row.id.clone(),
+                    SinkRun {
+                        row: row.clone(),
+                        config,
+                        assembler: Assembler::new(&cat.database),
+                        producer: None,
+                        failures: 0,
+                        retry_at: None,
+                        written: (row.state.clone(), row.last_error.clone()),
+                        last_heartbeat: None,
+                        heartbeat_end: None,
+                    },
+                );
+            } else if let Some(r) = self.sinks.get_mut(&row.id) {
+                r.row = row.clone();
+            }
+        }
+    }
+
+    fn tables_for(&self, row: &SinkRow) -> SinkTables {
+        self.configs
+            .iter()
+            .filter(|(oid, _)| row.tables.as_ref().is_none_or(|t| t.contains(oid)))
+            .map(|(oid, (_, cfg))| (*oid, cfg.clone()))
+            .collect()
+    }
+
+    /// Records a state change in the catalog (only when it differs from what was written).
+    fn set_state(&mut self, id: &str, state: &str, error: Option<String>) {
+        let Some(schema) = self.schema.clone() else {
+            return;
+        };
+        let Some(run) = self.sinks.get_mut(id) else {
+            return;
+        };
+        if run.written.0 == state && run.written.1 == error {
+            return;
+        }
+        match &error {
+            Some(e) => pgrx::log!("pg_cdc sink \"{}\": {state}: {e}", run.row.name),
+            None => pgrx::log!("pg_cdc sink \"{}\": {state}", run.row.name),
+        }
+        let (sid, st, er) = (id.to_string(), state.to_string(), error.clone());
+        if run_tx(|| source::set_state(&schema, &sid, &st, er.as_deref())).is_ok() {
+            run.written = (state.to_string(), error);
+        }
+    }
+
+    /// Marks a failure: state, backoff, fresh producer and relation state next time.
+    fn fail(&mut self, id: &str, state: &str, error: String) {
+        if let Some(run) = self.sinks.get_mut(id) {
+            run.failures = run.failures.saturating_add(1);
+            run.retry_at = Some(retry_at(run.failures));
+            run.producer = None;
+            run.assembler.reset();
+        }
+        self.set_state(id, state, Some(error));
+    }
+
+    /// One step of one sink. Returns true when it read changes.
+    fn step(&mut self, id: &str, cat: &Catalog) -> bool {
+        let Some(run) = self.sinks.get(id) else {
+            return false;
+        };
+        if run.retry_at.is_some_and(|t| Instant::now() < t) {
+            return false;
+        }
+        let row = run.row.clone();
+        let config = match &run.config {
+            Ok(c) => c.clone(),
+            Err(e) => {
+                let msg = format!("invalid sink config: {e}");
+                self.fail(id, "error", msg);
+                return false;
+            }
+        };
+        let Some(slot) = cat.slots.iter().find(|s| s.name == row.slot) else {
+            if row.state == "creating_slot" {
+                let slot = row.slot.clone();
+                match run_tx(|| source::create_slot(&slot)) {
+                    Ok(()) => self.set_state(id, "starting", None),
+                    Err(e) => self.fail(
+                        id,
+                        "error",
+                        format!("cannot create replication slot {slot}: {e}"),
+                    ),
+                }
+            } else {
+                let msg = format!(
+                    "replication slot {} does not exist (dropped outside pg_cdc?); pg_cdc does not recreate it silently because changes would be lost: drop and re-add the sink",
+                    row.slot
+                );
+                self.fail(id, "error", msg);
+            }
+            return false;
+        };
+        if slot.wal_status.as_deref() == Some("lost") {
+            let msg = format!(
+                "replication slot {} was invalidated: the WAL it needed was removed (max_slot_wal_keep_size); drop and re-add the sink",
+                row.slot
+            );
+            self.fail(id, "error", msg);
+            return false;
+        }
+        if let Some(pid) = slot.active_pid {
+            self.fail(
+                id,
+                "retrying",
+                format!("replication slot {} is in use by process {pid}", row.slot),
+            );
+            return false;
+        }
+        let confirmed: Lsn = slot
+            .confirmed
+            .as_deref()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_default();
+
+        // Read.
+        let tables = self.tables_for(&row);
+        let batch = gucs::BATCH_CHANGES.get();
+        let mut types = std::mem::take(&mut self.types);
+        let slot_name = row.slot.clone();
+        let peeked = run_tx(|| {
+            let frames = source::peek(&slot_name, batch, &mut types);
+            (frames, types)
+        });
+        let frames = match peeked {
+            Ok((frames, t)) => {
+                self.types = t;
+                frames
+            }
+            Err(e) => {
+                self.types = TypeRegistry::new();
+                self.fail(
+                    id,
+                    "error",
+                    format!("cannot read replication slot {}: {e}", row.slot),
+                );
+                return false;
+            }
+        };
+
+        // Build events.
+        let Some(run) = self.sinks.get_mut(id) else {
+            return false;
+        };
+        let output = match run.assembler.process(&frames, &tables, &self.types) {
+            Ok(o) => o,
+            Err(e) => {
+                self.fail(id, "error", format!("cannot decode the change stream: {e}"));
+                return false;
+            }
+        };
+
+        // Publish, then confirm.
+        let mut progress: HashMap<u32, TableProgress> = HashMap::new();
+        let has_events = output.transactions.iter().any(|t| !t.events.is_empty());
+        if has_events {
+            if run.producer.is_none() {
+                let client_id = format!("pg_cdc-{}", row.name);
+                match KafkaSink::new(
+                    &config,
+                    &gucs::string(&gucs::KAFKA_BOOTSTRAP_SERVERS),
+                    &cat.database,
+                    &client_id,
+                ) {
+                    Ok(mut p) => {
+                        p.set_interrupt(stop_requested);
+                        run.producer = Some(p);
+                    }
+                    Err(e) => {
+                        self.fail(id, "error", e.message);
+                        return false;
+                    }
+                }
+            }
+            let Some(producer) = run.producer.as_mut() else {
+                return false;
+            };
+            if let Err(e) = producer.publish(&output.transactions) {
+                let state = if e.class == ErrorClass::Retry {
+                    "retrying"
+                } else {
+                    "error"
+                };
+                self.fail(id, state, e.message);
+                return false;
+            }
+            for t in &output.transactions {
+                for ev in &t.events {
+                    let p = progress.entry(ev.table_oid).or_default();
+                    p.events += 1;
+                    p.last_commit_lsn = t.commit_lsn.0;
+                    p.last_commit_unix_micros = pg_to_unix_micros(t.commit_time);
+                }
+            }
+        }
+        let Some(schema) = self.schema.clone() else {
+            return false;
+        };
+        let mut target = output.confirm_lsn.filter(|l| *l > confirmed);
+        if frames.is_empty() {
+            target = None;
+            self.maybe_heartbeat(id, confirmed, cat);
+        }
+        if let Some(lsn) = target {
+            let (name, slot_name) = (row.name.clone(), row.slot.clone());
+            if let Err(e) = run_tx(|| source::confirm(&schema, &name, &slot_name, lsn, &progress)) {
+                self.fail(
+                    id,
+                    "error",
+                    format!("cannot confirm replication slot {}: {e}", row.slot),
+                );
+                return false;
+            }
+        }
+        if let Some(run) = self.sinks.get_mut(id) {
+            run.failures = 0;
+            run.retry_at = None;
+        }
+        self.set_state(id, "running", None);
+        !frames.is_empty()
+    }
+
+    /// Emits a heartbeat when the slot is behind the WAL and nothing it captures was written.
+    fn maybe_heartbeat(&mut self, id: &str, confirmed: Lsn, cat: &Catalog) {
+        let Some(run) = self.sinks.get_mut(id) else {
+            return;
+        };
+        let insert: Lsn = cat.wal_insert_lsn.parse().unwrap_or_default();
+        let interval =
+            std::time::Duration::from_millis(gucs::HEARTBEAT_INTERVAL_MS.get().max(100) as u64);
+        let due = run.last_heartbeat.is_none_or(|t| t.elapsed() >= interval);
+        // Only when WAL other than our own last heartbeat was written since it.
+        let moved = insert > confirmed && run.heartbeat_end.is_none_or(|h| insert.0 > h.0 + 128);
+        if !(due && moved) {
+            return;
+        }
+        run.last_heartbeat = Some(Instant::now());
+        if let Ok(Some(lsn)) = run_tx(source::emit_heartbeat) {
+            run.heartbeat_end = lsn.parse().ok();
+        }
+    }
+
+    /// Drops pg_cdc slots whose sink is gone, once no transaction that could still commit the
+    /// sink row is open.
+    fn drop_orphan_slots(&mut self, cat: &Catalog) {
+        let mut still = OrphanSightings::new();
+        for slot in &cat.slots {
+            if cat.sinks.iter().any(|s| s.slot == slot.name) {
+                continue;
+            }
+            match self.orphans.get(&slot.name) {
+                None => {
+                    still.insert(slot.name.clone(), cat.now.clone());
+                }
+                Some(first_seen) => {
+                    let (name, seen) = (slot.name.clone(), first_seen.clone());
+                    let dropped = slot.active_pid.is_none()
+                        && run_tx(|| {
+                            if source::older_transaction_open(&seen) {
+                                false
+                            } else {
+                                source::drop_slot(&name);
+                                true
+                            }
+                        })
+                        .unwrap_or(false);
+                    if dropped {
+                        pgrx::log!(
+                            "pg_cdc worker: dropped replication slot {name} of a dropped sink"
+                        );
+                    } else {
+                        still.insert(slot.name.clone(), first_seen.clone());
+                    }
+                }
+            }
+        }
+        self.orphans = still;
+    }
+}
