@@ -126,7 +126,7 @@ fn cdc_add_sink(sink_name: &str, sink_type: &str, config: JsonB) -> Uuid {
 fn cdc_drop_sink(sink_name: &str) {
     let schema = schema();
     let deleted = catalog::json_write(
-        &format!("SELECT to_jsonb(count(*)) FROM (DELETE FROM {schema}._cdc_sinks WHERE sink_name = $1 RETURNING 1) d"),
+        &format!("WITH d AS (DELETE FROM {schema}._cdc_sinks WHERE sink_name = $1 RETURNING 1) SELECT to_jsonb(count(*)) FROM d"),
         &[sink_name.into()],
     );
     if deleted == Some(serde_json::json!(0)) {

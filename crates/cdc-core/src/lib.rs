@@ -1,3 +1,4 @@
+#![recursion_limit = "256"]
 //! pg_cdc's pure core: everything between the bytes PostgreSQL's pgoutput plugin produces and the
 //! bytes a sink publishes, with no pgrx and no network, so it is unit-tested with plain `cargo test`.
 //!
@@ -19,6 +20,9 @@ pub mod pipeline;
 pub mod time;
 pub mod types;
 pub mod value;
+
+#[cfg(test)]
+pub(crate) mod testutil;
 
 pub use error::{CdcError, CdcResult, ErrorKind};
 pub use lsn::Lsn;

@@ -1,1 +1,159 @@
+use serde_json::json;
 
+use super::*;
+
+fn shape() -> TableShape {
+    TableShape {
+        display_name: "orders".into(),
+        columns: ["order_id", "customer_id", "total", "status", "updated_at"].map(String::from).to_vec(),
+        primary_key: vec!["order_id".into()],
+        replica_identity_index: vec![],
+        replica_identity: b'd',
+    }
+}
+
+fn err(v: serde_json::Value) -> CdcError {
+    parse_capture_config(&v, &shape()).unwrap_err()
+}
+
+#[test]
+fn the_seed_config_parses() {
+    let c = parse_capture_config(
+        &json!({"include_columns": ["order_id", "customer_id", "total", "status", "updated_at"],
+                "key_columns": ["order_id"], "include_before_image": true, "include_transaction_info": true,
+                "capture_mode": "all_changes", "operations": ["INSERT", "update", "DELETE"]}),
+        &shape(),
+    )
+    .unwrap();
+    assert!(c.before_image && c.include_transaction_info);
+    assert_eq!(c.key_columns, ["order_id"]);
+    assert!(!c.operations.truncate && c.operations.update);
+    // Defaults: every operation, key from the primary key.
+    let d = parse_capture_config(&json!({}), &shape()).unwrap();
+    assert_eq!(d.operations, Operations::ALL);
+    assert_eq!(d.key_columns, ["order_id"]);
+    assert!(d.includes("status"));
+}
+
+#[test]
+fn unknown_keys_suggest_the_closest() {
+    let e = err(json!({"include_colums": ["order_id"]}));
+    assert_eq!(e.kind.sqlstate(), "22023");
+    assert_eq!(e.message, "unknown key \"include_colums\" in config");
+    assert_eq!(e.hint.as_deref(), Some("Did you mean \"include_columns\"?"));
+    let e = err(json!({"zzz": 1}));
+    assert!(e.hint.unwrap().starts_with("Valid keys: capture_mode"));
+    let e = err(json!({"compliance": {"redact": true}}));
+    assert_eq!(e.message, "unknown key \"redact\" in config.compliance");
+}
+
+#[test]
+fn wrong_types_name_the_path() {
+    assert_eq!(err(json!([])).message, "config must be a JSON object, not array");
+    assert_eq!(err(json!({"operations": ["INSERT", 3]})).message, "config.operations[1] must be a non-empty string, not number");
+    assert_eq!(err(json!({"include_before_image": "yes"})).message, "config.include_before_image must be true or false, not string");
+    assert_eq!(err(json!({"include_columns": "order_id"})).message, "config.include_columns must be an array of strings, not string");
+    assert_eq!(err(json!({"operations": ["UPSERT"]})).message, "config.operations[0]: unknown operation \"UPSERT\"");
+    assert_eq!(err(json!({"operations": []})).kind, ErrorKind::InvalidParameter);
+    assert!(err(json!({"exactly_once": {"checkpoint_interval_ms": -5}})).message.starts_with("config.exactly_once.checkpoint_interval_ms must be an integer"));
+    assert_eq!(err(json!({"key_columns": ["order_id", "order_id"]})).message, "config.key_columns[1]: \"order_id\" is listed twice");
+}
+
+#[test]
+fn columns_must_exist() {
+    let e = err(json!({"include_columns": ["order_id", "totl"]}));
+    assert_eq!(e.kind.sqlstate(), "42703");
+    assert_eq!(e.message, "config.include_columns[1]: column \"totl\" of table orders does not exist");
+    assert_eq!(e.hint.as_deref(), Some("Did you mean \"total\"?"));
+    assert_eq!(err(json!({"key_columns": ["x); DROP TABLE orders; --"]})).kind.sqlstate(), "42703");
+    assert_eq!(err(json!({"partition_key": "region"})).kind.sqlstate(), "42703");
+    assert_eq!(err(json!({"exclude_columns": ["nope"]})).kind.sqlstate(), "42703");
+}
+
+#[test]
+fn aliases_together_are_refused() {
+    let e = err(json!({"before_image": true, "include_before_image": true}));
+    assert_eq!(e.kind.sqlstate(), "22023");
+    let e = err(json!({"filter": "a", "filter_expression": "b"}));
+    assert_eq!(e.kind.sqlstate(), "22023");
+    assert!(parse_capture_config(&json!({"before_image": true}), &shape()).unwrap().before_image);
+}
+
+#[test]
+fn tables_without_a_key() {
+    let mut s = shape();
+    s.primary_key.clear();
+    let e = parse_capture_config(&json!({}), &s).unwrap_err();
+    assert_eq!(e.kind.sqlstate(), "55000");
+    assert!(e.hint.unwrap().contains("\"operations\": [\"INSERT\"]"));
+    assert!(parse_capture_config(&json!({"operations": ["INSERT"]}), &s).is_ok());
+    assert!(parse_capture_config(&json!({"operations": ["INSERT", "TRUNCATE"]}), &s).is_ok());
+    assert!(parse_capture_config(&json!({"include_before_image": true}), &s).unwrap().key_columns.is_empty());
+    s.replica_identity = b'i';
+    s.replica_identity_index = vec!["customer_id".into()];
+    assert_eq!(parse_capture_config(&json!({}), &s).unwrap().key_columns, ["customer_id"]);
+}
+
+#[test]
+fn planned_features_say_so() {
+    for cfg in [
+        json!({"filter": "status != 'draft'"}),
+        json!({"capture_mode": "filtered"}),
+        json!({"transformations": [{"type": "compute"}]}),
+        json!({"compliance": {"redact_pii": true}}),
+        json!({"exactly_once": {"enabled": true}}),
+        json!({"include_user_context": true}),
+        json!({"schema_evolution": {"enabled": true}}),
+    ] {
+        assert_eq!(err(cfg.clone()).kind.sqlstate(), "0A000", "{cfg}");
+    }
+    // Their "off" values are accepted.
+    let ok = json!({"include_query_text": false, "include_user_context": false, "transformations": [],
+                    "exactly_once": {"enabled": false, "checkpoint_interval_ms": 1000},
+                    "compliance": {"redact_pii": false}});
+    assert!(parse_capture_config(&ok, &shape()).is_ok());
+    assert_eq!(err(json!({"capture_mode": "everything"})).kind.sqlstate(), "22023");
+}
+
+#[test]
+fn stored_configs_skip_table_checks() {
+    let c = parse_stored_capture_config(&json!({"include_columns": ["gone"]}), vec!["id".into()]).unwrap();
+    assert_eq!(c.key_columns, ["id"]);
+}
+
+#[test]
+fn kafka_sink_config() {
+    let c = parse_sink_config("kafka", &json!({"bootstrap_servers": "127.0.0.1:9092", "topic": "orders-cdc", "format": "json",
+        "acks": "all", "compression": "zstd", "batch_size": 16384, "linger_ms": 5, "properties": {"security.protocol": "SASL_SSL", "sasl.password": "canary-secret"}}))
+        .unwrap();
+    assert_eq!(c.topic, "orders-cdc");
+    assert_eq!(c.properties["sasl.password"], "canary-secret");
+    let e = |v| parse_sink_config("kafka", &v).unwrap_err();
+    assert_eq!(e(json!({})).message, "config.topic is required for a kafka sink");
+    assert_eq!(e(json!({"topic": "a b"})).kind.sqlstate(), "22023");
+    assert_eq!(e(json!({"topic": "{tabel}"})).message, "config.topic: unknown placeholder {tabel}");
+    assert!(parse_sink_config("kafka", &json!({"topic": "cdc.{database}.{schema}.{table}"})).is_ok());
+    assert_eq!(e(json!({"topic": "t", "acks": 0})).kind.sqlstate(), "22023");
+    assert_eq!(e(json!({"topic": "t", "format": "avro"})).kind.sqlstate(), "0A000");
+    assert_eq!(e(json!({"topic": "t", "compression": "brotli"})).kind.sqlstate(), "22023");
+    assert_eq!(e(json!({"topic": "t", "batch_size": "big"})).message, "config.batch_size must be an integer, not string");
+    assert_eq!(e(json!({"topic": "t", "topci": "x"})).hint.as_deref(), Some("Did you mean \"topic\"?"));
+    let secret = e(json!({"topic": "t", "properties": {"bootstrap.servers": "canary-secret"}}));
+    assert!(!format!("{secret:?}").contains("canary-secret"));
+    let bad_value = e(json!({"topic": "t", "properties": {"sasl.password": ["canary-secret"]}}));
+    assert!(!format!("{bad_value:?}").contains("canary-secret"));
+}
+
+#[test]
+fn sink_types() {
+    let e = parse_sink_config("kafak", &json!({})).unwrap_err();
+    assert_eq!(e.kind.sqlstate(), "22023");
+    assert!(e.hint.unwrap().starts_with("Did you mean \"kafka\"?"));
+    assert_eq!(parse_sink_config("kinesis", &json!({})).unwrap_err().kind.sqlstate(), "0A000");
+    assert!(parse_sink_config("nope", &json!({})).unwrap_err().hint.unwrap().contains("kafka, kinesis"));
+}
+
+#[test]
+fn topic_templates_expand_safely() {
+    assert_eq!(expand_topic("cdc.{database}.{schema}.{table}", "db", "public", "My Table"), "cdc.db.public.My_Table");
+}
