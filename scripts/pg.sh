@@ -16,7 +16,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/env.sh"
 
 PGDATA_DIR="${PG_CDC_PGDATA:-$PG_CDC_RUN/pgdata}"
-LOG_FILE="$PG_CDC_RUN/postgresql.log"
+LOG_FILE="$PG_CDC_RUN/postgresql-$PGPORT.log"
 as_pg() { runuser -u postgres -- "$@"; }
 log() { printf '[pg] %s\n' "$*"; }
 

@@ -59,7 +59,7 @@ pub extern "C-unwind" fn pg_cdc_worker_main(_arg: pg_sys::Datum) {
     if let Err(e) = run_tx(source::set_session_settings) {
         pgrx::warning!("pg_cdc worker: cannot set its session settings: {e}");
     }
-    while !BackgroundWorker::sigterm_received() {
+    while !stop_requested() {
         if BackgroundWorker::sighup_received() {
             // SAFETY: the documented way for a background worker to reload postgresql.conf.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
@@ -79,9 +79,12 @@ pub extern "C-unwind" fn pg_cdc_worker_main(_arg: pg_sys::Datum) {
     unsafe { pg_sys::proc_exit(1) };
 }
 
-/// Whether the worker was asked to stop (checked while waiting for a broker).
+/// Whether the worker was asked to stop (SIGTERM: pg_terminate_backend or shutdown). Reads
+/// PostgreSQL's sticky flag: pgrx's `sigterm_received()` clears itself when read, so a check deep
+/// in a publish loop would hide the request from the main loop.
 pub fn stop_requested() -> bool {
-    BackgroundWorker::sigterm_received()
+    // SAFETY: a sig_atomic_t the SIGTERM handler sets; reading it is what PostgreSQL's own loops do.
+    unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 }
 }
 
 fn caught_message(e: CaughtError) -> String {

@@ -416,10 +416,11 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
     // A table whose updates and deletes cannot be identified breaks the application's own UPDATEs
     // once it is in a publication that publishes them.
     let unidentified = shape.filter(|shape| {
-        shape.primary_key.is_empty()
-            && shape.replica_identity != b'f'
-            && !(shape.replica_identity == b'i' && !shape.replica_identity_index.is_empty())
-            && !before_image
+        let identified = !shape.primary_key.is_empty()
+            || shape.replica_identity == b'f'
+            || (shape.replica_identity == b'i' && !shape.replica_identity_index.is_empty())
+            || before_image;
+        !identified
     });
     if let Some(shape) = unidentified.filter(|_| !operations.insert_only()) {
         return Err(CdcError::new(

@@ -146,13 +146,13 @@ impl Encoder {
     fn write_metadata(
         &self,
         out: &mut Vec<u8>,
-        rel: &Relation,
+        plan: &RelationPlan,
         op: Op,
         lsn: Lsn,
         txn: &TxnInfo,
         index: usize,
-        cfg: &CaptureConfig,
     ) {
+        let (rel, cfg) = (&plan.relation, &plan.config);
         out.extend_from_slice(b"{\"metadata\":{");
         write_key(out, "source");
         write_str(out, self.source.as_bytes());
@@ -232,7 +232,7 @@ impl Encoder {
         };
 
         let mut out = Vec::with_capacity(256 + 32 * plan.included.len());
-        self.write_metadata(&mut out, rel, ch.op, ch.lsn, txn, index, &plan.config);
+        self.write_metadata(&mut out, plan, ch.op, ch.lsn, txn, index);
         let mut unchanged: Vec<usize> = Vec::new();
         if ch.new.is_some() {
             for &i in &plan.included {
@@ -359,7 +359,7 @@ impl Encoder {
     ) -> Event {
         let rel = &plan.relation;
         let mut out = Vec::with_capacity(320);
-        self.write_metadata(&mut out, rel, Op::Truncate, lsn, txn, index, &plan.config);
+        self.write_metadata(&mut out, plan, Op::Truncate, lsn, txn, index);
         out.extend_from_slice(b",\"truncate\":{\"cascade\":");
         out.extend_from_slice(if options & 1 != 0 { b"true" } else { b"false" });
         out.extend_from_slice(b",\"restart_identity\":");

@@ -132,7 +132,7 @@ fn write_bytea(out: &mut Vec<u8>, text: &[u8]) {
 }
 
 fn decode_hex(hex: &[u8]) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     fn nib(c: u8) -> Option<u8> {

@@ -5,7 +5,9 @@ use super::*;
 fn shape() -> TableShape {
     TableShape {
         display_name: "orders".into(),
-        columns: ["order_id", "customer_id", "total", "status", "updated_at"].map(String::from).to_vec(),
+        columns: ["order_id", "customer_id", "total", "status", "updated_at"]
+            .map(String::from)
+            .to_vec(),
         primary_key: vec!["order_id".into()],
         replica_identity_index: vec![],
         replica_identity: b'd',
@@ -49,25 +51,62 @@ fn unknown_keys_suggest_the_closest() {
 
 #[test]
 fn wrong_types_name_the_path() {
-    assert_eq!(err(json!([])).message, "config must be a JSON object, not array");
-    assert_eq!(err(json!({"operations": ["INSERT", 3]})).message, "config.operations[1] must be a non-empty string, not number");
-    assert_eq!(err(json!({"include_before_image": "yes"})).message, "config.include_before_image must be true or false, not string");
-    assert_eq!(err(json!({"include_columns": "order_id"})).message, "config.include_columns must be an array of strings, not string");
-    assert_eq!(err(json!({"operations": ["UPSERT"]})).message, "config.operations[0]: unknown operation \"UPSERT\"");
-    assert_eq!(err(json!({"operations": []})).kind, ErrorKind::InvalidParameter);
-    assert!(err(json!({"exactly_once": {"checkpoint_interval_ms": -5}})).message.starts_with("config.exactly_once.checkpoint_interval_ms must be an integer"));
-    assert_eq!(err(json!({"key_columns": ["order_id", "order_id"]})).message, "config.key_columns[1]: \"order_id\" is listed twice");
+    assert_eq!(
+        err(json!([])).message,
+        "config must be a JSON object, not array"
+    );
+    assert_eq!(
+        err(json!({"operations": ["INSERT", 3]})).message,
+        "config.operations[1] must be a non-empty string, not number"
+    );
+    assert_eq!(
+        err(json!({"include_before_image": "yes"})).message,
+        "config.include_before_image must be true or false, not string"
+    );
+    assert_eq!(
+        err(json!({"include_columns": "order_id"})).message,
+        "config.include_columns must be an array of strings, not string"
+    );
+    assert_eq!(
+        err(json!({"operations": ["UPSERT"]})).message,
+        "config.operations[0]: unknown operation \"UPSERT\""
+    );
+    assert_eq!(
+        err(json!({"operations": []})).kind,
+        ErrorKind::InvalidParameter
+    );
+    assert!(err(json!({"exactly_once": {"checkpoint_interval_ms": -5}}))
+        .message
+        .starts_with("config.exactly_once.checkpoint_interval_ms must be an integer"));
+    assert_eq!(
+        err(json!({"key_columns": ["order_id", "order_id"]})).message,
+        "config.key_columns[1]: \"order_id\" is listed twice"
+    );
 }
 
 #[test]
 fn columns_must_exist() {
     let e = err(json!({"include_columns": ["order_id", "totl"]}));
     assert_eq!(e.kind.sqlstate(), "42703");
-    assert_eq!(e.message, "config.include_columns[1]: column \"totl\" of table orders does not exist");
+    assert_eq!(
+        e.message,
+        "config.include_columns[1]: column \"totl\" of table orders does not exist"
+    );
     assert_eq!(e.hint.as_deref(), Some("Did you mean \"total\"?"));
-    assert_eq!(err(json!({"key_columns": ["x); DROP TABLE orders; --"]})).kind.sqlstate(), "42703");
-    assert_eq!(err(json!({"partition_key": "region"})).kind.sqlstate(), "42703");
-    assert_eq!(err(json!({"exclude_columns": ["nope"]})).kind.sqlstate(), "42703");
+    assert_eq!(
+        err(json!({"key_columns": ["x); DROP TABLE orders; --"]}))
+            .kind
+            .sqlstate(),
+        "42703"
+    );
+    assert_eq!(
+        err(json!({"partition_key": "region"})).kind.sqlstate(),
+        "42703"
+    );
+    assert_eq!(
+        err(json!({"exclude_columns": ["nope"]})).kind.sqlstate(),
+        "42703"
+    );
 }
 
 #[test]
@@ -76,7 +115,11 @@ fn aliases_together_are_refused() {
     assert_eq!(e.kind.sqlstate(), "22023");
     let e = err(json!({"filter": "a", "filter_expression": "b"}));
     assert_eq!(e.kind.sqlstate(), "22023");
-    assert!(parse_capture_config(&json!({"before_image": true}), &shape()).unwrap().before_image);
+    assert!(
+        parse_capture_config(&json!({"before_image": true}), &shape())
+            .unwrap()
+            .before_image
+    );
 }
 
 #[test]
@@ -88,10 +131,18 @@ fn tables_without_a_key() {
     assert!(e.hint.unwrap().contains("\"operations\": [\"INSERT\"]"));
     assert!(parse_capture_config(&json!({"operations": ["INSERT"]}), &s).is_ok());
     assert!(parse_capture_config(&json!({"operations": ["INSERT", "TRUNCATE"]}), &s).is_ok());
-    assert!(parse_capture_config(&json!({"include_before_image": true}), &s).unwrap().key_columns.is_empty());
+    assert!(
+        parse_capture_config(&json!({"include_before_image": true}), &s)
+            .unwrap()
+            .key_columns
+            .is_empty()
+    );
     s.replica_identity = b'i';
     s.replica_identity_index = vec!["customer_id".into()];
-    assert_eq!(parse_capture_config(&json!({}), &s).unwrap().key_columns, ["customer_id"]);
+    assert_eq!(
+        parse_capture_config(&json!({}), &s).unwrap().key_columns,
+        ["customer_id"]
+    );
 }
 
 #[test]
@@ -112,12 +163,16 @@ fn planned_features_say_so() {
                     "exactly_once": {"enabled": false, "checkpoint_interval_ms": 1000},
                     "compliance": {"redact_pii": false}});
     assert!(parse_capture_config(&ok, &shape()).is_ok());
-    assert_eq!(err(json!({"capture_mode": "everything"})).kind.sqlstate(), "22023");
+    assert_eq!(
+        err(json!({"capture_mode": "everything"})).kind.sqlstate(),
+        "22023"
+    );
 }
 
 #[test]
 fn stored_configs_skip_table_checks() {
-    let c = parse_stored_capture_config(&json!({"include_columns": ["gone"]}), vec!["id".into()]).unwrap();
+    let c = parse_stored_capture_config(&json!({"include_columns": ["gone"]}), vec!["id".into()])
+        .unwrap();
     assert_eq!(c.key_columns, ["id"]);
 }
 
@@ -129,15 +184,39 @@ fn kafka_sink_config() {
     assert_eq!(c.topic, "orders-cdc");
     assert_eq!(c.properties["sasl.password"], "canary-secret");
     let e = |v| parse_sink_config("kafka", &v).unwrap_err();
-    assert_eq!(e(json!({})).message, "config.topic is required for a kafka sink");
+    assert_eq!(
+        e(json!({})).message,
+        "config.topic is required for a kafka sink"
+    );
     assert_eq!(e(json!({"topic": "a b"})).kind.sqlstate(), "22023");
-    assert_eq!(e(json!({"topic": "{tabel}"})).message, "config.topic: unknown placeholder {tabel}");
-    assert!(parse_sink_config("kafka", &json!({"topic": "cdc.{database}.{schema}.{table}"})).is_ok());
+    assert_eq!(
+        e(json!({"topic": "{tabel}"})).message,
+        "config.topic: unknown placeholder {tabel}"
+    );
+    assert!(parse_sink_config(
+        "kafka",
+        &json!({"topic": "cdc.{database}.{schema}.{table}"})
+    )
+    .is_ok());
     assert_eq!(e(json!({"topic": "t", "acks": 0})).kind.sqlstate(), "22023");
-    assert_eq!(e(json!({"topic": "t", "format": "avro"})).kind.sqlstate(), "0A000");
-    assert_eq!(e(json!({"topic": "t", "compression": "brotli"})).kind.sqlstate(), "22023");
-    assert_eq!(e(json!({"topic": "t", "batch_size": "big"})).message, "config.batch_size must be an integer, not string");
-    assert_eq!(e(json!({"topic": "t", "topci": "x"})).hint.as_deref(), Some("Did you mean \"topic\"?"));
+    assert_eq!(
+        e(json!({"topic": "t", "format": "avro"})).kind.sqlstate(),
+        "0A000"
+    );
+    assert_eq!(
+        e(json!({"topic": "t", "compression": "brotli"}))
+            .kind
+            .sqlstate(),
+        "22023"
+    );
+    assert_eq!(
+        e(json!({"topic": "t", "batch_size": "big"})).message,
+        "config.batch_size must be an integer, not string"
+    );
+    assert_eq!(
+        e(json!({"topic": "t", "topci": "x"})).hint.as_deref(),
+        Some("Did you mean \"topic\"?")
+    );
     let secret = e(json!({"topic": "t", "properties": {"bootstrap.servers": "canary-secret"}}));
     assert!(!format!("{secret:?}").contains("canary-secret"));
     let bad_value = e(json!({"topic": "t", "properties": {"sasl.password": ["canary-secret"]}}));
@@ -149,11 +228,29 @@ fn sink_types() {
     let e = parse_sink_config("kafak", &json!({})).unwrap_err();
     assert_eq!(e.kind.sqlstate(), "22023");
     assert!(e.hint.unwrap().starts_with("Did you mean \"kafka\"?"));
-    assert_eq!(parse_sink_config("kinesis", &json!({})).unwrap_err().kind.sqlstate(), "0A000");
-    assert!(parse_sink_config("nope", &json!({})).unwrap_err().hint.unwrap().contains("kafka, kinesis"));
+    assert_eq!(
+        parse_sink_config("kinesis", &json!({}))
+            .unwrap_err()
+            .kind
+            .sqlstate(),
+        "0A000"
+    );
+    assert!(parse_sink_config("nope", &json!({}))
+        .unwrap_err()
+        .hint
+        .unwrap()
+        .contains("kafka, kinesis"));
 }
 
 #[test]
 fn topic_templates_expand_safely() {
-    assert_eq!(expand_topic("cdc.{database}.{schema}.{table}", "db", "public", "My Table"), "cdc.db.public.My_Table");
+    assert_eq!(
+        expand_topic(
+            "cdc.{database}.{schema}.{table}",
+            "db",
+            "public",
+            "My Table"
+        ),
+        "cdc.db.public.My_Table"
+    );
 }

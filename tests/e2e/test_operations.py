@@ -1,0 +1,142 @@
+"""Operational behaviour: worker restarts, slot lifecycle, heartbeats, deferred slot creation."""
+import time
+
+import pytest
+
+from conftest import connect, consume, sink_state, wait_for
+
+
+def slot_of(pg, sink):
+    return pg.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (sink,)).fetchone()[0]
+
+
+def slot_exists(pg, slot):
+    return pg.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0] == 1
+
+
+def worker_pid(pg):
+    row = pg.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'").fetchone()
+    return row[0] if row else None
+
+
+def test_worker_terminated_mid_stream_loses_nothing(pg, sinks, unique):
+    """At-least-once: kill the worker while it streams; every committed row arrives."""
+    t, topic = f"kill_{unique}", f"kill-{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    sinks.add(f"kill_{unique}", topic)
+    n = 0
+    for round_ in range(3):
+        for _ in range(200):
+            pg.execute(f"INSERT INTO {t} VALUES (%s)", (n,))
+            n += 1
+        old = wait_for(lambda: worker_pid(pg), what="worker running")
+        pg.execute("SELECT pg_terminate_backend(%s)", (old,))
+        wait_for(lambda: worker_pid(pg) not in (None, old), what="worker restarted")
+    msgs = consume(topic, n, timeout=60)
+    ids = {m["value"]["after"]["id"] for m in msgs}
+    assert ids == set(range(n)), f"missing {sorted(set(range(n)) - ids)[:10]}"
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_drop_sink_drops_its_slot(pg, sinks, unique):
+    name = sinks.add(f"drop_{unique}", f"drop-{unique}")
+    slot = slot_of(pg, name)
+    assert slot_exists(pg, slot)
+    pg.execute("SELECT cdc_drop_sink(%s)", (name,))
+    sinks.names.remove(name)
+    wait_for(lambda: not slot_exists(pg, slot), timeout=20, what="slot dropped by the worker")
+
+
+def test_rolled_back_add_sink_leaves_no_slot(pg, unique):
+    with connect() as c:
+        c.autocommit = False
+        c.execute("SELECT cdc_add_sink(%s, 'kafka', '{\"topic\": \"rb\"}')", (f"rb_{unique}",))
+        slot = c.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (f"rb_{unique}",)).fetchone()[0]
+        # The slot exists while the transaction is open and must survive the worker's orphan check.
+        time.sleep(2.0)
+        assert slot_exists(pg, slot)
+        c.rollback()
+    wait_for(lambda: not slot_exists(pg, slot), timeout=20, what="orphan slot dropped")
+
+
+def test_sink_added_after_writes_in_same_transaction(pg, sinks, unique):
+    """The slot is created by the worker after COMMIT; later changes are delivered."""
+    t, topic, name = f"defer_{unique}", f"defer-{unique}", f"defer_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+    with connect() as c:
+        c.autocommit = False
+        c.execute("SELECT cdc_enable(%s)", (t,))
+        c.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)", (name, f'{{"topic": "{topic}"}}'))
+        notices = [d.message_primary for d in getattr(c, "_notices", [])]
+        c.commit()
+    sinks.names.append(name)
+    wait_for(lambda: sink_state(pg, name)[0] == "running", what="sink running")
+    pg.execute(f"INSERT INTO {t} VALUES (1)")
+    msgs = consume(topic, 1)
+    assert msgs[0]["value"]["after"] == {"id": 1}
+    del notices
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_slot_dropped_by_hand_is_an_error_not_a_resync(pg, sinks, unique):
+    name = sinks.add(f"lost_{unique}", f"lost-{unique}")
+    slot = slot_of(pg, name)
+    wait_for(lambda: sink_state(pg, name)[0] == "running", what="sink running")
+    wait_for(lambda: pg.execute("SELECT active_pid IS NULL FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0], what="slot idle")
+    for _ in range(50):
+        try:
+            pg.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            break
+        except Exception:  # in use by the worker's peek at that instant
+            time.sleep(0.05)
+    state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, what="error state")
+    assert "does not exist" in state[1] and "re-add" in state[1]
+    time.sleep(1.0)
+    assert not slot_exists(pg, slot), "no new slot made behind the user's back"
+
+
+def test_idle_sink_moves_its_slot_over_uncaptured_writes(pg, sinks, unique):
+    """Heartbeat: writes to a table nobody captures must not pin WAL forever."""
+    pg.execute("ALTER SYSTEM SET cdc.heartbeat_interval_ms = 500")
+    pg.execute("SELECT pg_reload_conf()")
+    try:
+        name = sinks.add(f"hb_{unique}", f"hb-{unique}")
+        slot = slot_of(pg, name)
+        wait_for(lambda: sink_state(pg, name)[0] == "running", what="sink running")
+        pg.execute(f"CREATE TABLE uncaptured_{unique} (id int, pad text)")
+        pg.execute(f"INSERT INTO uncaptured_{unique} SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g")
+        target = pg.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        wait_for(lambda: pg.execute("SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                                    (target, slot)).fetchone()[0], timeout=20, what="slot past the uncaptured writes")
+    finally:
+        pg.execute("ALTER SYSTEM RESET cdc.heartbeat_interval_ms")
+        pg.execute("SELECT pg_reload_conf()")
+
+
+@pytest.mark.slow
+def test_broker_down_keeps_the_slot_and_recovers(pg, sinks, unique):
+    """Broker unreachable: state 'retrying' with the error in SQL, nothing lost when it returns."""
+    import subprocess
+    t, topic, name = f"down_{unique}", f"down-{unique}", f"down_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    sinks.add(name, topic)
+    pg.execute(f"INSERT INTO {t} VALUES (0)")
+    consume(topic, 1)
+    slot = slot_of(pg, name)
+    before = pg.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0]
+    subprocess.run(["scripts/kafka.sh", "stop"], check=True)
+    try:
+        for i in range(1, 51):
+            pg.execute(f"INSERT INTO {t} VALUES (%s)", (i,))
+        state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "retrying" and s, timeout=150, what="retrying")
+        assert state[1], "the error is visible in SQL"
+        after = pg.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0]
+        assert after == before, "the slot does not move while the broker is down"
+    finally:
+        subprocess.run(["scripts/kafka.sh", "start"], check=True)
+    msgs = consume(topic, 51, timeout=120)
+    assert {m["value"]["after"]["id"] for m in msgs} == set(range(51))
+    wait_for(lambda: sink_state(pg, name)[0] == "running", timeout=60, what="running again")
+    pg.execute("SELECT cdc_disable(%s)", (t,))
