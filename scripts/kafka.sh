@@ -189,7 +189,7 @@ node.id=1
 # KAFKA_CONTROLLER_PORT later would need a reset.)
 controller.quorum.voters=1@$KAFKA_HOST:$KAFKA_CONTROLLER_PORT
 listeners=PLAINTEXT://$KAFKA_HOST:$KAFKA_PORT,CONTROLLER://$KAFKA_HOST:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://$KAFKA_HOST:$KAFKA_PORT
+advertised.listeners=PLAINTEXT://${KAFKA_ADVERTISED_HOST:-$KAFKA_HOST}:$KAFKA_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT

@@ -55,6 +55,10 @@ log_min_messages = warning
 log_line_prefix = '%m [%p] %b '
 CONF
   chown postgres:postgres "$PGDATA_DIR/pg_cdc.conf"
+  # Loopback is trusted by initdb; PG_CDC_TRUST_CIDR (e.g. in the container) trusts one more network.
+  if [ -n "${PG_CDC_TRUST_CIDR:-}" ] && ! grep -q "$PG_CDC_TRUST_CIDR" "$PGDATA_DIR/pg_hba.conf"; then
+    echo "host all all $PG_CDC_TRUST_CIDR trust" >> "$PGDATA_DIR/pg_hba.conf"
+  fi
   grep -q "include_if_exists = 'pg_cdc.conf'" "$PGDATA_DIR/postgresql.conf" \
     || echo "include_if_exists = 'pg_cdc.conf'" >> "$PGDATA_DIR/postgresql.conf"
 }

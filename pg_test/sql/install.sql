@@ -7,10 +7,11 @@
 -- then drops the replication slots of sinks that no longer exist.
 SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS pg_cdc CASCADE;
-DROP SCHEMA IF EXISTS cdc_regress CASCADE;
+DROP SCHEMA IF EXISTS cdc_regress, cdc_regress_other, "CDC Regress" CASCADE;
 DROP ROLE IF EXISTS regress_cdc_nobody;
 DROP ROLE IF EXISTS regress_cdc_operator;
 DROP DATABASE IF EXISTS regress_cdc_other;
+DROP FOREIGN DATA WRAPPER IF EXISTS regress_cdc_dummy CASCADE;
 RESET client_min_messages;
 
 CREATE EXTENSION pg_cdc;
@@ -81,6 +82,7 @@ SELECT current_setting('wal_level') AS wal_level,
 -- CREATE EXTENSION twice, and a second install in another database: the functions that configure
 -- capture refuse every database but cdc.database, where the worker runs.
 CREATE EXTENSION pg_cdc; \echo SQLSTATE :SQLSTATE
+\set regress_db :DBNAME
 CREATE DATABASE regress_cdc_other;
 \c regress_cdc_other
 \set SHOW_CONTEXT never
@@ -90,6 +92,6 @@ SELECT cdc_enable('other_t'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('other_sink', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "t"}'); \echo SQLSTATE :SQLSTATE
 -- Nothing was recorded.
 SELECT (SELECT count(*) FROM _cdc_publications) AS publications, (SELECT count(*) FROM _cdc_sinks) AS sinks;
-\c postgres
+\c :regress_db
 \set SHOW_CONTEXT never
 DROP DATABASE regress_cdc_other;

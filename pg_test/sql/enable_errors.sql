@@ -1,0 +1,105 @@
+-- enable_errors: every malformed cdc_enable config is refused with a SQLSTATE, the JSON path and a
+-- HINT, and nothing is recorded.
+\set SHOW_CONTEXT never
+CREATE SCHEMA cdc_regress;
+SET search_path = cdc_regress, public;
+CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, amount numeric(10,2),
+                     total numeric GENERATED ALWAYS AS (amount * 2) STORED);
+
+-- The config is not a JSON object, or not JSON at all.
+SELECT cdc_enable('orders', '[]'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '"operations"'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '42'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', 'null'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"operations": ["INSERT"]'); \echo SQLSTATE :SQLSTATE
+
+-- Unknown keys: a likely typo gets "did you mean", anything else the list of keys.
+SELECT cdc_enable('orders', '{"include_colums": ["id"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"Operations": ["INSERT"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"banana": 1}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"exactly_once": {"enabeld": false}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"compliance": {"redact": true}}'); \echo SQLSTATE :SQLSTATE
+
+-- Wrong types name the JSON path.
+SELECT cdc_enable('orders', '{"operations": "INSERT"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"operations": ["INSERT", 1]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"operations": ["INSERT", ""]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"include_columns": "id"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"exclude_columns": [["amount"]]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"key_columns": [null]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"include_before_image": "yes"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"before_image": 1}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"include_transaction_info": "true"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"partition_key": ["customer"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"partition_key": ""}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"capture_mode": 1}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"compliance": true}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"exactly_once": true}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"exactly_once": {"checkpoint_interval_ms": "1000"}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"exactly_once": {"checkpoint_interval_ms": 0}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"exactly_once": {"checkpoint_interval_ms": 1.5}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": {}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"filter": 5}'); \echo SQLSTATE :SQLSTATE
+
+-- Bad values.
+SELECT cdc_enable('orders', '{"operations": ["INSERT", "UPSERT"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"operations": []}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"operations": ["INSERT", "INSERT"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"include_columns": []}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"key_columns": []}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"include_columns": ["id", "id"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"capture_mode": "everything"}'); \echo SQLSTATE :SQLSTATE
+
+-- Columns that do not exist: 42703, with "did you mean" or the list of columns.
+SELECT cdc_enable('orders', '{"include_columns": ["id", "amout"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"exclude_columns": ["zzz"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"key_columns": ["ID"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"key_columns": ["ctid"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"partition_key": "custmer"}'); \echo SQLSTATE :SQLSTATE
+-- A generated column is not published by pgoutput, so it cannot be listed.
+SELECT cdc_enable('orders', '{"include_columns": ["id", "total"]}'); \echo SQLSTATE :SQLSTATE
+
+-- Two names of the same setting given together.
+SELECT cdc_enable('orders', '{"before_image": true, "include_before_image": true}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"before_image": false, "include_before_image": true}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"filter": "amount > 0", "filter_expression": "amount > 0"}'); \echo SQLSTATE :SQLSTATE
+
+-- Planned features: 0A000 (feature_not_supported) rather than silently doing less.
+SELECT cdc_enable('orders', '{"filter": "amount > 100"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"filter_expression": "amount > 100"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"capture_mode": "filtered"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"capture_mode": "full_audit"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "mask", "column": "customer"}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"compliance": {"redact_pii": true, "pii_columns": ["customer"]}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"exactly_once": {"enabled": true}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"include_user_context": true}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"include_query_text": true}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"schema_evolution": {"enabled": true}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"schema_evolution": {}}'); \echo SQLSTATE :SQLSTATE
+
+-- None of the above was recorded, and the table is not in the publication.
+SELECT count(*) AS captured FROM _cdc_publications;
+SELECT count(*) AS published_tables FROM pg_publication_tables WHERE pubname = '_cdc_publication';
+
+-- The "off" values of planned keys are accepted; null means "not given".
+SELECT cdc_enable('orders', '{
+    "capture_mode": "all_changes",
+    "include_query_text": false,
+    "include_user_context": false,
+    "exactly_once": {"enabled": false, "checkpoint_interval_ms": 1000},
+    "compliance": {"redact_pii": false, "pii_columns": [], "redaction_method": "hash", "audit_retention_days": 30},
+    "schema_evolution": {"enabled": false, "compatibility_mode": "BACKWARD"},
+    "transformations": [],
+    "operations": null,
+    "filter": null
+  }') IS NOT NULL AS enabled;
+SELECT table_name, key_columns FROM _cdc_publications ORDER BY 1;
+-- A rejected re-enable keeps the config that was there.
+SELECT cdc_enable('orders', '{"operations": ["MERGE"]}'); \echo SQLSTATE :SQLSTATE
+SELECT config ->> 'capture_mode' AS capture_mode FROM _cdc_publications WHERE table_name = 'orders';
+
+-- Clean up.
+SELECT cdc_disable('orders');
+SET client_min_messages = warning;
+DROP SCHEMA cdc_regress CASCADE;
+RESET client_min_messages;
