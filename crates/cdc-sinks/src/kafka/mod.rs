@@ -245,3 +245,96 @@ impl Sink for KafkaSink {
         Ok(stats)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Error paths against librdkafka's in-process mock cluster (not a substitute for the real
+    //! broker in the end-to-end tests: it shows aborted records and does not fence).
+    use std::sync::Arc;
+
+    use cdc_core::envelope::{Event, Op};
+    use cdc_core::Lsn;
+    use rdkafka::mocking::MockCluster;
+
+    use super::*;
+
+    fn txn(n: usize) -> Transaction {
+        let events = (0..n)
+            .map(|i| Event {
+                table_oid: 1,
+                schema: Arc::from("public"),
+                table: Arc::from("orders"),
+                op: Op::Insert,
+                lsn: Lsn(i as u64),
+                key: Some(format!("{{\"id\":{i}}}").into_bytes()),
+                payload: b"{}".to_vec(),
+            })
+            .collect();
+        Transaction {
+            xid: 1,
+            commit_lsn: Lsn(10),
+            end_lsn: Lsn(11),
+            commit_time: 0,
+            events,
+        }
+    }
+
+    fn config(topic: &str) -> KafkaSinkConfig {
+        cdc_core::config::parse_sink_config("kafka", &serde_json::json!({"topic": topic})).unwrap()
+    }
+
+    #[test]
+    fn publishes_and_counts() {
+        let cluster = MockCluster::new(1).unwrap();
+        let mut sink = KafkaSink::new(
+            &config("cdc.{schema}.{table}"),
+            &cluster.bootstrap_servers(),
+            "db",
+            "test",
+        )
+        .unwrap();
+        let stats = sink.publish(&[txn(3), txn(2)]).unwrap();
+        assert_eq!(stats.events, 5);
+        assert_eq!(stats.bytes, 5 * 2 + 3 * 8 + 2 * 8);
+        assert_eq!(sink.topics[&1], "cdc.public.orders");
+    }
+
+    #[test]
+    fn broker_down_is_a_retryable_error_and_interrupt_stops_waiting() {
+        let cluster = MockCluster::new(1).unwrap();
+        let mut sink =
+            KafkaSink::new(&config("t"), &cluster.bootstrap_servers(), "db", "test").unwrap();
+        sink.publish(&[txn(1)]).unwrap();
+        cluster.broker_down(1).unwrap();
+        let started = Instant::now();
+        sink.set_interrupt(move || started.elapsed() > Duration::from_millis(500));
+        let e = sink.publish(&[txn(1)]).unwrap_err();
+        assert_eq!(e.class, ErrorClass::Retry);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "interrupt honoured"
+        );
+    }
+
+    #[test]
+    fn operator_errors_are_classified() {
+        assert_eq!(
+            classify(&KafkaError::MessageProduction(
+                RDKafkaErrorCode::TopicAuthorizationFailed
+            )),
+            ErrorClass::Operator
+        );
+        assert_eq!(
+            classify(&KafkaError::MessageProduction(
+                RDKafkaErrorCode::MessageSizeTooLarge
+            )),
+            ErrorClass::Operator
+        );
+        assert_eq!(
+            classify(&KafkaError::MessageProduction(
+                RDKafkaErrorCode::MessageTimedOut
+            )),
+            ErrorClass::Retry
+        );
+    }
+}
