@@ -128,5 +128,7 @@ SELECT cdc_disable('order_lines');
 SELECT cdc_disable('cdc_regress_other.items');
 SELECT count(*) AS captured FROM _cdc_publications;
 SELECT count(*) AS published_tables FROM pg_publication_tables WHERE pubname = '_cdc_publication';
+SET client_min_messages = warning;
 DROP SCHEMA cdc_regress CASCADE;
 DROP SCHEMA cdc_regress_other CASCADE;
+RESET client_min_messages;

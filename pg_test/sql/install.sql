@@ -9,7 +9,6 @@ SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS pg_cdc CASCADE;
 DROP SCHEMA IF EXISTS cdc_regress, cdc_regress_other, "CDC Regress" CASCADE;
 DROP ROLE IF EXISTS regress_cdc_nobody;
-DROP ROLE IF EXISTS regress_cdc_operator;
 DROP DATABASE IF EXISTS regress_cdc_other;
 DROP FOREIGN DATA WRAPPER IF EXISTS regress_cdc_dummy CASCADE;
 RESET client_min_messages;
