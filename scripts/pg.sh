@@ -73,7 +73,8 @@ start() {
     log "already running on $PGHOST:$PGPORT"
     return 0
   fi
-  as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -l "$LOG_FILE" -w -t 60 start >/dev/null \
+  # RUST_BACKTRACE in the server's environment would put Rust backtraces into clients' error DETAILs.
+  env -u RUST_BACKTRACE runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -l "$LOG_FILE" -w -t 60 start >/dev/null \
     || { tail -n 30 "$LOG_FILE" >&2; exit 1; }
   log "running on $PGHOST:$PGPORT (data $PGDATA_DIR, log $LOG_FILE)"
 }

@@ -60,3 +60,7 @@ REVOKE ALL ON _cdc_publications, _cdc_sinks, _cdc_offsets FROM PUBLIC;
 -- replaced so its table list starts empty.
 DROP PUBLICATION IF EXISTS _cdc_publication;
 CREATE PUBLICATION _cdc_publication WITH (publish = 'insert, update, delete, truncate');
+-- Insert-only captured tables live here: a table in a publication that publishes updates needs a
+-- replica identity for the application's own UPDATEs, one that publishes only inserts does not.
+DROP PUBLICATION IF EXISTS _cdc_publication_inserts;
+CREATE PUBLICATION _cdc_publication_inserts WITH (publish = 'insert, truncate');

@@ -4,3 +4,19 @@ REVOKE EXECUTE ON FUNCTION cdc_enable(regclass, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_disable(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_add_sink(text, text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_drop_sink(text) FROM PUBLIC;
+
+-- A captured table that is dropped leaves no catalog rows behind (its publication membership goes
+-- with it). During DROP EXTENSION the catalog is already gone: nothing to do then.
+CREATE FUNCTION _cdc_forget_dropped_tables() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+BEGIN
+    IF to_regclass('@extschema@._cdc_publications') IS NULL THEN
+        RETURN;
+    END IF;
+    DELETE FROM @extschema@._cdc_offsets o USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objid = o.table_oid;
+    DELETE FROM @extschema@._cdc_publications p USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objid = p.table_oid;
+END $$;
+REVOKE EXECUTE ON FUNCTION _cdc_forget_dropped_tables() FROM PUBLIC;
+CREATE EVENT TRIGGER _cdc_forget_dropped_tables ON sql_drop EXECUTE FUNCTION _cdc_forget_dropped_tables();

@@ -18,9 +18,7 @@ fn one_json(r: Result<Option<JsonB>, pgrx::spi::SpiError>) -> Option<Value> {
 
 /// Runs a writing statement that returns at most one jsonb value (no row or NULL -> `None`).
 pub fn json_write(sql: &str, args: &[DatumWithOid<'_>]) -> Option<Value> {
-    one_json(Spi::connect_mut(|c| {
-        c.update(sql, Some(1), args)?.first().get_one::<JsonB>()
-    }))
+    one_json(Spi::connect_mut(|c| c.update(sql, Some(1), args)?.first().get_one::<JsonB>()))
 }
 
 /// Runs a read-only query for one value of any type (no row or NULL -> `None`).
@@ -28,10 +26,7 @@ pub fn json_write(sql: &str, args: &[DatumWithOid<'_>]) -> Option<Value> {
 /// Reads go through read-only SPI on purpose: pgrx's writing SPI calls assign a transaction id,
 /// after which PostgreSQL refuses to create a logical replication slot in that transaction, and
 /// the worker would burn an xid per tick.
-pub fn select_one<T: pgrx::FromDatum + pgrx::IntoDatum>(
-    sql: &str,
-    args: &[DatumWithOid<'_>],
-) -> Option<T> {
+pub fn select_one<T: pgrx::FromDatum + pgrx::IntoDatum>(sql: &str, args: &[DatumWithOid<'_>]) -> Option<T> {
     match Spi::connect(|c| c.select(sql, Some(1), args)?.first().get_one::<T>()) {
         Ok(v) => v,
         Err(pgrx::spi::SpiError::InvalidPosition) => None,
@@ -41,15 +36,12 @@ pub fn select_one<T: pgrx::FromDatum + pgrx::IntoDatum>(
 
 /// Runs a read-only query that returns at most one jsonb value (see [`select_one`]).
 pub fn json(sql: &str, args: &[DatumWithOid<'_>]) -> Option<Value> {
-    one_json(Spi::connect(|c| {
-        c.select(sql, Some(1), args)?.first().get_one::<JsonB>()
-    }))
+    one_json(Spi::connect(|c| c.select(sql, Some(1), args)?.first().get_one::<JsonB>()))
 }
 
 /// Runs a statement that changes the database.
 pub fn run(sql: &str, args: &[DatumWithOid<'_>]) {
-    Spi::run_with_args(sql, args)
-        .unwrap_or_else(|e| pgrx::error!("pg_cdc catalog statement failed: {e}"))
+    Spi::run_with_args(sql, args).unwrap_or_else(|e| pgrx::error!("pg_cdc catalog statement failed: {e}"))
 }
 
 /// The schema pg_cdc is installed in, quoted for SQL; `None` when the extension is absent.
@@ -61,8 +53,15 @@ pub fn extension_schema() -> Option<String> {
     )
 }
 
-/// The publication every sink's slot reads.
+/// The publication of captured tables whose updates and deletes are captured.
 pub const PUBLICATION: &str = "_cdc_publication";
+
+/// The publication of insert-only captured tables: it publishes inserts and truncates only, so
+/// the application's UPDATE and DELETE on a table without a replica identity keep working.
+pub const PUBLICATION_INSERTS: &str = "_cdc_publication_inserts";
+
+/// Every sink's slot reads both publications.
+pub const PUBLICATION_NAMES: &str = "_cdc_publication,_cdc_publication_inserts";
 
 /// Everything `cdc_enable` needs to know about a table, as one jsonb.
 pub const TABLE_SHAPE_SQL: &str = r#"
@@ -88,8 +87,12 @@ SELECT jsonb_build_object(
                  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
                 WHERE i.indrelid = c.oid AND i.indisreplident),
   'ri_index_oid', (SELECT i.indexrelid::bigint FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident),
-  'in_publication', EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
-                             WHERE p.pubname = '_cdc_publication' AND pr.prrelid = c.oid),
+  'publications', (SELECT coalesce(jsonb_agg(p.pubname::text ORDER BY p.pubname), '[]')
+                     FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+                    WHERE p.pubname IN ('_cdc_publication', '_cdc_publication_inserts') AND pr.prrelid = c.oid),
+  'generated', (SELECT coalesce(jsonb_agg(a.attname::text ORDER BY a.attnum), '[]')
+                  FROM pg_attribute a
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated <> ''),
   'is_extension_member', EXISTS (SELECT 1 FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
                                   WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
                                     AND d.refclassid = 'pg_extension'::regclass AND e.extname = 'pg_cdc')
@@ -106,10 +109,6 @@ pub fn str_field<'a>(v: &'a Value, key: &str) -> &'a str {
 pub fn strings_field(v: &Value, key: &str) -> Vec<String> {
     v.get(key)
         .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x.as_str().map(str::to_string))
-                .collect()
-        })
+        .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
         .unwrap_or_default()
 }

@@ -15,6 +15,8 @@ fn code(kind: ErrorKind) -> PgSqlErrorCode {
         ErrorKind::PrerequisiteState => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         ErrorKind::WrongObjectType => ERRCODE_WRONG_OBJECT_TYPE,
         ErrorKind::SyntaxError => ERRCODE_SYNTAX_ERROR,
+        ErrorKind::NullValue => ERRCODE_NULL_VALUE_NOT_ALLOWED,
+        ErrorKind::InvalidName => ERRCODE_INVALID_NAME,
         ErrorKind::Internal => ERRCODE_INTERNAL_ERROR,
     }
 }

@@ -13,8 +13,7 @@ use std::ffi::CString;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 
 /// `cdc.database`.
-pub static DATABASE: GucSetting<Option<CString>> =
-    GucSetting::<Option<CString>>::new(Some(c"postgres"));
+pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
 /// `cdc.kafka_bootstrap_servers`.
 pub static KAFKA_BOOTSTRAP_SERVERS: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"127.0.0.1:9092"));
@@ -92,8 +91,5 @@ pub fn init() {
 
 /// Reads a string setting.
 pub fn string(setting: &GucSetting<Option<CString>>) -> String {
-    setting
-        .get()
-        .map(|c| c.to_string_lossy().into_owned())
-        .unwrap_or_default()
+    setting.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
 }

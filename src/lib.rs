@@ -45,9 +45,6 @@ pub mod pg_test {
     pub fn setup(_options: Vec<&str>) {}
 
     pub fn postgresql_conf_options() -> Vec<&'static str> {
-        vec![
-            "wal_level = 'logical'",
-            "shared_preload_libraries = 'pg_cdc'",
-        ]
+        vec!["wal_level = 'logical'", "shared_preload_libraries = 'pg_cdc'"]
     }
 }

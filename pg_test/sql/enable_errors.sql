@@ -75,7 +75,7 @@ SELECT cdc_enable('orders', '{"exactly_once": {"enabled": true}}'); \echo SQLSTA
 SELECT cdc_enable('orders', '{"include_user_context": true}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"include_query_text": true}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"schema_evolution": {"enabled": true}}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_enable('orders', '{"schema_evolution": {}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"schema_evolution": {"compatibility_mode": "full"}}'); \echo SQLSTATE :SQLSTATE
 
 -- None of the above was recorded, and the table is not in the publication.
 SELECT count(*) AS captured FROM _cdc_publications;
@@ -90,6 +90,7 @@ SELECT cdc_enable('orders', '{
     "compliance": {"redact_pii": false, "pii_columns": [], "redaction_method": "hash", "audit_retention_days": 30},
     "schema_evolution": {"enabled": false, "compatibility_mode": "BACKWARD"},
     "transformations": [],
+    "schema_evolution": {},
     "operations": null,
     "filter": null
   }') IS NOT NULL AS enabled;

@@ -21,9 +21,11 @@ SELECT relreplident FROM pg_class WHERE oid = 'clicks'::regclass;
 SELECT cdc_enable('clicks', '{"operations": ["INSERT"]}') IS NOT NULL AS enabled;
 SELECT cdc_enable('clicks', '{"operations": ["INSERT", "TRUNCATE"]}') IS NOT NULL AS enabled;
 SELECT table_name, key_columns FROM _cdc_publications WHERE table_name = 'clicks';
--- The table is in a publication that publishes updates and deletes, so PostgreSQL now refuses
--- the application's own UPDATE and DELETE on it (cdc_enable does not warn about this).
+-- An insert-only table goes into _cdc_publication_inserts, which publishes no updates or deletes,
+-- so the application's own UPDATE and DELETE on it keep working.
+SELECT pubname FROM pg_publication_tables WHERE tablename = 'clicks' AND pubname LIKE '\_cdc%';
 UPDATE clicks SET url = url; \echo SQLSTATE :SQLSTATE
+DELETE FROM clicks WHERE false; \echo SQLSTATE :SQLSTATE
 -- ... or with before images (REPLICA IDENTITY FULL) ...
 SELECT cdc_enable('clicks', '{"include_before_image": true}') IS NOT NULL AS enabled;
 SELECT table_name, key_columns, previous_replica_identity AS prev_ri FROM _cdc_publications WHERE table_name = 'clicks';
@@ -48,6 +50,32 @@ CREATE UNLOGGED TABLE scratch (id int PRIMARY KEY);
 SELECT cdc_enable('scratch'); \echo SQLSTATE :SQLSTATE
 CREATE TEMPORARY TABLE tmp_orders (id int PRIMARY KEY);
 SELECT cdc_enable('tmp_orders'); \echo SQLSTATE :SQLSTATE
+
+-- A primary key under REPLICA IDENTITY NOTHING identifies nothing: refused like no key at all.
+CREATE TABLE ri_nothing (k text PRIMARY KEY, n int);
+ALTER TABLE ri_nothing REPLICA IDENTITY NOTHING;
+SELECT cdc_enable('ri_nothing'); \echo SQLSTATE :SQLSTATE
+DROP TABLE ri_nothing;
+
+-- Inheritance: enabling the parent captures the parent only (ADD TABLE ONLY); a child's own
+-- UPDATEs keep working and the child can be captured on its own.
+CREATE TABLE parent_t (id int PRIMARY KEY, v int);
+CREATE TABLE child_t (x int) INHERITS (parent_t);
+INSERT INTO child_t VALUES (1, 1, 1);
+SELECT cdc_enable('parent_t') IS NOT NULL AS enabled;
+SELECT tablename FROM pg_publication_tables WHERE pubname = '_cdc_publication' AND tablename IN ('parent_t', 'child_t') ORDER BY 1;
+UPDATE parent_t SET v = 3; \echo SQLSTATE :SQLSTATE
+SELECT cdc_disable('parent_t');
+DROP TABLE child_t, parent_t;
+
+-- A captured table that is dropped leaves no catalog row behind (event trigger).
+CREATE TABLE dropped_t (id int PRIMARY KEY);
+SELECT cdc_enable('dropped_t') IS NOT NULL AS enabled;
+DROP TABLE dropped_t;
+SELECT count(*) AS leftover FROM _cdc_publications WHERE table_name = 'dropped_t';
+
+-- An OID that names no relation.
+SELECT cdc_enable(4294967294::oid::regclass); \echo SQLSTATE :SQLSTATE
 
 -- Relations that are not tables.
 CREATE TABLE orders (id int PRIMARY KEY, amount numeric);

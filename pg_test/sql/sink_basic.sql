@@ -82,10 +82,11 @@ SELECT cdc_drop_sink('regress_first'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_first', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "again"}') IS NOT NULL AS added;
 SELECT cdc_drop_sink('regress_first');
 
--- NULL arguments: the functions are STRICT, so these do nothing and return NULL.
-SELECT cdc_add_sink('regress_null', 'kafka', NULL) IS NULL AS is_null,
-       cdc_add_sink(NULL, 'kafka', '{"topic": "t"}') IS NULL AS null_name;
-SELECT cdc_drop_sink(NULL);
+-- NULL arguments are errors (22004), never a silent no-op.
+SELECT cdc_add_sink('regress_null', 'kafka', NULL); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink(NULL, 'kafka', '{"topic": "t"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_null', NULL, '{"topic": "t"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_drop_sink(NULL); \echo SQLSTATE :SQLSTATE
 SELECT count(*) AS sinks FROM _cdc_sinks;
 
 -- Clean up.

@@ -83,6 +83,10 @@ SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "tables": [""]}'); \
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "tables": ["orders", "orders"]}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "t", "tables": ["orders", "no_such_table"]}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "t", "tables": ["no_such_schema.orders"]}'); \echo SQLSTATE :SQLSTATE
+-- A malformed name is refused before any lookup, with its path; so are relations that are not tables.
+SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "tables": ["o1; drop table o1"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "tables": ["pg_class"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": ".."}'); \echo SQLSTATE :SQLSTATE
 
 -- properties: pg_cdc's own librdkafka settings cannot be overridden; values must be scalars.
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "properties": {"bootstrap.servers": "127.0.0.1:9092"}}'); \echo SQLSTATE :SQLSTATE

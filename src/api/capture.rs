@@ -2,20 +2,17 @@
 use cdc_core::config::{parse_capture_config, TableShape};
 use cdc_core::{CdcError, ErrorKind};
 use pgrx::prelude::*;
-use pgrx::{JsonB, PgRelation, Uuid};
+use pgrx::{JsonB, Uuid};
 use serde_json::Value;
 
-use super::{check_prerequisites, schema};
-use crate::catalog::{self, str_field, strings_field, PUBLICATION};
+use super::{check_prerequisites, required, schema};
+use crate::catalog::{self, str_field, strings_field, PUBLICATION, PUBLICATION_INSERTS};
 use crate::errors::{raise, OrRaise};
 
 /// Reads the shape of a table and refuses relations that cannot be captured.
 fn table_shape(oid: pg_sys::Oid) -> (Value, TableShape) {
     let v = catalog::json(catalog::TABLE_SHAPE_SQL, &[oid.into()]).unwrap_or_else(|| {
-        raise(CdcError::new(
-            ErrorKind::UndefinedTable,
-            format!("relation with OID {} does not exist", oid.to_u32()),
-        ))
+        raise(CdcError::new(ErrorKind::UndefinedTable, format!("relation with OID {} does not exist", oid.to_u32())))
     });
     let display = str_field(&v, "display").to_string();
     let fail = |kind, msg: String, hint: &str| -> ! { raise(CdcError::new(kind, msg).hint(hint)) };
@@ -26,7 +23,9 @@ fn table_shape(oid: pg_sys::Oid) -> (Value, TableShape) {
             format!("{display} is a partitioned table; capturing partitioned tables is not supported yet"),
             "Enable capture on each partition instead.",
         ),
-        "v" => fail(ErrorKind::WrongObjectType, format!("{display} is a view"), "Capture the tables the view reads from."),
+        "v" => {
+            fail(ErrorKind::WrongObjectType, format!("{display} is a view"), "Capture the tables the view reads from.")
+        }
         "m" => fail(
             ErrorKind::WrongObjectType,
             format!("{display} is a materialized view; its refreshes are not logically decoded"),
@@ -37,11 +36,16 @@ fn table_shape(oid: pg_sys::Oid) -> (Value, TableShape) {
             format!("{display} is a foreign table; its rows live on another server"),
             "Capture the table on the server that stores it.",
         ),
-        other => fail(
-            ErrorKind::WrongObjectType,
-            format!("{display} is not a table (relkind {other})"),
-            "cdc_enable takes an ordinary table.",
-        ),
+        other => {
+            let what = match other {
+                "S" => "a sequence",
+                "i" | "I" => "an index",
+                "c" => "a composite type",
+                "t" => "a TOAST table",
+                _ => "not an ordinary table",
+            };
+            fail(ErrorKind::WrongObjectType, format!("{display} is {what}"), "cdc_enable takes an ordinary table.")
+        }
     }
     match str_field(&v, "persistence") {
         "u" => fail(
@@ -59,11 +63,7 @@ fn table_shape(oid: pg_sys::Oid) -> (Value, TableShape) {
     if matches!(str_field(&v, "schema"), "pg_catalog" | "information_schema")
         || v.get("is_extension_member") == Some(&Value::Bool(true))
     {
-        fail(
-            ErrorKind::WrongObjectType,
-            format!("{display} is a system table"),
-            "Capture your own tables.",
-        );
+        fail(ErrorKind::WrongObjectType, format!("{display} is a system table"), "Capture your own tables.");
     }
     let shape = TableShape {
         display_name: display,
@@ -71,6 +71,7 @@ fn table_shape(oid: pg_sys::Oid) -> (Value, TableShape) {
         primary_key: strings_field(&v, "primary_key"),
         replica_identity_index: strings_field(&v, "ri_index"),
         replica_identity: str_field(&v, "replident").bytes().next().unwrap_or(b'd'),
+        generated_columns: strings_field(&v, "generated"),
     };
     (v, shape)
 }
@@ -84,12 +85,17 @@ fn table_shape(oid: pg_sys::Oid) -> (Value, TableShape) {
 /// ```sql
 /// SELECT cdc_enable(table_name => 'orders', config => '{"include_before_image": true}');
 /// ```
-#[pg_extern(volatile)]
-fn cdc_enable(table_name: PgRelation, config: default!(JsonB, "'{}'")) -> Uuid {
+// Declared by hand so the argument is a plain regclass: pgrx's PgRelation would open the relation
+// before our own checks run (an OID that names no relation would be XX000 instead of 42P01).
+#[pg_extern(sql = r#"
+CREATE FUNCTION cdc_enable(table_name regclass, config jsonb DEFAULT '{}') RETURNS uuid
+VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
+"#)]
+fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
+    let oid = required(table_name, "table_name");
+    let config = required(config, "config");
     check_prerequisites();
     let schema = schema();
-    let oid = table_name.oid();
-    drop(table_name);
     let (info, shape) = table_shape(oid);
     let cfg = parse_capture_config(&config.0, &shape).or_raise();
     let qualified = str_field(&info, "qualified").to_string();
@@ -105,19 +111,15 @@ fn cdc_enable(table_name: PgRelation, config: default!(JsonB, "'{}'")) -> Uuid {
     // Before images need REPLICA IDENTITY FULL; remember what it was so cdc_disable can restore it.
     let current_ri = shape.replica_identity;
     let (mut prev_ri, mut prev_index): (Option<String>, Option<i64>) = match &existing {
-        Some(e) => (
-            e.get("prev").and_then(Value::as_str).map(str::to_string),
-            e.get("prev_index").and_then(Value::as_i64),
-        ),
+        Some(e) => {
+            (e.get("prev").and_then(Value::as_str).map(str::to_string), e.get("prev_index").and_then(Value::as_i64))
+        }
         None => (None, None),
     };
     if cfg.before_image && current_ri != b'f' {
         prev_ri = Some((current_ri as char).to_string());
         prev_index = info.get("ri_index_oid").and_then(Value::as_i64);
-        catalog::run(
-            &format!("ALTER TABLE {qualified} REPLICA IDENTITY FULL"),
-            &[],
-        );
+        catalog::run(&format!("ALTER TABLE {qualified} REPLICA IDENTITY FULL"), &[]);
         pgrx::notice!(
             "pg_cdc set REPLICA IDENTITY FULL on {} so updates and deletes carry the before image; cdc_disable restores the previous setting",
             shape.display_name
@@ -129,12 +131,9 @@ fn cdc_enable(table_name: PgRelation, config: default!(JsonB, "'{}'")) -> Uuid {
         prev_index = None;
     }
 
-    if info.get("in_publication") != Some(&Value::Bool(true)) {
-        catalog::run(
-            &format!("ALTER PUBLICATION {PUBLICATION} ADD TABLE {qualified}"),
-            &[],
-        );
-    }
+    // Insert-only tables go into the publication that publishes no updates or deletes.
+    let target = if cfg.operations.update || cfg.operations.delete { PUBLICATION } else { PUBLICATION_INSERTS };
+    set_publication(&info, &qualified, Some(target));
 
     let key_columns = cfg.key_columns.clone();
     let id = Spi::get_one_with_args::<Uuid>(
@@ -165,6 +164,21 @@ fn cdc_enable(table_name: PgRelation, config: default!(JsonB, "'{}'")) -> Uuid {
     id
 }
 
+/// Puts the table in exactly the `target` pg_cdc publication (or in none). ONLY: inheritance
+/// children are captured (or not) on their own.
+fn set_publication(info: &Value, qualified: &str, target: Option<&str>) {
+    let current = strings_field(info, "publications");
+    for publication in [PUBLICATION, PUBLICATION_INSERTS] {
+        let member = current.iter().any(|p| p == publication);
+        let wanted = target == Some(publication);
+        if member && !wanted {
+            catalog::run(&format!("ALTER PUBLICATION {publication} DROP TABLE ONLY {qualified}"), &[]);
+        } else if wanted && !member {
+            catalog::run(&format!("ALTER PUBLICATION {publication} ADD TABLE ONLY {qualified}"), &[]);
+        }
+    }
+}
+
 fn restore_replica_identity(qualified: &str, prev: Option<&str>, prev_index: Option<i64>) {
     let clause = match (prev, prev_index) {
         (Some("n"), _) => "NOTHING".to_string(),
@@ -180,10 +194,7 @@ fn restore_replica_identity(qualified: &str, prev: Option<&str>, prev_index: Opt
         }
         _ => "DEFAULT".to_string(),
     };
-    catalog::run(
-        &format!("ALTER TABLE {qualified} REPLICA IDENTITY {clause}"),
-        &[],
-    );
+    catalog::run(&format!("ALTER TABLE {qualified} REPLICA IDENTITY {clause}"), &[]);
 }
 
 /// Stops capturing a table: removes it from the publication, restores the REPLICA IDENTITY that
@@ -193,11 +204,13 @@ fn restore_replica_identity(qualified: &str, prev: Option<&str>, prev_index: Opt
 /// ```sql
 /// SELECT cdc_disable('orders');
 /// ```
-#[pg_extern(volatile)]
-fn cdc_disable(table_name: PgRelation) {
+#[pg_extern(sql = r#"
+CREATE FUNCTION cdc_disable(table_name regclass) RETURNS void
+VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
+"#)]
+fn cdc_disable(table_name: Option<pg_sys::Oid>) {
+    let oid = required(table_name, "table_name");
     let schema = schema();
-    let oid = table_name.oid();
-    drop(table_name);
     let Some(row) = catalog::json_write(
         &format!(
             "DELETE FROM {schema}._cdc_publications WHERE table_oid = $1 \
@@ -210,23 +223,11 @@ fn cdc_disable(table_name: PgRelation) {
     };
     let (info, _) = table_shape(oid);
     let qualified = str_field(&info, "qualified");
-    if info.get("in_publication") == Some(&Value::Bool(true)) {
-        catalog::run(
-            &format!("ALTER PUBLICATION {PUBLICATION} DROP TABLE {qualified}"),
-            &[],
-        );
-    }
+    set_publication(&info, qualified, None);
     if let Some(prev) = row.get("prev").and_then(Value::as_str) {
         if str_field(&info, "replident") == "f" {
-            restore_replica_identity(
-                qualified,
-                Some(prev),
-                row.get("prev_index").and_then(Value::as_i64),
-            );
+            restore_replica_identity(qualified, Some(prev), row.get("prev_index").and_then(Value::as_i64));
         }
     }
-    catalog::run(
-        &format!("DELETE FROM {schema}._cdc_offsets WHERE table_oid = $1"),
-        &[oid.into()],
-    );
+    catalog::run(&format!("DELETE FROM {schema}._cdc_offsets WHERE table_oid = $1"), &[oid.into()]);
 }

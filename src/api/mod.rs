@@ -10,8 +10,7 @@ use crate::errors::raise;
 /// Refuses to configure capture on a server where it could not run.
 pub(crate) fn check_prerequisites() {
     let wal_level =
-        crate::catalog::select_one::<String>("SELECT current_setting('wal_level')", &[])
-            .unwrap_or_default();
+        crate::catalog::select_one::<String>("SELECT current_setting('wal_level')", &[]).unwrap_or_default();
     if wal_level != "logical" {
         raise(
             CdcError::new(
@@ -23,12 +22,18 @@ pub(crate) fn check_prerequisites() {
     }
     if !crate::preloaded() {
         raise(
-            CdcError::new(ErrorKind::PrerequisiteState, "pg_cdc is not loaded through shared_preload_libraries, so its worker is not running")
-                .hint("Add pg_cdc to shared_preload_libraries in postgresql.conf and restart PostgreSQL."),
+            CdcError::new(
+                ErrorKind::PrerequisiteState,
+                "pg_cdc is not loaded through shared_preload_libraries, so its worker is not running",
+            )
+            .hint("Add pg_cdc to shared_preload_libraries in postgresql.conf and restart PostgreSQL."),
         );
     }
-    let encoding = crate::catalog::select_one::<String>("SELECT pg_encoding_to_char(encoding)::text FROM pg_database WHERE datname = current_database()", &[])
-        .unwrap_or_default();
+    let encoding = crate::catalog::select_one::<String>(
+        "SELECT pg_encoding_to_char(encoding)::text FROM pg_database WHERE datname = current_database()",
+        &[],
+    )
+    .unwrap_or_default();
     if encoding != "UTF8" {
         raise(
             CdcError::new(
@@ -38,8 +43,7 @@ pub(crate) fn check_prerequisites() {
             .hint("Create the database WITH ENCODING 'UTF8'."),
         );
     }
-    let database = crate::catalog::select_one::<String>("SELECT current_database()::text", &[])
-        .unwrap_or_default();
+    let database = crate::catalog::select_one::<String>("SELECT current_database()::text", &[]).unwrap_or_default();
     let worker_db = crate::gucs::string(&crate::gucs::DATABASE);
     if database != worker_db {
         raise(
@@ -47,17 +51,21 @@ pub(crate) fn check_prerequisites() {
                 ErrorKind::PrerequisiteState,
                 format!("the pg_cdc worker runs in database \"{worker_db}\", not in \"{database}\""),
             )
-            .hint(format!("Use pg_cdc in database \"{worker_db}\", or set cdc.database = '{database}' and restart PostgreSQL.")),
+            .hint(format!(
+                "Use pg_cdc in database \"{worker_db}\", or set cdc.database = '{database}' and restart PostgreSQL."
+            )),
         );
     }
+}
+
+/// Refuses a NULL argument (the functions are not STRICT, so NULL is an error instead of a silent no-op).
+pub(crate) fn required<T>(value: Option<T>, name: &str) -> T {
+    value.unwrap_or_else(|| raise(CdcError::new(ErrorKind::NullValue, format!("{name} must not be NULL"))))
 }
 
 /// The catalog schema, or an error when the extension is not installed here.
 pub(crate) fn schema() -> String {
     crate::catalog::extension_schema().unwrap_or_else(|| {
-        raise(CdcError::new(
-            ErrorKind::PrerequisiteState,
-            "extension pg_cdc is not installed in this database",
-        ))
+        raise(CdcError::new(ErrorKind::PrerequisiteState, "extension pg_cdc is not installed in this database"))
     })
 }

@@ -4,7 +4,7 @@ use cdc_core::{CdcError, ErrorKind};
 use pgrx::prelude::*;
 use pgrx::{JsonB, Uuid};
 
-use super::{check_prerequisites, schema};
+use super::{check_prerequisites, required, schema};
 use crate::catalog;
 use crate::errors::{raise, OrRaise};
 
@@ -13,6 +13,37 @@ use crate::errors::{raise, OrRaise};
 pub fn slot_name(id: &Uuid) -> String {
     let hex: String = id.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
     format!("_cdc_{hex}")
+}
+
+/// Resolves one name of `config.tables` to an ordinary table's OID, or raises an error naming the path.
+fn resolve_table(path: &str, name: &str) -> pg_sys::Oid {
+    if !cdc_core::config::is_qualified_name(name) {
+        raise(
+            CdcError::new(ErrorKind::InvalidName, format!("{path}: \"{name}\" is not a valid table name"))
+                .hint("Write it as in SQL: orders, sales.orders, or \"Mixed Case\"."),
+        );
+    }
+    let oid =
+        crate::catalog::select_one::<pg_sys::Oid>("SELECT to_regclass($1)::oid", &[name.into()]).unwrap_or_else(|| {
+            raise(CdcError::new(ErrorKind::UndefinedTable, format!("{path}: relation \"{name}\" does not exist")))
+        });
+    let info = crate::catalog::json(
+        "SELECT jsonb_build_object('relkind', c.relkind::text, 'display', c.oid::regclass::text, \
+         'system', c.relnamespace::regnamespace::text IN ('pg_catalog', 'information_schema', 'pg_toast'), \
+         'captured', EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
+                             WHERE p.pubname LIKE '\\_cdc\\_publication%' AND pr.prrelid = c.oid)) \
+         FROM pg_class c WHERE c.oid = $1",
+        &[oid.into()],
+    )
+    .unwrap_or_default();
+    let display = crate::catalog::str_field(&info, "display");
+    if crate::catalog::str_field(&info, "relkind") != "r" || info.get("system") == Some(&serde_json::Value::Bool(true)) {
+        raise(CdcError::new(ErrorKind::WrongObjectType, format!("{path}: {display} is not an ordinary table")));
+    }
+    if info.get("captured") != Some(&serde_json::Value::Bool(true)) {
+        pgrx::notice!("{path}: table {display} is not captured yet; the sink receives its changes once cdc_enable('{display}') runs");
+    }
+    oid
 }
 
 /// Adds a destination. Returns its id. Each sink reads its own logical replication slot, so a
@@ -26,14 +57,14 @@ pub fn slot_name(id: &Uuid) -> String {
 ///                     config => '{"bootstrap_servers": "127.0.0.1:9092", "topic": "orders-cdc"}');
 /// ```
 #[pg_extern(volatile)]
-fn cdc_add_sink(sink_name: &str, sink_type: &str, config: JsonB) -> Uuid {
+fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option<JsonB>) -> Uuid {
+    let sink_name = required(sink_name, "sink_name");
+    let sink_type = required(sink_type, "sink_type");
+    let config = required(config, "config");
     check_prerequisites();
     let schema = schema();
     if sink_name.is_empty() || sink_name.len() > 200 {
-        raise(CdcError::new(
-            ErrorKind::InvalidParameter,
-            "sink_name must be 1 to 200 characters long",
-        ));
+        raise(CdcError::new(ErrorKind::InvalidParameter, "sink_name must be 1 to 200 characters long"));
     }
     let cfg = parse_sink_config(sink_type, &config.0).or_raise();
     let exists = crate::catalog::select_one::<bool>(
@@ -43,32 +74,15 @@ fn cdc_add_sink(sink_name: &str, sink_type: &str, config: JsonB) -> Uuid {
     .unwrap_or(false);
     if exists {
         raise(
-            CdcError::new(
-                ErrorKind::DuplicateObject,
-                format!("sink \"{sink_name}\" already exists"),
-            )
-            .hint("Choose another name, or cdc_drop_sink it first."),
+            CdcError::new(ErrorKind::DuplicateObject, format!("sink \"{sink_name}\" already exists"))
+                .hint("Choose another name, or cdc_drop_sink it first."),
         );
     }
     // Resolve config.tables to OIDs now, so a typo fails here rather than in the worker.
-    let table_oids: Option<Vec<pg_sys::Oid>> = cfg.tables.as_ref().map(|names| {
-        names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                crate::catalog::select_one::<pg_sys::Oid>(
-                    "SELECT to_regclass($1)::oid",
-                    &[n.as_str().into()],
-                )
-                .unwrap_or_else(|| {
-                    raise(CdcError::new(
-                        ErrorKind::UndefinedTable,
-                        format!("config.tables[{i}]: relation \"{n}\" does not exist"),
-                    ))
-                })
-            })
-            .collect()
-    });
+    let table_oids: Option<Vec<pg_sys::Oid>> = cfg
+        .tables
+        .as_ref()
+        .map(|names| names.iter().enumerate().map(|(i, n)| resolve_table(&format!("config.tables[{i}]"), n)).collect());
 
     let id = crate::catalog::select_one::<Uuid>("SELECT gen_random_uuid()", &[])
         .unwrap_or_else(|| pgrx::error!("gen_random_uuid failed"));
@@ -106,10 +120,8 @@ fn cdc_add_sink(sink_name: &str, sink_type: &str, config: JsonB) -> Uuid {
             (if slot_created { "starting" } else { "creating_slot" }).into(),
         ],
     );
-    if catalog::json(
-        &format!("SELECT to_jsonb(count(*)) FROM {schema}._cdc_publications"),
-        &[],
-    ) == Some(serde_json::json!(0))
+    if catalog::json(&format!("SELECT to_jsonb(count(*)) FROM {schema}._cdc_publications"), &[])
+        == Some(serde_json::json!(0))
     {
         pgrx::notice!("no table is captured yet: SELECT cdc_enable('<table>') to start");
     }
@@ -123,7 +135,8 @@ fn cdc_add_sink(sink_name: &str, sink_type: &str, config: JsonB) -> Uuid {
 /// SELECT cdc_drop_sink('kafka_orders');
 /// ```
 #[pg_extern(volatile)]
-fn cdc_drop_sink(sink_name: &str) {
+fn cdc_drop_sink(sink_name: Option<&str>) {
+    let sink_name = required(sink_name, "sink_name");
     let schema = schema();
     let deleted = catalog::json_write(
         &format!("WITH d AS (DELETE FROM {schema}._cdc_sinks WHERE sink_name = $1 RETURNING 1) SELECT to_jsonb(count(*)) FROM d"),
@@ -131,11 +144,8 @@ fn cdc_drop_sink(sink_name: &str) {
     );
     if deleted == Some(serde_json::json!(0)) {
         raise(
-            CdcError::new(
-                ErrorKind::UndefinedObject,
-                format!("sink \"{sink_name}\" does not exist"),
-            )
-            .hint("SELECT sink_name FROM _cdc_sinks lists the sinks."),
+            CdcError::new(ErrorKind::UndefinedObject, format!("sink \"{sink_name}\" does not exist"))
+                .hint("SELECT sink_name FROM _cdc_sinks lists the sinks."),
         );
     }
 }

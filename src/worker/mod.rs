@@ -24,9 +24,7 @@ use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
-use pgrx::bgworkers::{
-    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
-};
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 
@@ -103,9 +101,8 @@ pub fn run_tx<R>(f: impl FnOnce() -> R) -> Result<R, String> {
         pg_sys::StartTransactionCommand();
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
     }
-    let result = PgTryBuilder::new(AssertUnwindSafe(move || Ok(f())))
-        .catch_others(|e| Err(caught_message(e)))
-        .execute();
+    let result =
+        PgTryBuilder::new(AssertUnwindSafe(move || Ok(f()))).catch_others(|e| Err(caught_message(e))).execute();
     // SAFETY: closes the transaction opened above, committing on success and aborting on error.
     unsafe {
         if result.is_ok() {

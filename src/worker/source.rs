@@ -9,7 +9,7 @@ use pgrx::prelude::*;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::catalog::{self, PUBLICATION};
+use crate::catalog::{self, PUBLICATION_NAMES};
 
 /// Session settings that fix the text format of every value pgoutput sends (see `cdc_core::types`).
 pub fn set_session_settings() {
@@ -76,6 +76,11 @@ pub struct SlotRow {
 /// Everything the worker reads at the start of a tick.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Catalog {
+    /// Whether the extension is installed in this database.
+    pub installed: bool,
+    /// The extension's schema, quoted (set when installed).
+    #[serde(skip)]
+    pub schema: Option<String>,
     /// Current database.
     pub database: String,
     /// Database clock (for orphan-slot sightings).
@@ -91,10 +96,18 @@ pub struct Catalog {
 }
 
 /// Reads the catalog; `None` when the extension is not installed in this database.
-pub fn load_catalog() -> Option<Catalog> {
-    let schema = catalog::extension_schema()?;
-    let sql = format!(
+pub fn load_catalog() -> Catalog {
+    let Some(schema) = catalog::extension_schema() else {
+        // Without the extension there are no sinks: every pg_cdc slot left here is an orphan
+        // (DROP EXTENSION does not drop slots).
+        return load(&format!(
+            "SELECT jsonb_build_object('installed', false, 'database', current_database(), 'now', clock_timestamp()::text, \
+             'wal_insert_lsn', pg_current_wal_insert_lsn()::text, 'sinks', '[]'::jsonb, 'tables', '[]'::jsonb, 'slots', {SLOTS_SQL})"
+        ));
+    };
+    let mut cat = load(&format!(
         r#"SELECT jsonb_build_object(
+  'installed', true,
   'database', current_database(),
   'now', clock_timestamp()::text,
   'wal_insert_lsn', pg_current_wal_insert_lsn()::text,
@@ -104,14 +117,22 @@ pub fn load_catalog() -> Option<Catalog> {
               FROM {schema}._cdc_sinks),
   'tables', (SELECT coalesce(jsonb_agg(jsonb_build_object('oid', table_oid::bigint, 'config', config, 'key_columns', key_columns)), '[]')
                FROM {schema}._cdc_publications WHERE status = 'active'),
-  'slots', (SELECT coalesce(jsonb_agg(jsonb_build_object('name', slot_name, 'confirmed', confirmed_flush_lsn::text,
-                'wal_status', wal_status, 'active_pid', active_pid)), '[]')
-              FROM pg_replication_slots WHERE database = current_database() AND slot_name LIKE '\_cdc\_%')
+  'slots', {SLOTS_SQL}
 )"#
-    );
-    let v = catalog::json(&sql, &[])?;
+    ));
+    cat.schema = Some(schema);
+    cat
+}
+
+/// pg_cdc's slots in this database.
+const SLOTS_SQL: &str = r#"(SELECT coalesce(jsonb_agg(jsonb_build_object('name', slot_name, 'confirmed', confirmed_flush_lsn::text,
+                'wal_status', wal_status, 'active_pid', active_pid)), '[]')
+              FROM pg_replication_slots WHERE database = current_database() AND slot_name LIKE '\_cdc\_%')"#;
+
+fn load(sql: &str) -> Catalog {
+    let v = catalog::json(sql, &[]).unwrap_or_default();
     match serde_json::from_value(v) {
-        Ok(c) => Some(c),
+        Ok(c) => c,
         Err(e) => pgrx::error!("pg_cdc: unexpected catalog shape: {e}"),
     }
 }
@@ -126,10 +147,7 @@ pub fn create_slot(slot: &str) {
 
 /// Drops a slot.
 pub fn drop_slot(slot: &str) {
-    catalog::json(
-        "SELECT to_jsonb(pg_drop_replication_slot($1)::text)",
-        &[slot.into()],
-    );
+    catalog::json("SELECT to_jsonb(pg_drop_replication_slot($1)::text)", &[slot.into()]);
 }
 
 /// Whether a transaction that started before `since` is still open (it may be the one that
@@ -145,7 +163,7 @@ pub fn older_transaction_open(since: &str) -> bool {
 pub fn peek(slot: &str, batch: i32, types: &mut TypeRegistry) -> Vec<RawFrame> {
     let sql = format!(
         "SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, \
-         'proto_version', '1', 'publication_names', '{PUBLICATION}', 'messages', 'true')"
+         'proto_version', '1', 'publication_names', '{PUBLICATION_NAMES}', 'messages', 'true')"
     );
     quiet_decoding_logs();
     let frames = Spi::connect(|client| -> Result<Vec<RawFrame>, pgrx::spi::SpiError> {
@@ -159,10 +177,7 @@ pub fn peek(slot: &str, batch: i32, types: &mut TypeRegistry) -> Vec<RawFrame> {
             for row in table {
                 let lsn = row.get::<i64>(1)?.unwrap_or(0);
                 let data = row.get::<Vec<u8>>(2)?.unwrap_or_default();
-                frames.push(RawFrame {
-                    lsn: Lsn(lsn as u64),
-                    data,
-                });
+                frames.push(RawFrame { lsn: Lsn(lsn as u64), data });
             }
         }
         Ok(frames)
@@ -189,14 +204,7 @@ fn learn_types(frames: &[RawFrame], types: &mut TypeRegistry) {
         if wanted.is_empty() {
             return;
         }
-        let list = format!(
-            "{{{}}}",
-            wanted
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        );
+        let list = format!("{{{}}}", wanted.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
         let rows = catalog::json(
             "SELECT coalesce(jsonb_agg(jsonb_build_object('oid', oid::bigint, 'typtype', typtype::text, 'typcategory', typcategory::text, \
              'typelem', typelem::bigint, 'typbasetype', typbasetype::bigint, 'typdelim', typdelim::text)), '[]') \
@@ -210,20 +218,11 @@ fn learn_types(frames: &[RawFrame], types: &mut TypeRegistry) {
                 a.iter()
                     .map(|r| PgTypeRow {
                         oid: r["oid"].as_u64().unwrap_or(0) as u32,
-                        typtype: catalog::str_field(r, "typtype")
-                            .bytes()
-                            .next()
-                            .unwrap_or(b'b'),
-                        typcategory: catalog::str_field(r, "typcategory")
-                            .bytes()
-                            .next()
-                            .unwrap_or(b'U'),
+                        typtype: catalog::str_field(r, "typtype").bytes().next().unwrap_or(b'b'),
+                        typcategory: catalog::str_field(r, "typcategory").bytes().next().unwrap_or(b'U'),
                         typelem: r["typelem"].as_u64().unwrap_or(0) as u32,
                         typbasetype: r["typbasetype"].as_u64().unwrap_or(0) as u32,
-                        typdelim: catalog::str_field(r, "typdelim")
-                            .bytes()
-                            .next()
-                            .unwrap_or(b','),
+                        typdelim: catalog::str_field(r, "typdelim").bytes().next().unwrap_or(b','),
                     })
                     .collect()
             })
@@ -275,20 +274,11 @@ pub struct TableProgress {
 /// advance; at one peek per sink every `cdc.naptime_ms` that would flood the server log. Silence
 /// it for the current transaction only (our own failures are reported through the sink state).
 fn quiet_decoding_logs() {
-    catalog::json(
-        "SELECT to_jsonb(set_config('log_min_messages', 'fatal', true))",
-        &[],
-    );
+    catalog::json("SELECT to_jsonb(set_config('log_min_messages', 'fatal', true))", &[]);
 }
 
 /// Confirms the slot up to `lsn` and records per-table progress.
-pub fn confirm(
-    schema: &str,
-    sink_name: &str,
-    slot: &str,
-    lsn: Lsn,
-    progress: &HashMap<u32, TableProgress>,
-) {
+pub fn confirm(schema: &str, sink_name: &str, slot: &str, lsn: Lsn, progress: &HashMap<u32, TableProgress>) {
     quiet_decoding_logs();
     catalog::json(
         "SELECT to_jsonb((pg_replication_slot_advance($1, $2::pg_lsn)).end_lsn::text)",
@@ -317,7 +307,9 @@ pub fn confirm(
 /// Records a sink's state (only called when it changed).
 pub fn set_state(schema: &str, sink_id: &str, state: &str, error: Option<&str>) {
     catalog::run(
-        &format!("UPDATE {schema}._cdc_sinks SET state = $2, last_error = $3, state_since = now() WHERE sink_id = $1::uuid"),
+        &format!(
+            "UPDATE {schema}._cdc_sinks SET state = $2, last_error = $3, state_since = now() WHERE sink_id = $1::uuid"
+        ),
         &[sink_id.into(), state.into(), error.into()],
     );
 }

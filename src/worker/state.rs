@@ -4,9 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cdc_core::config::{
-    parse_sink_config, parse_stored_capture_config, CaptureConfig, KafkaSinkConfig,
-};
+use cdc_core::config::{parse_sink_config, parse_stored_capture_config, CaptureConfig, KafkaSinkConfig};
 use cdc_core::pipeline::{Assembler, SinkTables};
 use cdc_core::time::pg_to_unix_micros;
 use cdc_core::types::TypeRegistry;
@@ -57,23 +55,18 @@ impl Worker {
 
     /// One pass over every sink. Returns true when any sink read changes (run again at once).
     pub fn tick(&mut self) -> bool {
-        let cat = match run_tx(|| {
-            let schema = crate::catalog::extension_schema();
-            (schema, source::load_catalog())
-        }) {
-            Ok((Some(schema), Some(cat))) => {
-                self.schema = Some(schema);
+        let cat = match run_tx(source::load_catalog) {
+            Ok(cat) if cat.installed => {
+                self.schema = cat.schema.clone();
                 cat
             }
-            Ok(_) => {
-                if self
-                    .last_missing_extension_log
-                    .is_none_or(|t| t.elapsed().as_secs() > 300)
-                {
+            Ok(cat) => {
+                if self.last_missing_extension_log.is_none_or(|t| t.elapsed().as_secs() > 300) {
                     pgrx::log!("pg_cdc worker: extension pg_cdc is not installed in this database; waiting");
                     self.last_missing_extension_log = Some(Instant::now());
                 }
                 self.sinks.clear();
+                self.drop_orphan_slots(&cat);
                 return false;
             }
             Err(e) => {
@@ -104,7 +97,10 @@ impl Worker {
                 _ => match parse_stored_capture_config(&t.config, t.key_columns.clone()) {
                     Ok(cfg) => Arc::new(cfg),
                     Err(e) => {
-                        pgrx::warning!("pg_cdc worker: capture config of table OID {} is invalid, skipping it: {e}", t.oid);
+                        pgrx::warning!(
+                            "pg_cdc worker: capture config of table OID {} is invalid, skipping it: {e}",
+                            t.oid
+                        );
                         continue;
                     }
                 },
@@ -115,16 +111,12 @@ impl Worker {
     }
 
     fn sync_sinks(&mut self, cat: &Catalog) {
-        self.sinks
-            .retain(|id, _| cat.sinks.iter().any(|s| &s.id == id));
+        self.sinks.retain(|id, _| cat.sinks.iter().any(|s| &s.id == id));
         for row in &cat.sinks {
-            let changed = self
-                .sinks
-                .get(&row.id)
-                .is_none_or(|r| r.row.config != row.config || r.row.tables != row.tables);
+            let changed =
+                self.sinks.get(&row.id).is_none_or(|r| r.row.config != row.config || r.row.tables != row.tables);
             if changed {
-                let config =
-                    parse_sink_config(&row.sink_type, &row.config).map_err(|e| e.to_string());
+                let config = parse_sink_config(&row.sink_type, &row.config).map_err(|e| e.to_string());
                 self.sinks.insert(
                     row.id.clone(),
                     SinkRun {
@@ -207,11 +199,7 @@ impl Worker {
                 let slot = row.slot.clone();
                 match run_tx(|| source::create_slot(&slot)) {
                     Ok(()) => self.set_state(id, "starting", None),
-                    Err(e) => self.fail(
-                        id,
-                        "error",
-                        format!("cannot create replication slot {slot}: {e}"),
-                    ),
+                    Err(e) => self.fail(id, "error", format!("cannot create replication slot {slot}: {e}")),
                 }
             } else {
                 let msg = format!(
@@ -231,18 +219,10 @@ impl Worker {
             return false;
         }
         if let Some(pid) = slot.active_pid {
-            self.fail(
-                id,
-                "retrying",
-                format!("replication slot {} is in use by process {pid}", row.slot),
-            );
+            self.fail(id, "retrying", format!("replication slot {} is in use by process {pid}", row.slot));
             return false;
         }
-        let confirmed: Lsn = slot
-            .confirmed
-            .as_deref()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_default();
+        let confirmed: Lsn = slot.confirmed.as_deref().and_then(|s| s.parse().ok()).unwrap_or_default();
 
         // Read.
         let tables = self.tables_for(&row);
@@ -260,11 +240,7 @@ impl Worker {
             }
             Err(e) => {
                 self.types = TypeRegistry::new();
-                self.fail(
-                    id,
-                    "error",
-                    format!("cannot read replication slot {}: {e}", row.slot),
-                );
+                self.fail(id, "error", format!("cannot read replication slot {}: {e}", row.slot));
                 return false;
             }
         };
@@ -287,12 +263,8 @@ impl Worker {
         if has_events {
             if run.producer.is_none() {
                 let client_id = format!("pg_cdc-{}", row.name);
-                match KafkaSink::new(
-                    &config,
-                    &gucs::string(&gucs::KAFKA_BOOTSTRAP_SERVERS),
-                    &cat.database,
-                    &client_id,
-                ) {
+                match KafkaSink::new(&config, &gucs::string(&gucs::KAFKA_BOOTSTRAP_SERVERS), &cat.database, &client_id)
+                {
                     Ok(mut p) => {
                         p.set_interrupt(stop_requested);
                         run.producer = Some(p);
@@ -307,11 +279,7 @@ impl Worker {
                 return false;
             };
             if let Err(e) = producer.publish(&output.transactions) {
-                let state = if e.class == ErrorClass::Retry {
-                    "retrying"
-                } else {
-                    "error"
-                };
+                let state = if e.class == ErrorClass::Retry { "retrying" } else { "error" };
                 self.fail(id, state, e.message);
                 return false;
             }
@@ -335,11 +303,7 @@ impl Worker {
         if let Some(lsn) = target {
             let (name, slot_name) = (row.name.clone(), row.slot.clone());
             if let Err(e) = run_tx(|| source::confirm(&schema, &name, &slot_name, lsn, &progress)) {
-                self.fail(
-                    id,
-                    "error",
-                    format!("cannot confirm replication slot {}: {e}", row.slot),
-                );
+                self.fail(id, "error", format!("cannot confirm replication slot {}: {e}", row.slot));
                 return false;
             }
         }
@@ -357,8 +321,7 @@ impl Worker {
             return;
         };
         let insert: Lsn = cat.wal_insert_lsn.parse().unwrap_or_default();
-        let interval =
-            std::time::Duration::from_millis(gucs::HEARTBEAT_INTERVAL_MS.get().max(100) as u64);
+        let interval = std::time::Duration::from_millis(gucs::HEARTBEAT_INTERVAL_MS.get().max(100) as u64);
         let due = run.last_heartbeat.is_none_or(|t| t.elapsed() >= interval);
         // Only when WAL other than our own last heartbeat was written since it.
         let moved = insert > confirmed && run.heartbeat_end.is_none_or(|h| insert.0 > h.0 + 128);
@@ -396,9 +359,7 @@ impl Worker {
                         })
                         .unwrap_or(false);
                     if dropped {
-                        pgrx::log!(
-                            "pg_cdc worker: dropped replication slot {name} of a dropped sink"
-                        );
+                        pgrx::log!("pg_cdc worker: dropped replication slot {name} of a dropped sink");
                     } else {
                         still.insert(slot.name.clone(), first_seen.clone());
                     }

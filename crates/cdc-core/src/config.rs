@@ -25,6 +25,8 @@ pub struct TableShape {
     pub replica_identity_index: Vec<String>,
     /// `relreplident`: b'd', b'n', b'f' or b'i'.
     pub replica_identity: u8,
+    /// Generated columns: they exist, but PostgreSQL 15 does not publish them.
+    pub generated_columns: Vec<String>,
 }
 
 /// The row operations a table can publish.
@@ -42,12 +44,7 @@ pub struct Operations {
 
 impl Operations {
     /// Every operation.
-    pub const ALL: Operations = Operations {
-        insert: true,
-        update: true,
-        delete: true,
-        truncate: true,
-    };
+    pub const ALL: Operations = Operations { insert: true, update: true, delete: true, truncate: true };
 
     /// Only inserts: a table without a key can be captured this way.
     pub fn insert_only(&self) -> bool {
@@ -136,10 +133,7 @@ fn wrong_type(path: &str, expected: &str, got: &Value) -> CdcError {
 impl<'a> Obj<'a> {
     fn root(name: &str, v: &'a Value) -> CdcResult<Self> {
         match v {
-            Value::Object(map) => Ok(Obj {
-                path: name.to_string(),
-                map,
-            }),
+            Value::Object(map) => Ok(Obj { path: name.to_string(), map }),
             other => Err(wrong_type(name, "a JSON object", other)),
         }
     }
@@ -178,10 +172,7 @@ impl<'a> Obj<'a> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
-            Some(Value::String(_)) => Err(invalid(format!(
-                "{} must not be empty",
-                self.child_path(key)
-            ))),
+            Some(Value::String(_)) => Err(invalid(format!("{} must not be empty", self.child_path(key)))),
             Some(v) => Err(wrong_type(&self.child_path(key), "a string", v)),
         }
     }
@@ -189,13 +180,12 @@ impl<'a> Obj<'a> {
     fn int(&self, key: &str, min: i64, max: i64) -> CdcResult<Option<i64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v @ Value::Number(n)) => match n.as_i64() {
+            Some(Value::Number(n)) => match n.as_i64() {
                 Some(i) if (min..=max).contains(&i) => Ok(Some(i)),
                 _ => Err(invalid(format!(
                     "{} must be an integer between {min} and {max}, not {n}",
                     self.child_path(key)
-                ))
-                .detail(format!("got a {}", type_name(v)))),
+                ))),
             },
             Some(v) => Err(wrong_type(&self.child_path(key), "an integer", v)),
         }
@@ -210,20 +200,14 @@ impl<'a> Obj<'a> {
                     match item {
                         Value::String(s) if !s.is_empty() => {
                             if out.contains(s) {
-                                return Err(invalid(format!(
-                                    "{}[{i}]: \"{s}\" is listed twice",
-                                    self.child_path(key)
-                                )));
+                                return Err(invalid(format!("{}[{i}]: \"{s}\" is listed twice", self.child_path(key))));
                             }
                             out.push(s.clone())
                         }
-                        other => {
-                            return Err(wrong_type(
-                                &format!("{}[{i}]", self.child_path(key)),
-                                "a non-empty string",
-                                other,
-                            ))
+                        Value::String(_) => {
+                            return Err(invalid(format!("{}[{i}] must not be an empty string", self.child_path(key))))
                         }
+                        other => return Err(wrong_type(&format!("{}[{i}]", self.child_path(key)), "a string", other)),
                     }
                 }
                 Ok(Some(out))
@@ -235,40 +219,39 @@ impl<'a> Obj<'a> {
     fn object(&self, key: &str) -> CdcResult<Option<Obj<'a>>> {
         match self.get(key) {
             None => Ok(None),
-            Some(Value::Object(map)) => Ok(Some(Obj {
-                path: self.child_path(key),
-                map,
-            })),
+            Some(Value::Object(map)) => Ok(Some(Obj { path: self.child_path(key), map })),
             Some(v) => Err(wrong_type(&self.child_path(key), "a JSON object", v)),
         }
     }
 }
 
 fn planned(path: &str, what: &str) -> CdcError {
-    CdcError::new(
-        ErrorKind::FeatureNotSupported,
-        format!("{path} is not supported yet: {what} is planned"),
-    )
-    .hint("See the README's configuration table for what works in this version.")
+    CdcError::new(ErrorKind::FeatureNotSupported, format!("{path} is not supported yet: {what} is planned"))
+        .hint("See the README's configuration table for what works in this version.")
 }
 
 fn check_column(shape: &TableShape, path: &str, col: &str) -> CdcResult<()> {
     if shape.columns.iter().any(|c| c == col) {
         return Ok(());
     }
+    if shape.generated_columns.iter().any(|c| c == col) {
+        return Err(CdcError::new(
+            ErrorKind::FeatureNotSupported,
+            format!(
+                "{path}: column \"{col}\" of table {} is a generated column, which PostgreSQL 15 does not publish",
+                shape.display_name
+            ),
+        )
+        .hint("Leave it out; consumers can compute it from the published columns."));
+    }
     let e = CdcError::new(
         ErrorKind::UndefinedColumn,
-        format!(
-            "{path}: column \"{col}\" of table {} does not exist",
-            shape.display_name
-        ),
+        format!("{path}: column \"{col}\" of table {} does not exist", shape.display_name),
     );
-    Err(
-        match did_you_mean(col, shape.columns.iter().map(String::as_str)) {
-            Some(s) => e.hint(format!("Did you mean \"{s}\"?")),
-            None => e.hint(format!("Columns: {}.", shape.columns.join(", "))),
-        },
-    )
+    Err(match did_you_mean(col, shape.columns.iter().map(String::as_str)) {
+        Some(s) => e.hint(format!("Did you mean \"{s}\"?")),
+        None => e.hint(format!("Columns: {}.", shape.columns.join(", "))),
+    })
 }
 
 /// Parses and validates a `cdc_enable` config against the table.
@@ -279,10 +262,7 @@ pub fn parse_capture_config(config: &Value, shape: &TableShape) -> CdcResult<Cap
 /// Re-reads a config that `cdc_enable` already validated (the worker's view): the table's columns
 /// are not checked again, since later DDL may have changed them; the key columns come from the
 /// catalog, where `cdc_enable` stored them resolved.
-pub fn parse_stored_capture_config(
-    config: &Value,
-    key_columns: Vec<String>,
-) -> CdcResult<CaptureConfig> {
+pub fn parse_stored_capture_config(config: &Value, key_columns: Vec<String>) -> CdcResult<CaptureConfig> {
     let mut cfg = parse_capture(config, None)?;
     cfg.key_columns = key_columns;
     Ok(cfg)
@@ -296,14 +276,9 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
     let o = Obj::root("config", config)?;
     o.check_keys(CAPTURE_KEYS)?;
 
-    for (a, b) in [
-        ("before_image", "include_before_image"),
-        ("filter", "filter_expression"),
-    ] {
+    for (a, b) in [("before_image", "include_before_image"), ("filter", "filter_expression")] {
         if o.get(a).is_some() && o.get(b).is_some() {
-            return Err(invalid(format!(
-                "config.{a} and config.{b} are the same setting; give only one"
-            )));
+            return Err(invalid(format!("config.{a} and config.{b} are the same setting; give only one")));
         }
     }
 
@@ -311,16 +286,11 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         match mode {
             "all_changes" => {}
             "filtered" | "full_audit" => {
-                return Err(planned(
-                    "config.capture_mode",
-                    &format!("capture_mode \"{mode}\""),
-                ))
+                return Err(planned("config.capture_mode", &format!("capture_mode \"{mode}\"")))
             }
             other => {
-                return Err(
-                    invalid(format!("config.capture_mode: unknown mode \"{other}\""))
-                        .hint("Valid modes: all_changes, filtered, full_audit."),
-                )
+                return Err(invalid(format!("config.capture_mode: unknown mode \"{other}\""))
+                    .hint("Valid modes: all_changes, filtered, full_audit."))
             }
         }
     }
@@ -329,16 +299,9 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         None => Operations::ALL,
         Some(list) => {
             if list.is_empty() {
-                return Err(invalid(
-                    "config.operations must list at least one operation",
-                ));
+                return Err(invalid("config.operations must list at least one operation"));
             }
-            let mut ops = Operations {
-                insert: false,
-                update: false,
-                delete: false,
-                truncate: false,
-            };
+            let mut ops = Operations { insert: false, update: false, delete: false, truncate: false };
             for (i, op) in list.iter().enumerate() {
                 match op.to_ascii_uppercase().as_str() {
                     "INSERT" => ops.insert = true,
@@ -346,10 +309,8 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
                     "DELETE" => ops.delete = true,
                     "TRUNCATE" => ops.truncate = true,
                     _ => {
-                        return Err(invalid(format!(
-                            "config.operations[{i}]: unknown operation \"{op}\""
-                        ))
-                        .hint("Valid operations: INSERT, UPDATE, DELETE, TRUNCATE."))
+                        return Err(invalid(format!("config.operations[{i}]: unknown operation \"{op}\""))
+                            .hint("Valid operations: INSERT, UPDATE, DELETE, TRUNCATE."))
                     }
                 }
             }
@@ -360,9 +321,7 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
     let include_columns = o.strings("include_columns")?;
     if let Some(cols) = &include_columns {
         if cols.is_empty() {
-            return Err(invalid(
-                "config.include_columns must list at least one column",
-            ));
+            return Err(invalid("config.include_columns must list at least one column"));
         }
         for (i, c) in cols.iter().enumerate() {
             check_column(&format!("config.include_columns[{i}]"), c)?;
@@ -373,11 +332,14 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         check_column(&format!("config.exclude_columns[{i}]"), c)?;
     }
 
-    if let Some(f) = o.get("filter").or_else(|| o.get("filter_expression")) {
-        if !f.is_string() {
-            return Err(wrong_type("config.filter", "a string", f));
+    for key in ["filter", "filter_expression"] {
+        if let Some(f) = o.get(key) {
+            let path = format!("config.{key}");
+            if !f.is_string() {
+                return Err(wrong_type(&path, "a string", f));
+            }
+            return Err(planned(&path, "row filtering"));
         }
-        return Err(planned("config.filter", "row filtering"));
     }
 
     let before_image = match o.bool("before_image")? {
@@ -385,9 +347,10 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         None => o.bool("include_before_image")?.unwrap_or(false),
     };
     let include_transaction_info = o.bool("include_transaction_info")?.unwrap_or(false);
-    for key in ["include_user_context", "include_query_text"] {
+    for (key, what) in [("include_user_context", "user context capture"), ("include_query_text", "query text capture")]
+    {
         if o.bool(key)? == Some(true) {
-            return Err(planned(&format!("config.{key}"), "user context capture"));
+            return Err(planned(&format!("config.{key}"), what));
         }
     }
 
@@ -416,7 +379,8 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
     // A table whose updates and deletes cannot be identified breaks the application's own UPDATEs
     // once it is in a publication that publishes them.
     let unidentified = shape.filter(|shape| {
-        let identified = !shape.primary_key.is_empty()
+        // REPLICA IDENTITY DEFAULT uses the primary key; NOTHING has no identity even with one.
+        let identified = (shape.replica_identity == b'd' && !shape.primary_key.is_empty())
             || shape.replica_identity == b'f'
             || (shape.replica_identity == b'i' && !shape.replica_identity_index.is_empty())
             || before_image;
@@ -425,9 +389,9 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
     if let Some(shape) = unidentified.filter(|_| !operations.insert_only()) {
         return Err(CdcError::new(
             ErrorKind::PrerequisiteState,
-            format!("table {} has no primary key, so its updates and deletes cannot be captured", shape.display_name),
+            format!("table {} has no replica identity, so its updates and deletes cannot be captured", shape.display_name),
         )
-        .detail("PostgreSQL refuses UPDATE and DELETE on a published table without a replica identity.")
+        .detail("PostgreSQL refuses UPDATE and DELETE on a published table without a replica identity (a primary key with REPLICA IDENTITY DEFAULT, an index, or FULL).")
         .hint(
             "Capture inserts only with \"operations\": [\"INSERT\"], or give the table an identity: \
              \"include_before_image\": true (REPLICA IDENTITY FULL), or ALTER TABLE ... REPLICA IDENTITY USING INDEX <unique index>.",
@@ -435,12 +399,7 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
     }
 
     if let Some(c) = o.object("compliance")? {
-        c.check_keys(&[
-            "redact_pii",
-            "pii_columns",
-            "redaction_method",
-            "audit_retention_days",
-        ])?;
+        c.check_keys(&["redact_pii", "pii_columns", "redaction_method", "audit_retention_days"])?;
         if c.bool("redact_pii")? == Some(true) {
             return Err(planned("config.compliance.redact_pii", "PII redaction"));
         }
@@ -449,20 +408,17 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         e.check_keys(&["enabled", "checkpoint_interval_ms"])?;
         e.int("checkpoint_interval_ms", 1, 3_600_000)?;
         if e.bool("enabled")? == Some(true) {
-            return Err(planned(
-                "config.exactly_once.enabled",
-                "exactly-once delivery",
-            ));
+            return Err(planned("config.exactly_once.enabled", "exactly-once delivery"));
         }
     }
     if let Some(s) = o.object("schema_evolution")? {
-        s.check_keys(&[
-            "enabled",
-            "compatibility_mode",
-            "schema_registry",
-            "auto_register",
-        ])?;
-        if s.bool("enabled")? != Some(false) {
+        s.check_keys(&["enabled", "compatibility_mode", "schema_registry", "auto_register"])?;
+        // Off when "enabled" is false, or when the object is empty.
+        let on = match s.bool("enabled")? {
+            Some(enabled) => enabled,
+            None => !s.map.is_empty(),
+        };
+        if on {
             return Err(planned("config.schema_evolution", "schema evolution"));
         }
     }
@@ -470,10 +426,7 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         None => {}
         Some(Value::Array(a)) if a.is_empty() => {}
         Some(Value::Array(_)) => {
-            return Err(planned(
-                "config.transformations",
-                "transformations (enrich, compute, mask)",
-            ))
+            return Err(planned("config.transformations", "transformations (enrich, compute, mask)"))
         }
         Some(v) => return Err(wrong_type("config.transformations", "an array", v)),
     }
@@ -490,9 +443,7 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
 }
 
 /// Sink types known to pg_cdc; only `kafka` is built so far.
-pub const SINK_TYPES: &[&str] = &[
-    "kafka", "kinesis", "eventhub", "pubsub", "pulsar", "webhook", "postgres", "table",
-];
+pub const SINK_TYPES: &[&str] = &["kafka", "kinesis", "eventhub", "pubsub", "pulsar", "webhook", "postgres", "table"];
 
 /// The event encoding of a sink.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -543,12 +494,51 @@ pub const KAFKA_KEYS: &[&str] = &[
 ];
 
 /// librdkafka settings pg_cdc sets itself; `properties` may not override them.
-const RESERVED_PROPERTIES: &[&str] = &[
-    "bootstrap.servers",
-    "acks",
-    "enable.idempotence",
-    "transactional.id",
-];
+const RESERVED_PROPERTIES: &[&str] = &["bootstrap.servers", "acks", "enable.idempotence", "transactional.id"];
+
+/// Whether `name` is a table name as SQL writes it: one to three dot-separated identifiers, each
+/// unquoted (a letter or `_`, then letters, digits, `_` or `$`) or double-quoted (`""` inside).
+pub fn is_qualified_name(name: &str) -> bool {
+    let mut parts = 0;
+    let mut chars = name.chars().peekable();
+    loop {
+        parts += 1;
+        match chars.next() {
+            Some('"') => {
+                let mut len = 0;
+                loop {
+                    match chars.next() {
+                        Some('"') if chars.peek() == Some(&'"') => {
+                            chars.next();
+                            len += 1;
+                        }
+                        Some('"') => break,
+                        Some(_) => len += 1,
+                        None => return false,
+                    }
+                }
+                if len == 0 {
+                    return false;
+                }
+            }
+            Some(c) if c.is_alphabetic() || c == '_' => {
+                while let Some(&c) = chars.peek() {
+                    if c.is_alphanumeric() || c == '_' || c == '$' {
+                        chars.next();
+                    } else {
+                        break;
+                    }
+                }
+            }
+            _ => return false,
+        }
+        match chars.next() {
+            None => return parts <= 3,
+            Some('.') => continue,
+            Some(_) => return false,
+        }
+    }
+}
 
 /// Validates a topic name or template: Kafka's legal characters plus `{database}`, `{schema}`, `{table}`.
 pub fn validate_topic_template(path: &str, topic: &str) -> CdcResult<()> {
@@ -556,9 +546,8 @@ pub fn validate_topic_template(path: &str, topic: &str) -> CdcResult<()> {
     let mut literal = String::new();
     while let Some(open) = rest.find('{') {
         literal.push_str(&rest[..open]);
-        let close = rest[open..]
-            .find('}')
-            .ok_or_else(|| invalid(format!("{path}: unclosed '{{' in topic template")))?;
+        let close =
+            rest[open..].find('}').ok_or_else(|| invalid(format!("{path}: unclosed '{{' in topic template")))?;
         let name = &rest[open + 1..open + close];
         if !["database", "schema", "table"].contains(&name) {
             return Err(invalid(format!("{path}: unknown placeholder {{{name}}}"))
@@ -567,19 +556,15 @@ pub fn validate_topic_template(path: &str, topic: &str) -> CdcResult<()> {
         rest = &rest[open + close + 1..];
     }
     literal.push_str(rest);
-    if let Some(bad) = literal
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        return Err(invalid(format!(
-            "{path}: character {bad:?} is not allowed in a Kafka topic name"
-        ))
-        .hint("Kafka topic names use letters, digits, '.', '_' and '-' only."));
+    if let Some(bad) = literal.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(invalid(format!("{path}: character {bad:?} is not allowed in a Kafka topic name"))
+            .hint("Kafka topic names use letters, digits, '.', '_' and '-' only."));
+    }
+    if topic == "." || topic == ".." {
+        return Err(invalid(format!("{path}: Kafka does not allow the topic names \".\" and \"..\"")));
     }
     if topic.len() > 249 {
-        return Err(invalid(format!(
-            "{path}: a Kafka topic name has at most 249 characters"
-        )));
+        return Err(invalid(format!("{path}: a Kafka topic name has at most 249 characters")));
     }
     Ok(())
 }
@@ -587,15 +572,7 @@ pub fn validate_topic_template(path: &str, topic: &str) -> CdcResult<()> {
 /// Expands a topic template for one table; characters Kafka does not allow become '_'.
 pub fn expand_topic(template: &str, database: &str, schema: &str, table: &str) -> String {
     let clean = |s: &str| -> String {
-        s.chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect()
+        s.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect()
     };
     template
         .replace("{database}", &clean(database))
@@ -607,18 +584,14 @@ pub fn expand_topic(template: &str, database: &str, schema: &str, table: &str) -
 pub fn parse_sink_config(sink_type: &str, config: &Value) -> CdcResult<KafkaSinkConfig> {
     match sink_type {
         "kafka" => parse_kafka_config(config),
-        t if SINK_TYPES.contains(&t) => Err(CdcError::new(
-            ErrorKind::FeatureNotSupported,
-            format!("sink type \"{t}\" is not supported yet"),
-        )
-        .hint("Sink types available in this version: kafka.")),
+        t if SINK_TYPES.contains(&t) => {
+            Err(CdcError::new(ErrorKind::FeatureNotSupported, format!("sink type \"{t}\" is not supported yet"))
+                .hint("Sink types available in this version: kafka."))
+        }
         t => {
             let e = invalid(format!("unknown sink type \"{t}\""));
             Err(match did_you_mean(t, SINK_TYPES.iter().copied()) {
-                Some(s) => e.hint(format!(
-                    "Did you mean \"{s}\"? Valid sink types: {}.",
-                    SINK_TYPES.join(", ")
-                )),
+                Some(s) => e.hint(format!("Did you mean \"{s}\"? Valid sink types: {}.", SINK_TYPES.join(", "))),
                 None => e.hint(format!("Valid sink types: {}.", SINK_TYPES.join(", "))),
             })
         }
@@ -630,31 +603,21 @@ fn parse_kafka_config(config: &Value) -> CdcResult<KafkaSinkConfig> {
     o.check_keys(KAFKA_KEYS)?;
     let topic = o
         .string("topic")?
-        .ok_or_else(|| {
-            invalid("config.topic is required for a kafka sink")
-                .hint("Add \"topic\": \"orders-cdc\".")
-        })?
+        .ok_or_else(|| invalid("config.topic is required for a kafka sink").hint("Add \"topic\": \"orders-cdc\"."))?
         .to_string();
     validate_topic_template("config.topic", &topic)?;
     let bootstrap_servers = o.string("bootstrap_servers")?.map(str::to_string);
     let format = match o.string("format")?.unwrap_or("json") {
         "json" => Format::Json,
-        f @ ("debezium" | "avro" | "protobuf") => {
-            return Err(planned("config.format", &format!("format \"{f}\"")))
-        }
+        f @ ("debezium" | "avro" | "protobuf") => return Err(planned("config.format", &format!("format \"{f}\""))),
         other => {
-            return Err(
-                invalid(format!("config.format: unknown format \"{other}\""))
-                    .hint("Valid formats: json, debezium, avro, protobuf."),
-            )
+            return Err(invalid(format!("config.format: unknown format \"{other}\""))
+                .hint("Valid formats: json, debezium, avro, protobuf."))
         }
     };
     if o.get("schema_registry").is_some() {
         o.string("schema_registry")?;
-        return Err(planned(
-            "config.schema_registry",
-            "schema registry support (with format avro)",
-        ));
+        return Err(planned("config.schema_registry", "schema registry support (with format avro)"));
     }
     let acks = match o.get("acks") {
         None => "all".to_string(),
@@ -664,36 +627,24 @@ fn parse_kafka_config(config: &Value) -> CdcResult<KafkaSinkConfig> {
         Some(Value::Number(n)) if n.as_i64() == Some(1) => "1".to_string(),
         Some(Value::String(s)) if s == "0" => return Err(acks_zero()),
         Some(Value::Number(n)) if n.as_i64() == Some(0) => return Err(acks_zero()),
-        Some(v) => {
-            return Err(invalid(format!(
-                "config.acks must be \"all\" or \"1\", not {v}"
-            )))
-        }
+        Some(v) => return Err(invalid(format!("config.acks must be \"all\" or \"1\", not {v}"))),
     };
     let compression = match o.string("compression")? {
         None => None,
         Some(c @ ("none" | "gzip" | "snappy" | "lz4" | "zstd")) => Some(c.to_string()),
         Some(other) => {
-            return Err(
-                invalid(format!("config.compression: unknown codec \"{other}\""))
-                    .hint("Valid codecs: none, gzip, snappy, lz4, zstd."),
-            )
+            return Err(invalid(format!("config.compression: unknown codec \"{other}\""))
+                .hint("Valid codecs: none, gzip, snappy, lz4, zstd."))
         }
     };
     let batch_size = o.int("batch_size", 1, 2_147_483_647)?;
     let linger_ms = o.int("linger_ms", 0, 900_000)?;
     if o.bool("exactly_once")? == Some(true) {
-        return Err(planned(
-            "config.exactly_once",
-            "exactly-once (transactional) delivery",
-        ));
+        return Err(planned("config.exactly_once", "exactly-once (transactional) delivery"));
     }
     if o.get("transactional_id").is_some() {
         o.string("transactional_id")?;
-        return Err(planned(
-            "config.transactional_id",
-            "exactly-once (transactional) delivery",
-        ));
+        return Err(planned("config.transactional_id", "exactly-once (transactional) delivery"));
     }
     if o.get("partition_key").is_some() {
         o.string("partition_key")?;
@@ -717,10 +668,8 @@ fn parse_kafka_config(config: &Value) -> CdcResult<KafkaSinkConfig> {
                 other => return Err(wrong_type(&path, "a string, number or boolean", other)),
             };
             if RESERVED_PROPERTIES.contains(&k.as_str()) {
-                return Err(
-                    invalid(format!("{path} is set by pg_cdc and cannot be overridden"))
-                        .hint("Use the sink's own keys (bootstrap_servers, acks) instead."),
-                );
+                return Err(invalid(format!("{path} is set by pg_cdc and cannot be overridden"))
+                    .hint("Use the sink's own keys (bootstrap_servers, acks) instead."));
             }
             properties.insert(k.clone(), value);
         }

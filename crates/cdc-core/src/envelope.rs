@@ -64,18 +64,10 @@ impl RelationPlan {
     /// version (dropped since `cdc_enable`) are skipped.
     pub fn new(relation: Relation, config: Arc<CaptureConfig>) -> Self {
         let index = |name: &str| relation.columns.iter().position(|c| c.name == name);
-        let included = (0..relation.columns.len())
-            .filter(|&i| config.includes(&relation.columns[i].name))
-            .collect();
+        let included = (0..relation.columns.len()).filter(|&i| config.includes(&relation.columns[i].name)).collect();
         let key = config.key_columns.iter().filter_map(|k| index(k)).collect();
         let partition = config.partition_key.as_deref().and_then(index);
-        RelationPlan {
-            relation,
-            config,
-            included,
-            key,
-            partition,
-        }
+        RelationPlan { relation, config, included, key, partition }
     }
 }
 
@@ -137,21 +129,10 @@ pub struct Encoder {
 impl Encoder {
     /// An encoder for events from `database`.
     pub fn new(database: &str) -> Self {
-        Encoder {
-            source: "pg_cdc".to_string(),
-            database: database.to_string(),
-        }
+        Encoder { source: "pg_cdc".to_string(), database: database.to_string() }
     }
 
-    fn write_metadata(
-        &self,
-        out: &mut Vec<u8>,
-        plan: &RelationPlan,
-        op: Op,
-        lsn: Lsn,
-        txn: &TxnInfo,
-        index: usize,
-    ) {
+    fn write_metadata(&self, out: &mut Vec<u8>, plan: &RelationPlan, op: Op, lsn: Lsn, txn: &TxnInfo, index: usize) {
         let (rel, cfg) = (&plan.relation, &plan.config);
         out.extend_from_slice(b"{\"metadata\":{");
         write_key(out, "source");
@@ -198,13 +179,7 @@ impl Encoder {
     }
 
     /// Encodes one row change. `index` is the event's 1-based position in its transaction.
-    pub fn encode_row(
-        &self,
-        types: &TypeRegistry,
-        ch: &RowChange<'_, '_>,
-        txn: &TxnInfo,
-        index: usize,
-    ) -> Event {
+    pub fn encode_row(&self, types: &TypeRegistry, ch: &RowChange<'_, '_>, txn: &TxnInfo, index: usize) -> Event {
         let plan = ch.plan;
         let rel = &plan.relation;
         let cols = &rel.columns;
@@ -214,22 +189,14 @@ impl Encoder {
         };
         // The value of column i in the new image, with unchanged TOAST filled from a full old image.
         let new_value = |i: usize| -> TupleValue<'_> {
-            let v = ch
-                .new
-                .and_then(|t| t.get(i).copied())
-                .unwrap_or(TupleValue::Null);
+            let v = ch.new.and_then(|t| t.get(i).copied()).unwrap_or(TupleValue::Null);
             match (v, full_old) {
-                (TupleValue::UnchangedToast, Some(old)) => {
-                    old.get(i).copied().unwrap_or(TupleValue::Null)
-                }
+                (TupleValue::UnchangedToast, Some(old)) => old.get(i).copied().unwrap_or(TupleValue::Null),
                 _ => v,
             }
         };
-        let old_value = |i: usize| -> TupleValue<'_> {
-            ch.old
-                .and_then(|(_, t)| t.get(i).copied())
-                .unwrap_or(TupleValue::Null)
-        };
+        let old_value =
+            |i: usize| -> TupleValue<'_> { ch.old.and_then(|(_, t)| t.get(i).copied()).unwrap_or(TupleValue::Null) };
 
         let mut out = Vec::with_capacity(256 + 32 * plan.included.len());
         self.write_metadata(&mut out, plan, ch.op, ch.lsn, txn, index);
@@ -254,9 +221,7 @@ impl Encoder {
         out.extend_from_slice(b"},\"before\":");
         match ch.old {
             None => out.extend_from_slice(b"null"),
-            Some((OldKind::Full, _)) => {
-                self.write_image(&mut out, types, plan, &plan.included, old_value)
-            }
+            Some((OldKind::Full, _)) => self.write_image(&mut out, types, plan, &plan.included, old_value),
             // Key-only old image: the key columns are the only ones it holds.
             Some((OldKind::Key, _)) => {
                 let key_cols: Vec<usize> = (0..cols.len()).filter(|&i| cols[i].is_key).collect();
@@ -265,12 +230,7 @@ impl Encoder {
         }
         out.extend_from_slice(b",\"after\":");
         if ch.new.is_some() {
-            let present: Vec<usize> = plan
-                .included
-                .iter()
-                .copied()
-                .filter(|i| !unchanged.contains(i))
-                .collect();
+            let present: Vec<usize> = plan.included.iter().copied().filter(|i| !unchanged.contains(i)).collect();
             self.write_image(&mut out, types, plan, &present, new_value);
         } else {
             out.extend_from_slice(b"null");
@@ -349,14 +309,7 @@ impl Encoder {
     }
 
     /// Encodes a TRUNCATE of one table: no key, no images, the options in `metadata.truncate`.
-    pub fn encode_truncate(
-        &self,
-        plan: &RelationPlan,
-        options: u8,
-        lsn: Lsn,
-        txn: &TxnInfo,
-        index: usize,
-    ) -> Event {
+    pub fn encode_truncate(&self, plan: &RelationPlan, options: u8, lsn: Lsn, txn: &TxnInfo, index: usize) -> Event {
         let rel = &plan.relation;
         let mut out = Vec::with_capacity(320);
         self.write_metadata(&mut out, plan, Op::Truncate, lsn, txn, index);

@@ -27,6 +27,10 @@ pub enum ErrorKind {
     WrongObjectType,
     /// 42601 syntax_error.
     SyntaxError,
+    /// 42602 invalid_name.
+    InvalidName,
+    /// 22004 null_value_not_allowed.
+    NullValue,
     /// XX000 internal_error.
     Internal,
 }
@@ -44,6 +48,8 @@ impl ErrorKind {
             ErrorKind::PrerequisiteState => "55000",
             ErrorKind::WrongObjectType => "42809",
             ErrorKind::SyntaxError => "42601",
+            ErrorKind::NullValue => "22004",
+            ErrorKind::InvalidName => "42602",
             ErrorKind::Internal => "XX000",
         }
     }
@@ -65,12 +71,7 @@ pub struct CdcError {
 impl CdcError {
     /// A new error without detail or hint.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        CdcError {
-            kind,
-            message: message.into(),
-            detail: None,
-            hint: None,
-        }
+        CdcError { kind, message: message.into(), detail: None, hint: None }
     }
 
     /// Adds a HINT.
@@ -102,10 +103,7 @@ impl std::error::Error for CdcError {}
 pub type CdcResult<T> = Result<T, CdcError>;
 
 /// The candidate closest to `word` by edit distance, if it is close enough to be a likely typo.
-pub fn did_you_mean<'a>(
-    word: &str,
-    candidates: impl IntoIterator<Item = &'a str>,
-) -> Option<&'a str> {
+pub fn did_you_mean<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     let w = word.to_ascii_lowercase();
     candidates
         .into_iter()
@@ -122,9 +120,7 @@ fn levenshtein(a: &str, b: &str) -> usize {
     for (i, ca) in a.iter().enumerate() {
         let mut cur = vec![i + 1; b.len() + 1];
         for (j, cb) in b.iter().enumerate() {
-            cur[j + 1] = (prev[j] + usize::from(ca != cb))
-                .min(prev[j + 1] + 1)
-                .min(cur[j] + 1);
+            cur[j + 1] = (prev[j] + usize::from(ca != cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
         }
         prev = cur;
     }
@@ -138,10 +134,7 @@ mod tests {
     #[test]
     fn suggests_close_words_only() {
         let keys = ["include_columns", "exclude_columns", "key_columns"];
-        assert_eq!(
-            did_you_mean("include_colums", keys),
-            Some("include_columns")
-        );
+        assert_eq!(did_you_mean("include_colums", keys), Some("include_columns"));
         assert_eq!(did_you_mean("KEY_COLUMNS", keys), Some("key_columns"));
         assert_eq!(did_you_mean("banana", keys), None);
     }

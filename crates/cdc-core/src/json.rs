@@ -59,15 +59,7 @@ mod tests {
 
     #[test]
     fn escapes_like_serde() {
-        for s in [
-            "plain",
-            "q\"uote",
-            "back\\slash",
-            "nl\n\r\t",
-            "\u{1}\u{1f}",
-            "é漢🙂",
-            "",
-        ] {
+        for s in ["plain", "q\"uote", "back\\slash", "nl\n\r\t", "\u{1}\u{1f}", "é漢🙂", ""] {
             let mut out = Vec::new();
             write_str(&mut out, s.as_bytes());
             let back: String = serde_json::from_slice(&out).unwrap();

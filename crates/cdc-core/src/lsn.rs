@@ -17,9 +17,7 @@ impl FromStr for Lsn {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (hi, lo) = s
-            .split_once('/')
-            .ok_or_else(|| format!("invalid LSN {s:?}"))?;
+        let (hi, lo) = s.split_once('/').ok_or_else(|| format!("invalid LSN {s:?}"))?;
         let hi = u32::from_str_radix(hi, 16).map_err(|_| format!("invalid LSN {s:?}"))?;
         let lo = u32::from_str_radix(lo, 16).map_err(|_| format!("invalid LSN {s:?}"))?;
         Ok(Lsn((u64::from(hi) << 32) | u64::from(lo)))

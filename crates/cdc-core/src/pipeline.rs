@@ -96,31 +96,17 @@ pub type SinkTables = HashMap<u32, Arc<CaptureConfig>>;
 
 /// A change waiting for its transaction's commit.
 enum Pending<'a> {
-    Row {
-        plan: Arc<RelationPlan>,
-        op: Op,
-        lsn: Lsn,
-        old: Option<(OldKind, Tuple<'a>)>,
-        new: Option<Tuple<'a>>,
-    },
-    Truncate {
-        plans: Vec<Arc<RelationPlan>>,
-        options: u8,
-        lsn: Lsn,
-    },
+    Row { plan: Arc<RelationPlan>, op: Op, lsn: Lsn, old: Option<(OldKind, Tuple<'a>)>, new: Option<Tuple<'a>> },
+    Truncate { plans: Vec<Arc<RelationPlan>>, options: u8, lsn: Lsn },
 }
 
 impl Pending<'_> {
     /// Events this change produces: an UPDATE that changes the key also retracts the old key.
     fn event_count(&self) -> usize {
         match self {
-            Pending::Row {
-                plan,
-                op: Op::Update,
-                old: Some((_, old)),
-                new: Some(new),
-                ..
-            } => 1 + usize::from(key_changed(plan, old, new)),
+            Pending::Row { plan, op: Op::Update, old: Some((_, old)), new: Some(new), .. } => {
+                1 + usize::from(key_changed(plan, old, new))
+            }
             Pending::Row { .. } => 1,
             Pending::Truncate { plans, .. } => plans.len(),
         }
@@ -144,10 +130,7 @@ pub struct Assembler {
 impl Assembler {
     /// A new assembler for events of `database`.
     pub fn new(database: &str) -> Self {
-        Assembler {
-            encoder: Encoder::new(database),
-            relations: HashMap::new(),
-        }
+        Assembler { encoder: Encoder::new(database), relations: HashMap::new() }
     }
 
     /// Forgets relation descriptions (after the capture config changed, they are re-planned when
@@ -168,14 +151,8 @@ impl Assembler {
         let mut open: Option<(u32, usize)> = None; // (xid, index of its Begin frame)
         let mut pending: Vec<Pending<'_>> = Vec::new();
         for (idx, frame) in frames.iter().enumerate() {
-            let msg = decode(&frame.data).map_err(|error| PipelineError::Decode {
-                lsn: frame.lsn,
-                error,
-            })?;
-            let proto = |reason: String| PipelineError::Protocol {
-                lsn: frame.lsn,
-                reason,
-            };
+            let msg = decode(&frame.data).map_err(|error| PipelineError::Decode { lsn: frame.lsn, error })?;
+            let proto = |reason: String| PipelineError::Protocol { lsn: frame.lsn, reason };
             match msg {
                 Message::Begin { xid, .. } => {
                     if open.is_some() {
@@ -184,38 +161,21 @@ impl Assembler {
                     open = Some((xid, idx));
                     pending.clear();
                 }
-                Message::Commit {
-                    commit_lsn,
-                    end_lsn,
-                    commit_time,
-                    ..
-                } => {
+                Message::Commit { commit_lsn, end_lsn, commit_time, .. } => {
                     let Some((xid, _)) = open.take() else {
                         return Err(proto("Commit without Begin".into()));
                     };
                     let count: usize = pending.iter().map(Pending::event_count).sum();
-                    let txn = TxnInfo {
-                        xid,
-                        commit_lsn,
-                        commit_time,
-                        event_count: count,
-                    };
+                    let txn = TxnInfo { xid, commit_lsn, commit_time, event_count: count };
                     let events = self.encode_transaction(&pending, &txn, types);
                     debug_assert_eq!(events.len(), count);
                     pending.clear();
-                    out.transactions.push(Transaction {
-                        xid,
-                        commit_lsn,
-                        end_lsn,
-                        commit_time,
-                        events,
-                    });
+                    out.transactions.push(Transaction { xid, commit_lsn, end_lsn, commit_time, events });
                     out.confirm_lsn = Some(end_lsn);
                 }
                 Message::Relation(rel) => {
                     if let Some(cfg) = tables.get(&rel.oid) {
-                        self.relations
-                            .insert(rel.oid, Arc::new(RelationPlan::new(rel, cfg.clone())));
+                        self.relations.insert(rel.oid, Arc::new(RelationPlan::new(rel, cfg.clone())));
                     } else {
                         self.relations.remove(&rel.oid);
                     }
@@ -226,13 +186,7 @@ impl Assembler {
                         return Err(proto("Insert outside a transaction".into()));
                     }
                     if let Some(plan) = self.plan_for(relation, tables, |c| c.operations.insert) {
-                        pending.push(Pending::Row {
-                            plan,
-                            op: Op::Insert,
-                            lsn: frame.lsn,
-                            old: None,
-                            new: Some(new),
-                        });
+                        pending.push(Pending::Row { plan, op: Op::Insert, lsn: frame.lsn, old: None, new: Some(new) });
                     }
                 }
                 Message::Update { relation, old, new } => {
@@ -240,20 +194,10 @@ impl Assembler {
                         return Err(proto("Update outside a transaction".into()));
                     }
                     if let Some(plan) = self.plan_for(relation, tables, |c| c.operations.update) {
-                        pending.push(Pending::Row {
-                            plan,
-                            op: Op::Update,
-                            lsn: frame.lsn,
-                            old,
-                            new: Some(new),
-                        });
+                        pending.push(Pending::Row { plan, op: Op::Update, lsn: frame.lsn, old, new: Some(new) });
                     }
                 }
-                Message::Delete {
-                    relation,
-                    kind,
-                    old,
-                } => {
+                Message::Delete { relation, kind, old } => {
                     if open.is_none() {
                         return Err(proto("Delete outside a transaction".into()));
                     }
@@ -271,24 +215,13 @@ impl Assembler {
                     if open.is_none() {
                         return Err(proto("Truncate outside a transaction".into()));
                     }
-                    let plans: Vec<_> = relations
-                        .iter()
-                        .filter_map(|&r| self.plan_for(r, tables, |c| c.operations.truncate))
-                        .collect();
+                    let plans: Vec<_> =
+                        relations.iter().filter_map(|&r| self.plan_for(r, tables, |c| c.operations.truncate)).collect();
                     if !plans.is_empty() {
-                        pending.push(Pending::Truncate {
-                            plans,
-                            options,
-                            lsn: frame.lsn,
-                        });
+                        pending.push(Pending::Truncate { plans, options, lsn: frame.lsn });
                     }
                 }
-                Message::LogicalMessage {
-                    transactional,
-                    prefix,
-                    lsn,
-                    ..
-                } => {
+                Message::LogicalMessage { transactional, prefix, lsn, .. } => {
                     // A non-transactional heartbeat outside any transaction marks a point the slot may
                     // be confirmed to once everything before it is delivered.
                     if !transactional && open.is_none() && prefix == HEARTBEAT_PREFIX {
@@ -319,64 +252,26 @@ impl Assembler {
         self.relations.get(&oid).cloned()
     }
 
-    fn encode_transaction(
-        &self,
-        pending: &[Pending<'_>],
-        txn: &TxnInfo,
-        types: &TypeRegistry,
-    ) -> Vec<Event> {
+    fn encode_transaction(&self, pending: &[Pending<'_>], txn: &TxnInfo, types: &TypeRegistry) -> Vec<Event> {
         let mut events = Vec::with_capacity(txn.event_count);
         for p in pending {
             match p {
-                Pending::Row {
-                    plan,
-                    op,
-                    lsn,
-                    old,
-                    new,
-                } => {
+                Pending::Row { plan, op, lsn, old, new } => {
                     let old_ref = old.as_ref().map(|(k, t)| (*k, t));
                     if let (Op::Update, Some((_, o)), Some(n)) = (op, old, new) {
                         if key_changed(plan, o, n) {
                             // The row left its old key: retract it first, so compacted topics and
                             // upserting consumers drop the old key.
-                            let del = RowChange {
-                                plan,
-                                op: Op::Delete,
-                                lsn: *lsn,
-                                old: old_ref,
-                                new: None,
-                            };
-                            events.push(self.encoder.encode_row(
-                                types,
-                                &del,
-                                txn,
-                                events.len() + 1,
-                            ));
+                            let del = RowChange { plan, op: Op::Delete, lsn: *lsn, old: old_ref, new: None };
+                            events.push(self.encoder.encode_row(types, &del, txn, events.len() + 1));
                         }
                     }
-                    let ch = RowChange {
-                        plan,
-                        op: *op,
-                        lsn: *lsn,
-                        old: old_ref,
-                        new: new.as_ref(),
-                    };
+                    let ch = RowChange { plan, op: *op, lsn: *lsn, old: old_ref, new: new.as_ref() };
                     events.push(self.encoder.encode_row(types, &ch, txn, events.len() + 1));
                 }
-                Pending::Truncate {
-                    plans,
-                    options,
-                    lsn,
-                } => {
+                Pending::Truncate { plans, options, lsn } => {
                     for plan in plans {
-                        events.push(self.encoder.encode_truncate(
-                            plan,
-                            *options,
-                            *lsn,
-                            txn,
-                            events.len() + 1,
-                        ));
+                        events.push(self.encoder.encode_truncate(plan, *options, *lsn, txn, events.len() + 1));
                     }
                 }
             }

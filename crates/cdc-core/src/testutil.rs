@@ -15,28 +15,21 @@ fn golden_path(file: &str) -> String {
 
 /// The frames of a capture.
 pub fn frames(name: &str) -> Vec<RawFrame> {
-    let text =
-        std::fs::read_to_string(golden_path(&format!("{name}.frames"))).expect("golden frames");
+    let text = std::fs::read_to_string(golden_path(&format!("{name}.frames"))).expect("golden frames");
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
             let (lsn, hex) = l.split_once('\t').expect("lsn<TAB>hex");
-            let data = (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-                .collect();
-            RawFrame {
-                lsn: Lsn(lsn.parse().expect("lsn")),
-                data,
-            }
+            let data =
+                (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex")).collect();
+            RawFrame { lsn: Lsn(lsn.parse().expect("lsn")), data }
         })
         .collect()
 }
 
 /// The type registry as the worker would build it for a capture.
 pub fn types(name: &str) -> TypeRegistry {
-    let text =
-        std::fs::read_to_string(golden_path(&format!("{name}.types.json"))).expect("golden types");
+    let text = std::fs::read_to_string(golden_path(&format!("{name}.types.json"))).expect("golden types");
     let rows: Vec<serde_json::Value> = serde_json::from_str(&text).expect("types json");
     let mut reg = TypeRegistry::new();
     let mut rows: Vec<PgTypeRow> = rows
@@ -85,10 +78,7 @@ pub fn config(key: &[&str]) -> CaptureConfig {
 pub fn run(name: &str, tables: Vec<(&str, CaptureConfig)>) -> Vec<Transaction> {
     let frames = frames(name);
     let oids = relation_oids(&frames);
-    let sink: SinkTables = tables
-        .into_iter()
-        .map(|(t, c)| (oids[t], Arc::new(c)))
-        .collect();
+    let sink: SinkTables = tables.into_iter().map(|(t, c)| (oids[t], Arc::new(c))).collect();
     let mut a = Assembler::new("golden");
     let out = a.process(&frames, &sink, &types(name)).expect("pipeline");
     assert_eq!(out.held_back_frames, 0);
@@ -100,16 +90,9 @@ pub fn events(txns: &[Transaction]) -> Vec<(Option<serde_json::Value>, serde_jso
     txns.iter()
         .flat_map(|t| t.events.iter())
         .map(|e| {
-            let key = e
-                .key
-                .as_ref()
-                .map(|k| serde_json::from_slice(k).expect("key is JSON"));
-            let payload = serde_json::from_slice(&e.payload).unwrap_or_else(|err| {
-                panic!(
-                    "payload is not JSON ({err}): {}",
-                    String::from_utf8_lossy(&e.payload)
-                )
-            });
+            let key = e.key.as_ref().map(|k| serde_json::from_slice(k).expect("key is JSON"));
+            let payload = serde_json::from_slice(&e.payload)
+                .unwrap_or_else(|err| panic!("payload is not JSON ({err}): {}", String::from_utf8_lossy(&e.payload)));
             (key, payload)
         })
         .collect()

@@ -33,12 +33,7 @@ pub fn format_pg_timestamp_ms(pg_micros: i64) -> String {
     let days = secs.div_euclid(86_400);
     let sod = secs.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z", sod / 3600, sod % 3600 / 60, sod % 60)
 }
 
 #[cfg(test)]
@@ -50,14 +45,8 @@ mod tests {
         assert_eq!(format_pg_timestamp_ms(0), "2000-01-01T00:00:00.000Z");
         // 2024-03-15T14:23:45.123456Z
         let unix_micros: i64 = 1_710_512_625_123_456;
-        assert_eq!(
-            format_pg_timestamp_ms(unix_micros - PG_EPOCH_OFFSET_MICROS),
-            "2024-03-15T14:23:45.123Z"
-        );
+        assert_eq!(format_pg_timestamp_ms(unix_micros - PG_EPOCH_OFFSET_MICROS), "2024-03-15T14:23:45.123Z");
         assert_eq!(format_pg_timestamp_ms(-1), "1999-12-31T23:59:59.999Z");
-        assert_eq!(
-            format_pg_timestamp_ms(-PG_EPOCH_OFFSET_MICROS),
-            "1970-01-01T00:00:00.000Z"
-        );
+        assert_eq!(format_pg_timestamp_ms(-PG_EPOCH_OFFSET_MICROS), "1970-01-01T00:00:00.000Z");
     }
 }

@@ -99,9 +99,7 @@ impl Default for TypeRegistry {
 impl TypeRegistry {
     /// A registry that knows the built-in scalar types.
     pub fn new() -> Self {
-        TypeRegistry {
-            kinds: BUILTIN_SCALARS.iter().copied().collect(),
-        }
+        TypeRegistry { kinds: BUILTIN_SCALARS.iter().copied().collect() }
     }
 
     /// Whether the type needs its `pg_type` row before values of it can be converted.
@@ -119,10 +117,7 @@ impl TypeRegistry {
         } else if row.typtype == b'd' {
             self.kind(row.typbasetype)
         } else if row.typcategory == b'A' && row.typelem != 0 {
-            TypeKind::Array {
-                element: row.typelem,
-                delimiter: row.typdelim,
-            }
+            TypeKind::Array { element: row.typelem, delimiter: row.typdelim }
         } else {
             TypeKind::Text
         };
@@ -140,14 +135,7 @@ mod tests {
     use super::*;
 
     fn row(oid: u32, typtype: u8, cat: u8, elem: u32, base: u32) -> PgTypeRow {
-        PgTypeRow {
-            oid,
-            typtype,
-            typcategory: cat,
-            typelem: elem,
-            typbasetype: base,
-            typdelim: b',',
-        }
+        PgTypeRow { oid, typtype, typcategory: cat, typelem: elem, typbasetype: base, typdelim: b',' }
     }
 
     #[test]
@@ -156,13 +144,7 @@ mod tests {
         assert_eq!(r.kind(1700), TypeKind::Numeric);
         assert_eq!(r.kind(25), TypeKind::Text);
         r.add(&row(1007, b'b', b'A', 23, 0));
-        assert_eq!(
-            r.kind(1007),
-            TypeKind::Array {
-                element: 23,
-                delimiter: b','
-            }
-        );
+        assert_eq!(r.kind(1007), TypeKind::Array { element: 23, delimiter: b',' });
         r.add(&row(70000, b'd', b'N', 0, 1700));
         assert_eq!(r.kind(70000), TypeKind::Numeric);
         r.add(&row(70001, b'e', b'E', 0, 0));

@@ -47,13 +47,7 @@ fn write_kind(out: &mut Vec<u8>, types: &TypeRegistry, kind: TypeKind, text: &[u
         TypeKind::Date => write_date(out, text),
         TypeKind::Text => write_str(out, text),
         TypeKind::Array { element, delimiter } => {
-            let mut p = ArrayParser {
-                s: text,
-                pos: 0,
-                types,
-                element: types.kind(element),
-                delimiter,
-            };
+            let mut p = ArrayParser { s: text, pos: 0, types, element: types.kind(element), delimiter };
             let start = out.len();
             if p.write(out).is_err() {
                 out.truncate(start);
@@ -119,11 +113,7 @@ fn write_bytea(out: &mut Vec<u8>, text: &[u8]) {
     if let Some(hex) = text.strip_prefix(b"\\x") {
         if let Some(bytes) = decode_hex(hex) {
             out.push(b'"');
-            out.extend_from_slice(
-                base64::engine::general_purpose::STANDARD
-                    .encode(bytes)
-                    .as_bytes(),
-            );
+            out.extend_from_slice(base64::engine::general_purpose::STANDARD.encode(bytes).as_bytes());
             out.push(b'"');
             return;
         }
@@ -143,9 +133,7 @@ fn decode_hex(hex: &[u8]) -> Option<Vec<u8>> {
             _ => None,
         }
     }
-    hex.chunks_exact(2)
-        .map(|p| Some(nib(p[0])? << 4 | nib(p[1])?))
-        .collect()
+    hex.chunks_exact(2).map(|p| Some(nib(p[0])? << 4 | nib(p[1])?)).collect()
 }
 
 /// Splits a trailing " BC" off and returns the ISO year text for the year digits at the start of `s`.
@@ -206,10 +194,7 @@ fn write_timestamp(out: &mut Vec<u8>, text: &[u8], with_zone: bool) {
     s.push(b'T');
     if with_zone {
         // The zone starts at the first '+' or '-' in the time part.
-        let zpos = time
-            .iter()
-            .position(|&c| c == b'+' || c == b'-')
-            .unwrap_or(time.len());
+        let zpos = time.iter().position(|&c| c == b'+' || c == b'-').unwrap_or(time.len());
         s.extend_from_slice(&time[..zpos]);
         let zone = &time[zpos..];
         match zone {
@@ -361,10 +346,7 @@ mod tests {
     #[test]
     fn numbers_keep_their_text() {
         assert_eq!(conv(1700, "150.00"), "150.00");
-        assert_eq!(
-            conv(1700, "-0.000000000000000000000000000001"),
-            "-0.000000000000000000000000000001"
-        );
+        assert_eq!(conv(1700, "-0.000000000000000000000000000001"), "-0.000000000000000000000000000001");
         assert_eq!(conv(1700, "NaN"), "\"NaN\"");
         assert_eq!(conv(1700, "Infinity"), "\"Infinity\"");
         assert_eq!(conv(701, "-Infinity"), "\"-Infinity\"");
@@ -376,27 +358,12 @@ mod tests {
 
     #[test]
     fn times_are_iso8601() {
-        assert_eq!(
-            conv(1184, "2024-03-15 14:23:45.123+00"),
-            "\"2024-03-15T14:23:45.123Z\""
-        );
-        assert_eq!(
-            conv(1184, "2024-03-15 14:23:45+05:30"),
-            "\"2024-03-15T14:23:45+05:30\""
-        );
-        assert_eq!(
-            conv(1184, "0044-03-15 12:00:00+00 BC"),
-            "\"-0043-03-15T12:00:00Z\""
-        );
-        assert_eq!(
-            conv(1184, "0001-01-01 00:00:00+00 BC"),
-            "\"0000-01-01T00:00:00Z\""
-        );
+        assert_eq!(conv(1184, "2024-03-15 14:23:45.123+00"), "\"2024-03-15T14:23:45.123Z\"");
+        assert_eq!(conv(1184, "2024-03-15 14:23:45+05:30"), "\"2024-03-15T14:23:45+05:30\"");
+        assert_eq!(conv(1184, "0044-03-15 12:00:00+00 BC"), "\"-0043-03-15T12:00:00Z\"");
+        assert_eq!(conv(1184, "0001-01-01 00:00:00+00 BC"), "\"0000-01-01T00:00:00Z\"");
         assert_eq!(conv(1184, "infinity"), "\"infinity\"");
-        assert_eq!(
-            conv(1114, "2024-03-15 14:23:45.5"),
-            "\"2024-03-15T14:23:45.5\""
-        );
+        assert_eq!(conv(1114, "2024-03-15 14:23:45.5"), "\"2024-03-15T14:23:45.5\"");
         assert_eq!(conv(1114, "-infinity"), "\"-infinity\"");
         assert_eq!(conv(1082, "2024-02-29"), "\"2024-02-29\"");
         assert_eq!(conv(1082, "4713-01-01 BC"), "\"-4712-01-01\"");
@@ -425,14 +392,8 @@ mod tests {
             "[\"a b\",\"NULL\",null,\"q\\\"x\",\"\\\\\"]"
         );
         assert_eq!(conv(1231, "{1.10,NaN}"), "[1.10,\"NaN\"]");
-        assert_eq!(
-            conv(1020, "{(1,1),(0,0);(2,2),(1,1)}"),
-            "[\"(1,1),(0,0)\",\"(2,2),(1,1)\"]"
-        );
-        assert_eq!(
-            conv(1185, "{\"2024-01-01 00:00:00+00\"}"),
-            "[\"2024-01-01T00:00:00Z\"]"
-        );
+        assert_eq!(conv(1020, "{(1,1),(0,0);(2,2),(1,1)}"), "[\"(1,1),(0,0)\",\"(2,2),(1,1)\"]");
+        assert_eq!(conv(1185, "{\"2024-01-01 00:00:00+00\"}"), "[\"2024-01-01T00:00:00Z\"]");
         assert_eq!(conv(3807, "{\"{\\\"a\\\": 1}\"}"), "[{\"a\": 1}]");
         // Not an array literal: kept as text, never lost.
         assert_eq!(conv(1007, "{1,2"), "\"{1,2\"");

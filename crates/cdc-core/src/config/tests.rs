@@ -5,12 +5,11 @@ use super::*;
 fn shape() -> TableShape {
     TableShape {
         display_name: "orders".into(),
-        columns: ["order_id", "customer_id", "total", "status", "updated_at"]
-            .map(String::from)
-            .to_vec(),
+        columns: ["order_id", "customer_id", "total", "status", "updated_at"].map(String::from).to_vec(),
         primary_key: vec!["order_id".into()],
         replica_identity_index: vec![],
         replica_identity: b'd',
+        generated_columns: vec!["total_with_tax".into()],
     }
 }
 
@@ -51,14 +50,10 @@ fn unknown_keys_suggest_the_closest() {
 
 #[test]
 fn wrong_types_name_the_path() {
-    assert_eq!(
-        err(json!([])).message,
-        "config must be a JSON object, not array"
-    );
-    assert_eq!(
-        err(json!({"operations": ["INSERT", 3]})).message,
-        "config.operations[1] must be a non-empty string, not number"
-    );
+    assert_eq!(err(json!([])).message, "config must be a JSON object, not array");
+    assert_eq!(err(json!({"operations": ["INSERT", 3]})).message, "config.operations[1] must be a string, not number");
+    assert_eq!(err(json!({"operations": ["INSERT", ""]})).message, "config.operations[1] must not be an empty string");
+    assert_eq!(err(json!({"filter_expression": 5})).message, "config.filter_expression must be a string, not number");
     assert_eq!(
         err(json!({"include_before_image": "yes"})).message,
         "config.include_before_image must be true or false, not string"
@@ -67,14 +62,8 @@ fn wrong_types_name_the_path() {
         err(json!({"include_columns": "order_id"})).message,
         "config.include_columns must be an array of strings, not string"
     );
-    assert_eq!(
-        err(json!({"operations": ["UPSERT"]})).message,
-        "config.operations[0]: unknown operation \"UPSERT\""
-    );
-    assert_eq!(
-        err(json!({"operations": []})).kind,
-        ErrorKind::InvalidParameter
-    );
+    assert_eq!(err(json!({"operations": ["UPSERT"]})).message, "config.operations[0]: unknown operation \"UPSERT\"");
+    assert_eq!(err(json!({"operations": []})).kind, ErrorKind::InvalidParameter);
     assert!(err(json!({"exactly_once": {"checkpoint_interval_ms": -5}}))
         .message
         .starts_with("config.exactly_once.checkpoint_interval_ms must be an integer"));
@@ -88,25 +77,14 @@ fn wrong_types_name_the_path() {
 fn columns_must_exist() {
     let e = err(json!({"include_columns": ["order_id", "totl"]}));
     assert_eq!(e.kind.sqlstate(), "42703");
-    assert_eq!(
-        e.message,
-        "config.include_columns[1]: column \"totl\" of table orders does not exist"
-    );
+    assert_eq!(e.message, "config.include_columns[1]: column \"totl\" of table orders does not exist");
     assert_eq!(e.hint.as_deref(), Some("Did you mean \"total\"?"));
-    assert_eq!(
-        err(json!({"key_columns": ["x); DROP TABLE orders; --"]}))
-            .kind
-            .sqlstate(),
-        "42703"
-    );
-    assert_eq!(
-        err(json!({"partition_key": "region"})).kind.sqlstate(),
-        "42703"
-    );
-    assert_eq!(
-        err(json!({"exclude_columns": ["nope"]})).kind.sqlstate(),
-        "42703"
-    );
+    assert_eq!(err(json!({"key_columns": ["x); DROP TABLE orders; --"]})).kind.sqlstate(), "42703");
+    assert_eq!(err(json!({"partition_key": "region"})).kind.sqlstate(), "42703");
+    assert_eq!(err(json!({"exclude_columns": ["nope"]})).kind.sqlstate(), "42703");
+    let g = err(json!({"include_columns": ["total_with_tax"]}));
+    assert_eq!(g.kind.sqlstate(), "0A000");
+    assert!(g.message.contains("generated column"), "{}", g.message);
 }
 
 #[test]
@@ -115,11 +93,7 @@ fn aliases_together_are_refused() {
     assert_eq!(e.kind.sqlstate(), "22023");
     let e = err(json!({"filter": "a", "filter_expression": "b"}));
     assert_eq!(e.kind.sqlstate(), "22023");
-    assert!(
-        parse_capture_config(&json!({"before_image": true}), &shape())
-            .unwrap()
-            .before_image
-    );
+    assert!(parse_capture_config(&json!({"before_image": true}), &shape()).unwrap().before_image);
 }
 
 #[test]
@@ -131,18 +105,14 @@ fn tables_without_a_key() {
     assert!(e.hint.unwrap().contains("\"operations\": [\"INSERT\"]"));
     assert!(parse_capture_config(&json!({"operations": ["INSERT"]}), &s).is_ok());
     assert!(parse_capture_config(&json!({"operations": ["INSERT", "TRUNCATE"]}), &s).is_ok());
-    assert!(
-        parse_capture_config(&json!({"include_before_image": true}), &s)
-            .unwrap()
-            .key_columns
-            .is_empty()
-    );
+    assert!(parse_capture_config(&json!({"include_before_image": true}), &s).unwrap().key_columns.is_empty());
+    // A primary key with REPLICA IDENTITY NOTHING identifies nothing.
+    let mut nothing = shape();
+    nothing.replica_identity = b'n';
+    assert_eq!(parse_capture_config(&json!({}), &nothing).unwrap_err().kind.sqlstate(), "55000");
     s.replica_identity = b'i';
     s.replica_identity_index = vec!["customer_id".into()];
-    assert_eq!(
-        parse_capture_config(&json!({}), &s).unwrap().key_columns,
-        ["customer_id"]
-    );
+    assert_eq!(parse_capture_config(&json!({}), &s).unwrap().key_columns, ["customer_id"]);
 }
 
 #[test]
@@ -155,24 +125,21 @@ fn planned_features_say_so() {
         json!({"exactly_once": {"enabled": true}}),
         json!({"include_user_context": true}),
         json!({"schema_evolution": {"enabled": true}}),
+        json!({"schema_evolution": {"compatibility_mode": "full"}}),
     ] {
         assert_eq!(err(cfg.clone()).kind.sqlstate(), "0A000", "{cfg}");
     }
     // Their "off" values are accepted.
     let ok = json!({"include_query_text": false, "include_user_context": false, "transformations": [],
                     "exactly_once": {"enabled": false, "checkpoint_interval_ms": 1000},
-                    "compliance": {"redact_pii": false}});
+                    "compliance": {"redact_pii": false}, "schema_evolution": {}});
     assert!(parse_capture_config(&ok, &shape()).is_ok());
-    assert_eq!(
-        err(json!({"capture_mode": "everything"})).kind.sqlstate(),
-        "22023"
-    );
+    assert_eq!(err(json!({"capture_mode": "everything"})).kind.sqlstate(), "22023");
 }
 
 #[test]
 fn stored_configs_skip_table_checks() {
-    let c = parse_stored_capture_config(&json!({"include_columns": ["gone"]}), vec!["id".into()])
-        .unwrap();
+    let c = parse_stored_capture_config(&json!({"include_columns": ["gone"]}), vec!["id".into()]).unwrap();
     assert_eq!(c.key_columns, ["id"]);
 }
 
@@ -184,39 +151,19 @@ fn kafka_sink_config() {
     assert_eq!(c.topic, "orders-cdc");
     assert_eq!(c.properties["sasl.password"], "canary-secret");
     let e = |v| parse_sink_config("kafka", &v).unwrap_err();
-    assert_eq!(
-        e(json!({})).message,
-        "config.topic is required for a kafka sink"
-    );
+    assert_eq!(e(json!({})).message, "config.topic is required for a kafka sink");
     assert_eq!(e(json!({"topic": "a b"})).kind.sqlstate(), "22023");
-    assert_eq!(
-        e(json!({"topic": "{tabel}"})).message,
-        "config.topic: unknown placeholder {tabel}"
-    );
-    assert!(parse_sink_config(
-        "kafka",
-        &json!({"topic": "cdc.{database}.{schema}.{table}"})
-    )
-    .is_ok());
+    assert_eq!(e(json!({"topic": "{tabel}"})).message, "config.topic: unknown placeholder {tabel}");
+    assert!(parse_sink_config("kafka", &json!({"topic": "cdc.{database}.{schema}.{table}"})).is_ok());
     assert_eq!(e(json!({"topic": "t", "acks": 0})).kind.sqlstate(), "22023");
-    assert_eq!(
-        e(json!({"topic": "t", "format": "avro"})).kind.sqlstate(),
-        "0A000"
-    );
-    assert_eq!(
-        e(json!({"topic": "t", "compression": "brotli"}))
-            .kind
-            .sqlstate(),
-        "22023"
-    );
+    assert_eq!(e(json!({"topic": ".."})).kind.sqlstate(), "22023");
+    assert_eq!(e(json!({"topic": "t", "format": "avro"})).kind.sqlstate(), "0A000");
+    assert_eq!(e(json!({"topic": "t", "compression": "brotli"})).kind.sqlstate(), "22023");
     assert_eq!(
         e(json!({"topic": "t", "batch_size": "big"})).message,
         "config.batch_size must be an integer, not string"
     );
-    assert_eq!(
-        e(json!({"topic": "t", "topci": "x"})).hint.as_deref(),
-        Some("Did you mean \"topic\"?")
-    );
+    assert_eq!(e(json!({"topic": "t", "topci": "x"})).hint.as_deref(), Some("Did you mean \"topic\"?"));
     let secret = e(json!({"topic": "t", "properties": {"bootstrap.servers": "canary-secret"}}));
     assert!(!format!("{secret:?}").contains("canary-secret"));
     let bad_value = e(json!({"topic": "t", "properties": {"sasl.password": ["canary-secret"]}}));
@@ -228,29 +175,21 @@ fn sink_types() {
     let e = parse_sink_config("kafak", &json!({})).unwrap_err();
     assert_eq!(e.kind.sqlstate(), "22023");
     assert!(e.hint.unwrap().starts_with("Did you mean \"kafka\"?"));
-    assert_eq!(
-        parse_sink_config("kinesis", &json!({}))
-            .unwrap_err()
-            .kind
-            .sqlstate(),
-        "0A000"
-    );
-    assert!(parse_sink_config("nope", &json!({}))
-        .unwrap_err()
-        .hint
-        .unwrap()
-        .contains("kafka, kinesis"));
+    assert_eq!(parse_sink_config("kinesis", &json!({})).unwrap_err().kind.sqlstate(), "0A000");
+    assert!(parse_sink_config("nope", &json!({})).unwrap_err().hint.unwrap().contains("kafka, kinesis"));
 }
 
 #[test]
 fn topic_templates_expand_safely() {
-    assert_eq!(
-        expand_topic(
-            "cdc.{database}.{schema}.{table}",
-            "db",
-            "public",
-            "My Table"
-        ),
-        "cdc.db.public.My_Table"
-    );
+    assert_eq!(expand_topic("cdc.{database}.{schema}.{table}", "db", "public", "My Table"), "cdc.db.public.My_Table");
+}
+
+#[test]
+fn qualified_names() {
+    for ok in ["orders", "public.orders", "db.public.orders", "\"Mixed Case\"", "s.\"a\"\"b\"", "é_t$1", "_x"] {
+        assert!(is_qualified_name(ok), "{ok}");
+    }
+    for bad in ["", "o1; drop table o1", "a..b", ".a", "a.", "\"\"", "\"open", "1abc", "a b", "a.b.c.d"] {
+        assert!(!is_qualified_name(bad), "{bad}");
+    }
 }

@@ -162,11 +162,7 @@ pub struct DecodeError {
 
 impl fmt::Display for DecodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid pgoutput message at byte {}: {}",
-            self.offset, self.reason
-        )
+        write!(f, "invalid pgoutput message at byte {}: {}", self.offset, self.reason)
     }
 }
 
@@ -180,10 +176,7 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn err<T>(&self, reason: impl Into<String>) -> Result<T, DecodeError> {
-        Err(DecodeError {
-            offset: self.pos,
-            reason: reason.into(),
-        })
+        Err(DecodeError { offset: self.pos, reason: reason.into() })
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
@@ -193,10 +186,7 @@ impl<'a> Reader<'a> {
                 self.pos = end;
                 Ok(s)
             }
-            _ => self.err(format!(
-                "need {n} more bytes, frame has {}",
-                self.buf.len() - self.pos
-            )),
+            _ => self.err(format!("need {n} more bytes, frame has {}", self.buf.len() - self.pos)),
         }
     }
 
@@ -234,8 +224,7 @@ impl<'a> Reader<'a> {
         let Some(nul) = rest.iter().position(|&b| b == 0) else {
             return self.err("string without NUL terminator");
         };
-        let s =
-            std::str::from_utf8(&rest[..nul]).or_else(|_| self.err("string is not valid UTF-8"))?;
+        let s = std::str::from_utf8(&rest[..nul]).or_else(|_| self.err("string is not valid UTF-8"))?;
         self.pos += nul + 1;
         Ok(s)
     }
@@ -276,21 +265,11 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, DecodeError> {
     let mut r = Reader { buf: frame, pos: 0 };
     let tag = r.u8()?;
     let msg = match tag {
-        b'B' => Message::Begin {
-            final_lsn: Lsn(r.u64()?),
-            commit_time: r.i64()?,
-            xid: r.u32()?,
-        },
-        b'C' => Message::Commit {
-            flags: r.u8()?,
-            commit_lsn: Lsn(r.u64()?),
-            end_lsn: Lsn(r.u64()?),
-            commit_time: r.i64()?,
-        },
-        b'O' => Message::Origin {
-            lsn: Lsn(r.u64()?),
-            name: r.cstr()?,
-        },
+        b'B' => Message::Begin { final_lsn: Lsn(r.u64()?), commit_time: r.i64()?, xid: r.u32()? },
+        b'C' => {
+            Message::Commit { flags: r.u8()?, commit_lsn: Lsn(r.u64()?), end_lsn: Lsn(r.u64()?), commit_time: r.i64()? }
+        }
+        b'O' => Message::Origin { lsn: Lsn(r.u64()?), name: r.cstr()? },
         b'R' => {
             let oid = r.u32()?;
             let namespace = r.cstr()?.to_owned();
@@ -310,26 +289,13 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, DecodeError> {
                     type_mod: r.i32()?,
                 });
             }
-            Message::Relation(Relation {
-                oid,
-                namespace,
-                name,
-                replica_identity,
-                columns,
-            })
+            Message::Relation(Relation { oid, namespace, name, replica_identity, columns })
         }
-        b'Y' => Message::Type {
-            oid: r.u32()?,
-            namespace: r.cstr()?,
-            name: r.cstr()?,
-        },
+        b'Y' => Message::Type { oid: r.u32()?, namespace: r.cstr()?, name: r.cstr()? },
         b'I' => {
             let relation = r.u32()?;
             match r.u8()? {
-                b'N' => Message::Insert {
-                    relation,
-                    new: r.tuple()?,
-                },
+                b'N' => Message::Insert { relation, new: r.tuple()? },
                 other => return r.err(format!("insert: expected 'N', got {:?}", other as char)),
             }
         }
@@ -338,40 +304,23 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, DecodeError> {
             let mut old = None;
             let mut marker = r.u8()?;
             if marker == b'K' || marker == b'O' {
-                let kind = if marker == b'K' {
-                    OldKind::Key
-                } else {
-                    OldKind::Full
-                };
+                let kind = if marker == b'K' { OldKind::Key } else { OldKind::Full };
                 old = Some((kind, r.tuple()?));
                 marker = r.u8()?;
             }
             if marker != b'N' {
                 return r.err(format!("update: expected 'N', got {:?}", marker as char));
             }
-            Message::Update {
-                relation,
-                old,
-                new: r.tuple()?,
-            }
+            Message::Update { relation, old, new: r.tuple()? }
         }
         b'D' => {
             let relation = r.u32()?;
             let kind = match r.u8()? {
                 b'K' => OldKind::Key,
                 b'O' => OldKind::Full,
-                other => {
-                    return r.err(format!(
-                        "delete: expected 'K' or 'O', got {:?}",
-                        other as char
-                    ))
-                }
+                other => return r.err(format!("delete: expected 'K' or 'O', got {:?}", other as char)),
             };
-            Message::Delete {
-                relation,
-                kind,
-                old: r.tuple()?,
-            }
+            Message::Delete { relation, kind, old: r.tuple()? }
         }
         b'T' => {
             let n = r.u32()? as usize;
@@ -390,12 +339,7 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, DecodeError> {
             let lsn = Lsn(r.u64()?);
             let prefix = r.cstr()?;
             let len = r.u32()? as usize;
-            Message::LogicalMessage {
-                transactional: flags & 1 == 1,
-                lsn,
-                prefix,
-                content: r.take(len)?,
-            }
+            Message::LogicalMessage { transactional: flags & 1 == 1, lsn, prefix, content: r.take(len)? }
         }
         other => return r.err(format!("unknown message type {:?}", other as char)),
     };

@@ -23,28 +23,12 @@ fn basic_stream_has_the_expected_shape() {
     assert_eq!(tags, "BRICBUCBIIUCBDCBRICBUCBUCBDCBRRTC", "{tags}");
     match &msgs[1] {
         Message::Relation(r) => {
-            assert_eq!(
-                (r.namespace.as_str(), r.name.as_str()),
-                ("public", "orders")
-            );
+            assert_eq!((r.namespace.as_str(), r.name.as_str()), ("public", "orders"));
             assert_eq!(r.replica_identity, b'f');
             let names: Vec<_> = r.columns.iter().map(|c| c.name.as_str()).collect();
-            assert_eq!(
-                names,
-                [
-                    "order_id",
-                    "customer_id",
-                    "total",
-                    "status",
-                    "customer_region",
-                    "internal_notes"
-                ]
-            );
+            assert_eq!(names, ["order_id", "customer_id", "total", "status", "customer_region", "internal_notes"]);
             assert_eq!(r.columns[2].type_oid, 1700);
-            assert!(
-                r.columns.iter().all(|c| c.is_key),
-                "FULL marks every column"
-            );
+            assert!(r.columns.iter().all(|c| c.is_key), "FULL marks every column");
         }
         m => panic!("{m:?}"),
     }
@@ -56,57 +40,25 @@ fn basic_stream_has_the_expected_shape() {
         m => panic!("{m:?}"),
     }
     match &msgs[5] {
-        Message::Update {
-            old: Some((OldKind::Full, old)),
-            new,
-            ..
-        } => {
+        Message::Update { old: Some((OldKind::Full, old)), new, .. } => {
             assert_eq!(old[3], TupleValue::Text(b"pending"));
             assert_eq!(new[3], TupleValue::Text(b"confirmed"));
         }
         m => panic!("{m:?}"),
     }
-    let (
-        Message::Begin {
-            final_lsn,
-            xid,
-            commit_time,
-        },
-        Message::Commit {
-            commit_lsn,
-            end_lsn,
-            commit_time: ct,
-            ..
-        },
-    ) = (&msgs[0], &msgs[3])
+    let (Message::Begin { final_lsn, xid, commit_time }, Message::Commit { commit_lsn, end_lsn, commit_time: ct, .. }) =
+        (&msgs[0], &msgs[3])
     else {
         panic!("B..C")
     };
     assert_eq!(final_lsn, commit_lsn);
     assert!(end_lsn > commit_lsn && *xid > 0 && commit_time == ct);
     // The plain table has the default identity: an update carries no old row, a key change the old key.
-    let plain: Vec<_> = msgs
-        .iter()
-        .filter(|m| matches!(m, Message::Update { old: None, .. }))
-        .collect();
+    let plain: Vec<_> = msgs.iter().filter(|m| matches!(m, Message::Update { old: None, .. })).collect();
     assert_eq!(plain.len(), 1);
-    assert!(msgs.iter().any(|m| matches!(
-        m,
-        Message::Update {
-            old: Some((OldKind::Key, _)),
-            ..
-        }
-    )));
-    assert!(msgs.iter().any(|m| matches!(
-        m,
-        Message::Delete {
-            kind: OldKind::Key,
-            ..
-        }
-    )));
-    assert!(msgs.iter().any(
-        |m| matches!(m, Message::Truncate { options: 2, relations, .. } if relations.len() == 2)
-    ));
+    assert!(msgs.iter().any(|m| matches!(m, Message::Update { old: Some((OldKind::Key, _)), .. })));
+    assert!(msgs.iter().any(|m| matches!(m, Message::Delete { kind: OldKind::Key, .. })));
+    assert!(msgs.iter().any(|m| matches!(m, Message::Truncate { options: 2, relations, .. } if relations.len() == 2)));
 }
 
 #[test]
@@ -156,11 +108,6 @@ fn decodes_a_logical_message() {
     m.extend_from_slice(b"abc");
     assert_eq!(
         decode(&m).unwrap(),
-        Message::LogicalMessage {
-            transactional: false,
-            lsn: Lsn(42),
-            prefix: "pg_cdc.heartbeat",
-            content: b"abc"
-        }
+        Message::LogicalMessage { transactional: false, lsn: Lsn(42), prefix: "pg_cdc.heartbeat", content: b"abc" }
     );
 }

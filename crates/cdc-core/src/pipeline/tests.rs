@@ -6,17 +6,8 @@ use crate::testutil::{config, events, frames, relation_oids, run, types};
 
 fn orders_config() -> CaptureConfig {
     let mut c = config(&["order_id"]);
-    c.include_columns = Some(
-        [
-            "order_id",
-            "customer_id",
-            "total",
-            "status",
-            "customer_region",
-        ]
-        .map(String::from)
-        .to_vec(),
-    );
+    c.include_columns =
+        Some(["order_id", "customer_id", "total", "status", "customer_region"].map(String::from).to_vec());
     c.before_image = true;
     c.include_transaction_info = true;
     c
@@ -24,20 +15,14 @@ fn orders_config() -> CaptureConfig {
 
 #[test]
 fn insert_update_delete_events() {
-    let txns = run(
-        "basic",
-        vec![("orders", orders_config()), ("plain", config(&["id"]))],
-    );
+    let txns = run("basic", vec![("orders", orders_config()), ("plain", config(&["id"]))]);
     let ev = events(&txns);
-    let ops: Vec<&str> = ev
-        .iter()
-        .map(|(_, p)| p["metadata"]["operation"].as_str().unwrap())
-        .collect();
+    let ops: Vec<&str> = ev.iter().map(|(_, p)| p["metadata"]["operation"].as_str().unwrap()).collect();
     assert_eq!(
         ops,
         [
-            "INSERT", "UPDATE", "INSERT", "INSERT", "DELETE", "UPDATE", "DELETE", "INSERT",
-            "UPDATE", "DELETE", "UPDATE", "DELETE", "TRUNCATE", "TRUNCATE"
+            "INSERT", "UPDATE", "INSERT", "INSERT", "DELETE", "UPDATE", "DELETE", "INSERT", "UPDATE", "DELETE",
+            "UPDATE", "DELETE", "TRUNCATE", "TRUNCATE"
         ]
     );
 
@@ -53,10 +38,7 @@ fn insert_update_delete_events() {
     assert!(md["commit_lsn"].as_u64().unwrap() >= md["lsn"].as_u64().unwrap());
     assert!(md["transaction_id"].as_u64().unwrap() > 0);
     let ts = md["timestamp"].as_str().unwrap();
-    assert!(
-        ts.len() == 24 && ts.ends_with('Z') && &ts[10..11] == "T",
-        "{ts}"
-    );
+    assert!(ts.len() == 24 && ts.ends_with('Z') && &ts[10..11] == "T", "{ts}");
     assert_eq!(md["transaction"]["event_index"], 1);
     assert_eq!(md["transaction"]["event_count"], 1);
     assert_eq!(md["transaction"]["commit_lsn"], md["commit_lsn"]);
@@ -66,10 +48,7 @@ fn insert_update_delete_events() {
         json!({"order_id": "ORD-12345", "customer_id": "CUST-789", "total": 150.00, "status": "pending", "customer_region": "us-east"})
     );
     let raw = String::from_utf8(txns[0].events[0].payload.clone()).unwrap();
-    assert!(
-        raw.contains("\"total\":150.00"),
-        "numeric text kept verbatim: {raw}"
-    );
+    assert!(raw.contains("\"total\":150.00"), "numeric text kept verbatim: {raw}");
     assert!(!raw.contains("internal_notes") && !raw.contains("do not publish"));
 
     // UPDATE: before image, after image, diff of the changed column only.
@@ -77,34 +56,22 @@ fn insert_update_delete_events() {
     assert_eq!(upd["before"]["status"], "pending");
     assert_eq!(upd["after"]["status"], "confirmed");
     assert_eq!(upd["before"]["total"], json!(150.00));
-    assert_eq!(
-        upd["diff"],
-        json!({"status": {"from": "pending", "to": "confirmed"}})
-    );
+    assert_eq!(upd["diff"], json!({"status": {"from": "pending", "to": "confirmed"}}));
 
     // The multi-row transaction: the savepoint's rollback and the aborted transaction are absent;
     // the key change retracts the old key before the update; positions count 1..4 of 4.
     let multi = &txns[2];
     let idx: Vec<u64> = events(std::slice::from_ref(multi))
         .iter()
-        .map(|(_, p)| {
-            p["metadata"]["transaction"]["event_index"]
-                .as_u64()
-                .unwrap()
-        })
+        .map(|(_, p)| p["metadata"]["transaction"]["event_index"].as_u64().unwrap())
         .collect();
     assert_eq!(idx, [1, 2, 3, 4]);
-    assert!(events(std::slice::from_ref(multi))
-        .iter()
-        .all(|(_, p)| p["metadata"]["transaction"]["event_count"] == 4));
+    assert!(events(std::slice::from_ref(multi)).iter().all(|(_, p)| p["metadata"]["transaction"]["event_count"] == 4));
     assert_eq!(ev[4].0.as_ref().unwrap(), &json!({"order_id": "ORD-3"}));
     assert_eq!(ev[4].1["before"]["order_id"], "ORD-3");
     assert_eq!(ev[4].1["after"], Value::Null);
     assert_eq!(ev[5].0.as_ref().unwrap(), &json!({"order_id": "ORD-3B"}));
-    assert_eq!(
-        ev[5].1["diff"],
-        json!({"order_id": {"from": "ORD-3", "to": "ORD-3B"}})
-    );
+    assert_eq!(ev[5].1["diff"], json!({"order_id": {"from": "ORD-3", "to": "ORD-3B"}}));
     let all = serde_json::to_string(&ev.iter().map(|e| &e.1).collect::<Vec<_>>()).unwrap();
     assert!(!all.contains("ORD-ROLLED-BACK") && !all.contains("ORD-ABORTED"));
 
@@ -116,37 +83,21 @@ fn insert_update_delete_events() {
     assert_eq!(ev[8].1["before"], Value::Null);
     assert!(ev[8].1.get("diff").is_none());
     assert_eq!(ev[8].1["after"], json!({"id": 1, "v": "uno"}));
-    assert_eq!(
-        ev[9].1["before"],
-        json!({"id": 1}),
-        "old key of the key change"
-    );
+    assert_eq!(ev[9].1["before"], json!({"id": 1}), "old key of the key change");
     assert_eq!(ev[10].1["after"], json!({"id": 2, "v": "uno"}));
     assert_eq!(ev[11].1["before"], json!({"id": 2}));
 
     // TRUNCATE: one event per table, no key, options recorded.
     assert_eq!(ev[12].0, None);
-    assert_eq!(
-        ev[12].1["metadata"]["truncate"],
-        json!({"cascade": false, "restart_identity": true})
-    );
+    assert_eq!(ev[12].1["metadata"]["truncate"], json!({"cascade": false, "restart_identity": true}));
 }
 
 #[test]
 fn operations_and_sink_tables_filter_events() {
     let mut c = orders_config();
-    c.operations = crate::config::Operations {
-        insert: true,
-        update: false,
-        delete: false,
-        truncate: false,
-    };
+    c.operations = crate::config::Operations { insert: true, update: false, delete: false, truncate: false };
     let ev = events(&run("basic", vec![("orders", c)]));
-    assert!(
-        ev.iter()
-            .all(|(_, p)| p["metadata"]["operation"] == "INSERT"
-                && p["metadata"]["table"] == "orders")
-    );
+    assert!(ev.iter().all(|(_, p)| p["metadata"]["operation"] == "INSERT" && p["metadata"]["table"] == "orders"));
     assert_eq!(ev.len(), 3);
     // Transactions with nothing for this sink still come out (so the slot can move past them).
     let txns = run("basic", vec![("plain", config(&["id"]))]);
@@ -158,10 +109,7 @@ fn partition_key_keys_messages() {
     let mut c = orders_config();
     c.partition_key = Some("customer_region".into());
     let ev = events(&run("basic", vec![("orders", c)]));
-    assert_eq!(
-        ev[0].0.as_ref().unwrap(),
-        &json!({"customer_region": "us-east"})
-    );
+    assert_eq!(ev[0].0.as_ref().unwrap(), &json!({"customer_region": "us-east"}));
 }
 
 #[test]
@@ -192,12 +140,8 @@ fn every_type_family_converts_without_loss() {
         assert_eq!(&a[k], v, "column {k}");
     }
     // Exact decimal text, checked on the raw bytes (a JSON parser would round them).
-    let raw = String::from_utf8(
-        run("types", vec![("all_types", config(&["id"]))])[0].events[0]
-            .payload
-            .clone(),
-    )
-    .unwrap();
+    let raw =
+        String::from_utf8(run("types", vec![("all_types", config(&["id"]))])[0].events[0].payload.clone()).unwrap();
     for text in [
         "\"c_numeric\":12345678901234567890.123456789",
         "\"c_numeric_scaled\":150.0000",
@@ -231,20 +175,14 @@ fn every_type_family_converts_without_loss() {
     assert_eq!(d["c_int_array"], json!([7, 8]));
     assert_eq!(d["c_text"], "unicode: é 漢 🙂");
     // Every column present, NULLs as null.
-    assert_eq!(
-        ev[4].1["after"].as_object().unwrap().len(),
-        a.as_object().unwrap().len()
-    );
+    assert_eq!(ev[4].1["after"].as_object().unwrap().len(), a.as_object().unwrap().len());
 }
 
 #[test]
 fn unchanged_toast_is_never_null() {
     let mut full = config(&["id"]);
     full.before_image = true;
-    let ev = events(&run(
-        "toast",
-        vec![("docs_full", full), ("docs_default", config(&["id"]))],
-    ));
+    let ev = events(&run("toast", vec![("docs_full", full), ("docs_default", config(&["id"]))]));
     let body = ev[0].1["after"]["body"].as_str().unwrap().to_string();
     assert_eq!(body.len(), 300 * 32);
     // REPLICA IDENTITY FULL: the full value, taken from the old row; no diff entry for it.
@@ -252,21 +190,13 @@ fn unchanged_toast_is_never_null() {
     assert_eq!(upd_full["metadata"]["table"], "docs_full");
     assert_eq!(upd_full["after"]["body"], body.as_str());
     assert_eq!(upd_full["after"]["title"], "v2");
-    assert_eq!(
-        upd_full["diff"],
-        json!({"title": {"from": "v1", "to": "v2"}})
-    );
-    assert!(upd_full["metadata"]
-        .get("unchanged_toast_columns")
-        .is_none());
+    assert_eq!(upd_full["diff"], json!({"title": {"from": "v1", "to": "v2"}}));
+    assert!(upd_full["metadata"].get("unchanged_toast_columns").is_none());
     // Default identity: the value is not in the WAL; the event says so instead of sending null.
     let upd_default = &ev[3].1;
     assert_eq!(upd_default["metadata"]["table"], "docs_default");
     assert!(upd_default["after"].get("body").is_none());
-    assert_eq!(
-        upd_default["metadata"]["unchanged_toast_columns"],
-        json!(["body"])
-    );
+    assert_eq!(upd_default["metadata"]["unchanged_toast_columns"], json!(["body"]));
     assert_eq!(upd_default["after"]["title"], "v2");
     // DELETE under FULL carries the whole old row, large value included.
     assert_eq!(ev[4].1["before"]["body"], body.as_str());
@@ -282,10 +212,7 @@ fn same_wal_encodes_to_the_same_bytes() {
         let a = Assembler::new("db").process(&fr, &sink, &t).unwrap();
         let b = Assembler::new("db").process(&fr, &sink, &t).unwrap();
         let bytes = |o: &BatchOutput| {
-            o.transactions
-                .iter()
-                .flat_map(|t| t.events.iter().map(|e| e.payload.clone()))
-                .collect::<Vec<_>>()
+            o.transactions.iter().flat_map(|t| t.events.iter().map(|e| e.payload.clone())).collect::<Vec<_>>()
         };
         assert_eq!(bytes(&a), bytes(&b), "{name}");
     }
@@ -295,21 +222,10 @@ fn same_wal_encodes_to_the_same_bytes() {
 fn incomplete_transaction_is_held_back() {
     let fr = frames("basic");
     let oids = relation_oids(&fr);
-    let sink: SinkTables = [(oids["orders"], Arc::new(orders_config()))]
-        .into_iter()
-        .collect();
+    let sink: SinkTables = [(oids["orders"], Arc::new(orders_config()))].into_iter().collect();
     // Cut inside the third transaction (after its Begin and first Insert).
-    let cut = fr
-        .iter()
-        .enumerate()
-        .filter(|(_, f)| f.data[0] == b'B')
-        .nth(2)
-        .unwrap()
-        .0
-        + 2;
-    let out = Assembler::new("db")
-        .process(&fr[..cut], &sink, &types("basic"))
-        .unwrap();
+    let cut = fr.iter().enumerate().filter(|(_, f)| f.data[0] == b'B').nth(2).unwrap().0 + 2;
+    let out = Assembler::new("db").process(&fr[..cut], &sink, &types("basic")).unwrap();
     assert_eq!(out.transactions.len(), 2);
     assert_eq!(out.held_back_frames, 2);
     assert_eq!(out.confirm_lsn, Some(out.transactions[1].end_lsn));
@@ -323,14 +239,7 @@ fn heartbeat_message_moves_the_confirm_point() {
     m.push(0);
     m.extend_from_slice(&0u32.to_be_bytes());
     let out = Assembler::new("db")
-        .process(
-            &[RawFrame {
-                lsn: Lsn(1000),
-                data: m,
-            }],
-            &SinkTables::new(),
-            &TypeRegistry::new(),
-        )
+        .process(&[RawFrame { lsn: Lsn(1000), data: m }], &SinkTables::new(), &TypeRegistry::new())
         .unwrap();
     assert_eq!(out.confirm_lsn, Some(Lsn(1000)));
     assert!(out.transactions.is_empty());
@@ -340,14 +249,9 @@ fn heartbeat_message_moves_the_confirm_point() {
 fn protocol_violations_are_errors() {
     let fr = frames("basic");
     // A change without its Begin.
-    let err = Assembler::new("db")
-        .process(&fr[2..3], &SinkTables::new(), &TypeRegistry::new())
-        .unwrap_err();
+    let err = Assembler::new("db").process(&fr[2..3], &SinkTables::new(), &TypeRegistry::new()).unwrap_err();
     assert!(matches!(err, PipelineError::Protocol { .. }), "{err}");
-    let bad = RawFrame {
-        lsn: Lsn(1),
-        data: vec![b'?'],
-    };
+    let bad = RawFrame { lsn: Lsn(1), data: vec![b'?'] };
     assert!(matches!(
         Assembler::new("db").process(&[bad], &SinkTables::new(), &TypeRegistry::new()),
         Err(PipelineError::Decode { .. })

@@ -62,9 +62,7 @@ pub fn classify(e: &KafkaError) -> ErrorClass {
     use RDKafkaErrorCode::*;
     let code = match e {
         KafkaError::MessageProduction(c) | KafkaError::Global(c) => Some(*c),
-        KafkaError::ClientCreation(_) | KafkaError::ClientConfig(..) => {
-            return ErrorClass::Operator
-        }
+        KafkaError::ClientCreation(_) | KafkaError::ClientConfig(..) => return ErrorClass::Operator,
         _ => e.rdkafka_error_code(),
     };
     match code {
@@ -104,20 +102,12 @@ impl KafkaSink {
         for (k, v) in &cfg.properties {
             cc.set(k, v);
         }
-        cc.set(
-            "bootstrap.servers",
-            cfg.bootstrap_servers
-                .as_deref()
-                .unwrap_or(default_bootstrap),
-        )
-        .set("client.id", client_id)
-        .set("acks", &cfg.acks)
-        .set(
-            "enable.idempotence",
-            if cfg.acks == "all" { "true" } else { "false" },
-        )
-        .set("queue.buffering.max.kbytes", QUEUE_MAX_KBYTES.to_string())
-        .set("message.timeout.ms", MESSAGE_TIMEOUT_MS.to_string());
+        cc.set("bootstrap.servers", cfg.bootstrap_servers.as_deref().unwrap_or(default_bootstrap))
+            .set("client.id", client_id)
+            .set("acks", &cfg.acks)
+            .set("enable.idempotence", if cfg.acks == "all" { "true" } else { "false" })
+            .set("queue.buffering.max.kbytes", QUEUE_MAX_KBYTES.to_string())
+            .set("message.timeout.ms", MESSAGE_TIMEOUT_MS.to_string());
         if let Some(c) = &cfg.compression {
             cc.set("compression.type", c);
         }
@@ -127,12 +117,10 @@ impl KafkaSink {
         if let Some(l) = cfg.linger_ms {
             cc.set("linger.ms", l.to_string());
         }
-        let producer = cc
-            .create_with_context(DeliveryCounter::default())
-            .map_err(|e| SinkError {
-                class: ErrorClass::Operator,
-                message: format!("cannot create the Kafka producer: {e}"),
-            })?;
+        let producer = cc.create_with_context(DeliveryCounter::default()).map_err(|e| SinkError {
+            class: ErrorClass::Operator,
+            message: format!("cannot create the Kafka producer: {e}"),
+        })?;
         Ok(KafkaSink {
             producer,
             topic_template: cfg.topic.clone(),
@@ -153,12 +141,7 @@ impl KafkaSink {
     }
 
     fn take_error(&self) -> Option<(ErrorClass, String)> {
-        self.producer
-            .context()
-            .first_error
-            .lock()
-            .ok()
-            .and_then(|mut e| e.take())
+        self.producer.context().first_error.lock().ok().and_then(|mut e| e.take())
     }
 }
 
@@ -171,9 +154,10 @@ impl Sink for KafkaSink {
         let mut sent: u64 = 0;
         for txn in transactions {
             for ev in &txn.events {
-                let topic = self.topics.entry(ev.table_oid).or_insert_with(|| {
-                    expand_topic(&self.topic_template, &self.database, &ev.schema, &ev.table)
-                });
+                let topic = self
+                    .topics
+                    .entry(ev.table_oid)
+                    .or_insert_with(|| expand_topic(&self.topic_template, &self.database, &ev.schema, &ev.table));
                 let mut record: BaseRecord<'_, [u8], [u8], ()> =
                     BaseRecord::to(topic.as_str()).payload(&ev.payload[..]);
                 if let Some(k) = &ev.key {
@@ -207,8 +191,7 @@ impl Sink for KafkaSink {
         }
         // Wait for every delivery report. librdkafka fails each message after message.timeout.ms,
         // so this loop ends; the extra margin only guards against a stuck client.
-        let deadline =
-            Instant::now() + Duration::from_millis(u64::from(MESSAGE_TIMEOUT_MS) + 30_000);
+        let deadline = Instant::now() + Duration::from_millis(u64::from(MESSAGE_TIMEOUT_MS) + 30_000);
         loop {
             let done = (ctx.delivered.load(Ordering::Relaxed) - start_delivered)
                 + (ctx.failed.load(Ordering::Relaxed) - start_failed);
@@ -216,30 +199,19 @@ impl Sink for KafkaSink {
                 break;
             }
             if self.interrupted() {
-                return Err(SinkError {
-                    class: ErrorClass::Retry,
-                    message: "publish interrupted".into(),
-                });
+                return Err(SinkError { class: ErrorClass::Retry, message: "publish interrupted".into() });
             }
             if Instant::now() > deadline {
                 return Err(SinkError {
                     class: ErrorClass::Retry,
-                    message: format!(
-                        "{} of {sent} deliveries did not report in time",
-                        sent - done
-                    ),
+                    message: format!("{} of {sent} deliveries did not report in time", sent - done),
                 });
             }
             self.producer.poll(Duration::from_millis(100));
         }
         if ctx.failed.load(Ordering::Relaxed) > start_failed {
-            let (class, msg) = self
-                .take_error()
-                .unwrap_or((ErrorClass::Retry, "delivery failed".into()));
-            return Err(SinkError {
-                class,
-                message: format!("Kafka delivery failed: {msg}"),
-            });
+            let (class, msg) = self.take_error().unwrap_or((ErrorClass::Retry, "delivery failed".into()));
+            return Err(SinkError { class, message: format!("Kafka delivery failed: {msg}") });
         }
         stats.events = sent;
         Ok(stats)
@@ -270,13 +242,7 @@ mod tests {
                 payload: b"{}".to_vec(),
             })
             .collect();
-        Transaction {
-            xid: 1,
-            commit_lsn: Lsn(10),
-            end_lsn: Lsn(11),
-            commit_time: 0,
-            events,
-        }
+        Transaction { xid: 1, commit_lsn: Lsn(10), end_lsn: Lsn(11), commit_time: 0, events }
     }
 
     fn config(topic: &str) -> KafkaSinkConfig {
@@ -286,13 +252,8 @@ mod tests {
     #[test]
     fn publishes_and_counts() {
         let cluster = MockCluster::new(1).unwrap();
-        let mut sink = KafkaSink::new(
-            &config("cdc.{schema}.{table}"),
-            &cluster.bootstrap_servers(),
-            "db",
-            "test",
-        )
-        .unwrap();
+        let mut sink =
+            KafkaSink::new(&config("cdc.{schema}.{table}"), &cluster.bootstrap_servers(), "db", "test").unwrap();
         let stats = sink.publish(&[txn(3), txn(2)]).unwrap();
         assert_eq!(stats.events, 5);
         assert_eq!(stats.bytes, 5 * 2 + 3 * 8 + 2 * 8);
@@ -302,39 +263,26 @@ mod tests {
     #[test]
     fn broker_down_is_a_retryable_error_and_interrupt_stops_waiting() {
         let cluster = MockCluster::new(1).unwrap();
-        let mut sink =
-            KafkaSink::new(&config("t"), &cluster.bootstrap_servers(), "db", "test").unwrap();
+        let mut sink = KafkaSink::new(&config("t"), &cluster.bootstrap_servers(), "db", "test").unwrap();
         sink.publish(&[txn(1)]).unwrap();
         cluster.broker_down(1).unwrap();
         let started = Instant::now();
         sink.set_interrupt(move || started.elapsed() > Duration::from_millis(500));
         let e = sink.publish(&[txn(1)]).unwrap_err();
         assert_eq!(e.class, ErrorClass::Retry);
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "interrupt honoured"
-        );
+        assert!(started.elapsed() < Duration::from_secs(10), "interrupt honoured");
     }
 
     #[test]
     fn operator_errors_are_classified() {
         assert_eq!(
-            classify(&KafkaError::MessageProduction(
-                RDKafkaErrorCode::TopicAuthorizationFailed
-            )),
+            classify(&KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed)),
             ErrorClass::Operator
         );
         assert_eq!(
-            classify(&KafkaError::MessageProduction(
-                RDKafkaErrorCode::MessageSizeTooLarge
-            )),
+            classify(&KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)),
             ErrorClass::Operator
         );
-        assert_eq!(
-            classify(&KafkaError::MessageProduction(
-                RDKafkaErrorCode::MessageTimedOut
-            )),
-            ErrorClass::Retry
-        );
+        assert_eq!(classify(&KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut)), ErrorClass::Retry);
     }
 }
