@@ -3,7 +3,7 @@
 # run by the `postgres` user (initdb refuses root).
 #
 #   scripts/pg.sh start     initdb the first time, then start and wait until it accepts connections
-#   scripts/pg.sh start-fresh  start, restarting first if the installed pg_cdc library is newer than the server
+#   scripts/pg.sh start-fresh  start, restarting first if the installed pg_cdc library differs from the loaded one
 #   scripts/pg.sh stop      fast shutdown (idempotent)
 #   scripts/pg.sh restart   stop + start (after installing a new build of the extension)
 #   scripts/pg.sh crash     pg_ctl stop -m immediate (fault injection), then start
@@ -17,6 +17,8 @@ source "$here/env.sh"
 
 PGDATA_DIR="${PG_CDC_PGDATA:-$PG_CDC_RUN/pgdata}"
 LOG_FILE="$PG_CDC_RUN/postgresql-$PGPORT.log"
+LIB="$("$PG_BIN/pg_config" --pkglibdir)/pg_cdc.so"
+LOADED="$PG_CDC_RUN/pg_cdc-$PGPORT.so.sha256"   # checksum of the library the running server loaded
 as_pg() { runuser -u postgres -- "$@"; }
 log() { printf '[pg] %s\n' "$*"; }
 
@@ -76,6 +78,7 @@ start() {
   # RUST_BACKTRACE in the server's environment would put Rust backtraces into clients' error DETAILs.
   env -u RUST_BACKTRACE runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -l "$LOG_FILE" -w -t 60 start >/dev/null \
     || { tail -n 30 "$LOG_FILE" >&2; exit 1; }
+  if [ -f "$LIB" ]; then sha256sum <"$LIB" >"$LOADED"; fi
   log "running on $PGHOST:$PGPORT (data $PGDATA_DIR, log $LOG_FILE)"
 }
 
@@ -89,10 +92,10 @@ stop() {
 case "${1:-}" in
   start) start ;;
   start-fresh)
-    # Like start, but restarts a running server whose pg_cdc library is older than the installed one
-    # (shared_preload_libraries are loaded only at server start).
-    lib="$("$PG_BIN/pg_config" --pkglibdir)/pg_cdc.so"
-    if [ -f "$PGDATA_DIR/postmaster.pid" ] && running && [ "$lib" -nt "$PGDATA_DIR/postmaster.pid" ]; then
+    # Like start, but restarts a running server whose loaded pg_cdc library differs from the installed
+    # one (shared_preload_libraries are loaded only at server start).
+    # `cargo pgrx install` rewrites the file every time, so compare contents, not times.
+    if [ -f "$PGDATA_DIR/PG_VERSION" ] && running && ! cmp -s <(sha256sum <"$LIB") "$LOADED"; then
       log "pg_cdc was reinstalled: restarting"
       stop
     fi

@@ -37,7 +37,8 @@ fn resolve_table(path: &str, name: &str) -> pg_sys::Oid {
     )
     .unwrap_or_default();
     let display = crate::catalog::str_field(&info, "display");
-    if crate::catalog::str_field(&info, "relkind") != "r" || info.get("system") == Some(&serde_json::Value::Bool(true)) {
+    if crate::catalog::str_field(&info, "relkind") != "r" || info.get("system") == Some(&serde_json::Value::Bool(true))
+    {
         raise(CdcError::new(ErrorKind::WrongObjectType, format!("{path}: {display} is not an ordinary table")));
     }
     if info.get("captured") != Some(&serde_json::Value::Bool(true)) {
