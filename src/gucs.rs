@@ -26,8 +26,31 @@ pub static HEARTBEAT_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(10_00
 /// `cdc.max_retry_backoff_ms`.
 pub static MAX_RETRY_BACKOFF_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
 
+/// `cdc.test_failpoint`: test-only; `after_kafka_commit` makes the worker exit right after a Kafka
+/// commit and before it confirms the slot (the crash window exactly-once must survive).
+pub static TEST_FAILPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// `cdc.test_skip_dedup`: test-only; turns off skipping of already-committed transactions, so the
+/// fault-injection suite can prove its oracle detects duplicates.
+pub static TEST_SKIP_DEDUP: GucSetting<bool> = GucSetting::<bool>::new(false);
+
 /// Registers the settings (from `_PG_init`).
 pub fn init() {
+    GucRegistry::define_string_guc(
+        c"cdc.test_failpoint",
+        c"Test only: a point where the worker exits on purpose.",
+        c"after_kafka_commit: exit after a Kafka commit, before the slot is confirmed.",
+        &TEST_FAILPOINT,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_bool_guc(
+        c"cdc.test_skip_dedup",
+        c"Test only: do not skip transactions already committed to Kafka.",
+        c"",
+        &TEST_SKIP_DEDUP,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
     GucRegistry::define_string_guc(
         c"cdc.database",
         c"Database the pg_cdc worker connects to.",

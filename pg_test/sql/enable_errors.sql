@@ -71,7 +71,7 @@ SELECT cdc_enable('orders', '{"capture_mode": "filtered"}'); \echo SQLSTATE :SQL
 SELECT cdc_enable('orders', '{"capture_mode": "full_audit"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"transformations": [{"type": "mask", "column": "customer"}]}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"compliance": {"redact_pii": true, "pii_columns": ["customer"]}}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_enable('orders', '{"exactly_once": {"enabled": true}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"exactly_once": {"enabled": "yes"}}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"include_user_context": true}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"include_query_text": true}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"schema_evolution": {"enabled": true}}'); \echo SQLSTATE :SQLSTATE
@@ -86,7 +86,7 @@ SELECT cdc_enable('orders', '{
     "capture_mode": "all_changes",
     "include_query_text": false,
     "include_user_context": false,
-    "exactly_once": {"enabled": false, "checkpoint_interval_ms": 1000},
+    "exactly_once": {"enabled": true, "checkpoint_interval_ms": 1000},
     "compliance": {"redact_pii": false, "pii_columns": [], "redaction_method": "hash", "audit_retention_days": 30},
     "schema_evolution": {"enabled": false, "compatibility_mode": "BACKWARD"},
     "transformations": [],

@@ -31,7 +31,9 @@ SELECT cdc_add_sink(sink_name => 'regress_full', sink_type => 'kafka', config =>
 -- acks spelled in each accepted way; null means "not given".
 SELECT cdc_add_sink('regress_acks_all', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "{schema}.{table}", "acks": "all"}') IS NOT NULL AS added;
 SELECT cdc_add_sink('regress_acks_minus_one', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "t-1", "acks": -1, "compression": null}') IS NOT NULL AS added;
-SELECT cdc_add_sink('regress_acks_one', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "t_1", "acks": 1, "linger_ms": 0}') IS NOT NULL AS added;
+SELECT cdc_add_sink('regress_acks_one', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "t_1", "acks": 1, "linger_ms": 0, "exactly_once": false}') IS NOT NULL AS added;
+-- Exactly-once (the default) needs acks=all.
+SELECT cdc_add_sink('regress_bad', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "t_1", "acks": 1}'); \echo SQLSTATE :SQLSTATE
 
 -- The catalog rows.
 SELECT sink_name, sink_type, delivery_mode, config, table_oids IS NULL AS all_tables,

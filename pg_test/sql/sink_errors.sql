@@ -72,8 +72,9 @@ SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "format": "xml"}'); 
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "format": "avro"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "format": "debezium"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "schema_registry": "http://127.0.0.1:1"}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "exactly_once": true}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "transactional_id": "tx-1"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "exactly_once": "yes"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "exactly_once": false, "transactional_id": "tx-1"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "transactional_id": ""}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "partition_key": "id"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "include_transformations": true}'); \echo SQLSTATE :SQLSTATE
 

@@ -109,7 +109,7 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
     catalog::run(
         &format!(
             "INSERT INTO {schema}._cdc_sinks (sink_id, sink_name, sink_type, config, slot_name, table_oids, delivery_mode, state)
-             VALUES ($1, $2, $3, $4, $5, $6, 'at_least_once', $7)"
+             VALUES ($1, $2, $3, $4, $5, $6, $8, $7)"
         ),
         &[
             id.into(),
@@ -119,6 +119,7 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
             slot.as_str().into(),
             table_oids.into(),
             (if slot_created { "starting" } else { "creating_slot" }).into(),
+            (if cfg.exactly_once { "exactly_once" } else { "at_least_once" }).into(),
         ],
     );
     if catalog::json(&format!("SELECT to_jsonb(count(*)) FROM {schema}._cdc_publications"), &[])

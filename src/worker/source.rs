@@ -78,6 +78,12 @@ pub struct SlotRow {
 pub struct Catalog {
     /// Whether the extension is installed in this database.
     pub installed: bool,
+    /// pg_control_system().system_identifier (for transactional ids).
+    #[serde(default)]
+    pub system_identifier: String,
+    /// OID of the worker's database.
+    #[serde(default)]
+    pub database_oid: u64,
     /// The extension's schema, quoted (set when installed).
     #[serde(skip)]
     pub schema: Option<String>,
@@ -108,6 +114,8 @@ pub fn load_catalog() -> Catalog {
     let mut cat = load(&format!(
         r#"SELECT jsonb_build_object(
   'installed', true,
+  'system_identifier', (SELECT system_identifier::text FROM pg_control_system()),
+  'database_oid', (SELECT oid::bigint FROM pg_database WHERE datname = current_database()),
   'database', current_database(),
   'now', clock_timestamp()::text,
   'wal_insert_lsn', pg_current_wal_insert_lsn()::text,

@@ -9,8 +9,9 @@ use cdc_core::pipeline::{Assembler, SinkTables};
 use cdc_core::time::pg_to_unix_micros;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
-use cdc_sinks::kafka::KafkaSink;
-use cdc_sinks::{ErrorClass, Sink};
+use cdc_sinks::kafka::{KafkaSink, Transactional};
+use cdc_sinks::{Checkpoint, ErrorClass, Sink};
+use pgrx::pg_sys;
 
 use super::source::{self, Catalog, SinkRow, TableProgress};
 use super::{retry_at, run_tx, stop_requested, OrphanSightings};
@@ -28,6 +29,10 @@ struct SinkRun {
     written: (String, Option<String>),
     last_heartbeat: Option<Instant>,
     heartbeat_end: Option<Lsn>,
+    /// Last checkpoint committed to Kafka (exactly-once), read at open and kept current.
+    checkpoint: Option<Checkpoint>,
+    /// Events skipped because they were already committed to Kafka, since the worker started.
+    duplicates_filtered: u64,
 }
 
 /// The worker.
@@ -129,6 +134,8 @@ impl Worker {
                         written: (row.state.clone(), row.last_error.clone()),
                         last_heartbeat: None,
                         heartbeat_end: None,
+                        checkpoint: None,
+                        duplicates_filtered: 0,
                     },
                 );
             } else if let Some(r) = self.sinks.get_mut(&row.id) {
@@ -257,47 +264,101 @@ impl Worker {
             }
         };
 
-        // Publish, then confirm.
-        let mut progress: HashMap<u32, TableProgress> = HashMap::new();
-        let has_events = output.transactions.iter().any(|t| !t.events.is_empty());
-        if has_events {
+        // Publish, then confirm. Exactly-once publishes whenever the slot is to move, so the
+        // checkpoint in Kafka always covers the slot; at-least-once only when there are events.
+        let target = output.confirm_lsn.filter(|l| *l > confirmed && !frames.is_empty());
+        let mut transactions = output.transactions;
+        let has_events = transactions.iter().any(|t| !t.events.is_empty());
+        let needs_sink = if config.exactly_once { target.is_some() } else { has_events };
+        if needs_sink {
             if run.producer.is_none() {
+                let transactional = config.exactly_once.then(|| {
+                    let hex = row.slot.trim_start_matches("_cdc_");
+                    Transactional {
+                        transactional_id: config
+                            .transactional_id
+                            .clone()
+                            .unwrap_or_else(|| format!("pg_cdc-{}-{}-{hex}", cat.system_identifier, cat.database_oid)),
+                        progress_topic: format!("pg_cdc.progress.{hex}"),
+                        progress_key: row.id.clone(),
+                    }
+                });
                 let client_id = format!("pg_cdc-{}", row.name);
-                match KafkaSink::new(&config, &gucs::string(&gucs::KAFKA_BOOTSTRAP_SERVERS), &cat.database, &client_id)
-                {
-                    Ok(mut p) => {
+                let bootstrap = gucs::string(&gucs::KAFKA_BOOTSTRAP_SERVERS);
+                let opened =
+                    KafkaSink::new(&config, &bootstrap, &cat.database, &client_id, transactional).and_then(|mut p| {
                         p.set_interrupt(stop_requested);
+                        let checkpoint = p.open()?;
+                        Ok((p, checkpoint))
+                    });
+                match opened {
+                    Ok((p, checkpoint)) => {
+                        if let Some(cp) = checkpoint.filter(|cp| confirmed > cp.end_lsn) {
+                            let msg = format!(
+                                "replication slot {} is confirmed up to {confirmed}, past the last checkpoint committed to Kafka ({}): \
+                                 changes in between may never have been delivered; pg_cdc stops instead of guessing (drop and re-add the sink)",
+                                row.slot, cp.end_lsn
+                            );
+                            self.fail(id, "error", msg);
+                            return false;
+                        }
+                        run.checkpoint = checkpoint;
                         run.producer = Some(p);
                     }
                     Err(e) => {
-                        self.fail(id, "error", e.message);
+                        let state = if e.class == ErrorClass::Retry { "retrying" } else { "error" };
+                        self.fail(id, state, e.message);
                         return false;
                     }
+                }
+            }
+            // Transactions at or below the checkpoint are already in Kafka (the slot went backwards
+            // after a crash, or the worker died between the Kafka commit and the slot advance).
+            if let Some(cp) = run.checkpoint.filter(|_| !gucs::TEST_SKIP_DEDUP.get()) {
+                let before: usize = transactions.iter().map(|t| t.events.len()).sum();
+                transactions.retain(|t| t.end_lsn > cp.end_lsn);
+                let after: usize = transactions.iter().map(|t| t.events.len()).sum();
+                if before > after {
+                    run.duplicates_filtered += (before - after) as u64;
+                    pgrx::log!(
+                        "pg_cdc sink \"{}\": skipped {} events already committed to Kafka (checkpoint {})",
+                        row.name,
+                        before - after,
+                        cp.end_lsn
+                    );
                 }
             }
             let Some(producer) = run.producer.as_mut() else {
                 return false;
             };
-            if let Err(e) = producer.publish(&output.transactions) {
+            let checkpoint = Checkpoint { end_lsn: target.unwrap_or(confirmed) };
+            if let Err(e) = producer.publish(&transactions, checkpoint) {
                 let state = if e.class == ErrorClass::Retry { "retrying" } else { "error" };
                 self.fail(id, state, e.message);
                 return false;
             }
-            for t in &output.transactions {
-                for ev in &t.events {
-                    let p = progress.entry(ev.table_oid).or_default();
-                    p.events += 1;
-                    p.last_commit_lsn = t.commit_lsn.0;
-                    p.last_commit_unix_micros = pg_to_unix_micros(t.commit_time);
-                }
+            if config.exactly_once {
+                run.checkpoint = Some(checkpoint);
+            }
+            if gucs::string(&gucs::TEST_FAILPOINT) == "after_kafka_commit" {
+                pgrx::log!("pg_cdc worker: failpoint after_kafka_commit: exiting before the slot is confirmed");
+                // SAFETY: ends this process on purpose (test failpoint); the postmaster restarts it.
+                unsafe { pg_sys::proc_exit(1) };
+            }
+        }
+        let mut progress: HashMap<u32, TableProgress> = HashMap::new();
+        for t in &transactions {
+            for ev in &t.events {
+                let p = progress.entry(ev.table_oid).or_default();
+                p.events += 1;
+                p.last_commit_lsn = t.commit_lsn.0;
+                p.last_commit_unix_micros = pg_to_unix_micros(t.commit_time);
             }
         }
         let Some(schema) = self.schema.clone() else {
             return false;
         };
-        let mut target = output.confirm_lsn.filter(|l| *l > confirmed);
         if frames.is_empty() {
-            target = None;
             self.maybe_heartbeat(id, confirmed, cat);
         }
         if let Some(lsn) = target {

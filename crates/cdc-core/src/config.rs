@@ -404,12 +404,13 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
             return Err(planned("config.compliance.redact_pii", "PII redaction"));
         }
     }
+    // Delivery is a property of each sink (Kafka sinks are exactly-once by default); the
+    // capture-level block is validated and recorded. Each peek batch is one Kafka transaction,
+    // committed as soon as its events are produced.
     if let Some(e) = o.object("exactly_once")? {
         e.check_keys(&["enabled", "checkpoint_interval_ms"])?;
         e.int("checkpoint_interval_ms", 1, 3_600_000)?;
-        if e.bool("enabled")? == Some(true) {
-            return Err(planned("config.exactly_once.enabled", "exactly-once delivery"));
-        }
+        e.bool("enabled")?;
     }
     if let Some(s) = o.object("schema_evolution")? {
         s.check_keys(&["enabled", "compatibility_mode", "schema_registry", "auto_register"])?;
@@ -473,6 +474,10 @@ pub struct KafkaSinkConfig {
     pub tables: Option<Vec<String>>,
     /// librdkafka properties passed through (TLS, SASL, ...). Values may be secrets: never echoed.
     pub properties: BTreeMap<String, String>,
+    /// Transactional delivery with a progress topic (default true).
+    pub exactly_once: bool,
+    /// `transactional.id` override; `None` derives one from the system identifier, database and sink.
+    pub transactional_id: Option<String>,
 }
 
 /// Kafka sink keys, as in the product description.
@@ -639,12 +644,14 @@ fn parse_kafka_config(config: &Value) -> CdcResult<KafkaSinkConfig> {
     };
     let batch_size = o.int("batch_size", 1, 2_147_483_647)?;
     let linger_ms = o.int("linger_ms", 0, 900_000)?;
-    if o.bool("exactly_once")? == Some(true) {
-        return Err(planned("config.exactly_once", "exactly-once (transactional) delivery"));
+    let exactly_once = o.bool("exactly_once")?.unwrap_or(true);
+    let transactional_id = o.string("transactional_id")?.map(str::to_string);
+    if transactional_id.is_some() && !exactly_once {
+        return Err(invalid("config.transactional_id is only used with \"exactly_once\": true"));
     }
-    if o.get("transactional_id").is_some() {
-        o.string("transactional_id")?;
-        return Err(planned("config.transactional_id", "exactly-once (transactional) delivery"));
+    if exactly_once && acks != "all" {
+        return Err(invalid("config.acks must be \"all\" with exactly-once delivery")
+            .hint("Kafka transactions need acks=all; set \"exactly_once\": false to use acks=1."));
     }
     if o.get("partition_key").is_some() {
         o.string("partition_key")?;
@@ -675,6 +682,8 @@ fn parse_kafka_config(config: &Value) -> CdcResult<KafkaSinkConfig> {
         }
     }
     Ok(KafkaSinkConfig {
+        exactly_once,
+        transactional_id,
         bootstrap_servers,
         topic,
         format,

@@ -122,7 +122,6 @@ fn planned_features_say_so() {
         json!({"capture_mode": "filtered"}),
         json!({"transformations": [{"type": "compute"}]}),
         json!({"compliance": {"redact_pii": true}}),
-        json!({"exactly_once": {"enabled": true}}),
         json!({"include_user_context": true}),
         json!({"schema_evolution": {"enabled": true}}),
         json!({"schema_evolution": {"compatibility_mode": "full"}}),

@@ -1,8 +1,14 @@
-//! The Kafka sink: librdkafka's idempotent producer, acks=all by default.
+//! The Kafka sink: librdkafka's idempotent producer, acks=all by default, transactional when
+//! exactly-once is on (the default).
 //!
-//! `publish` enqueues every event (waiting on the bounded local queue when it is full), then polls
-//! until each delivery report arrived. Any failed delivery fails the whole publish; the worker
-//! then re-reads the same transactions from its slot and publishes them again with a new producer.
+//! Exactly-once protocol (see ARCHITECTURE.md): the pipeline has a stable `transactional.id`;
+//! `open` calls `init_transactions` (which fences any older producer with that id and aborts its
+//! open transaction), makes sure the pipeline's single-partition compacted progress topic exists,
+//! and reads the last checkpoint committed there with a read_committed consumer. `publish` writes
+//! the batch's events and one checkpoint record in ONE Kafka transaction; the worker confirms the
+//! slot only after the commit, and skips transactions at or below the checkpoint after a restart.
+//!
+//! At-least-once: `publish` enqueues every event, then polls until each delivery report arrived.
 //! Delivery reports are served by `poll` on the calling thread, so no callback ever runs on a
 //! librdkafka thread.
 
@@ -13,13 +19,50 @@ use std::time::{Duration, Instant};
 
 use cdc_core::config::{expand_topic, KafkaSinkConfig};
 use cdc_core::pipeline::Transaction;
-use rdkafka::client::ClientContext;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::DeliveryResult;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
+use rdkafka::Message;
+use rdkafka::{Offset, TopicPartitionList};
 
-use crate::{ErrorClass, PublishStats, Sink, SinkError};
+use crate::{Checkpoint, DeliveryMode, ErrorClass, PublishStats, Sink, SinkError};
+
+/// How long a Kafka transaction commit (or abort, or init) may take.
+pub const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What makes a Kafka sink transactional.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transactional {
+    /// `transactional.id`, stable for the pipeline across restarts.
+    pub transactional_id: String,
+    /// Single-partition compacted topic holding the pipeline's checkpoints.
+    pub progress_topic: String,
+    /// Key of the checkpoint records (the sink id).
+    pub progress_key: String,
+}
+
+fn kafka_err(what: &str, e: KafkaError) -> SinkError {
+    SinkError { class: classify(&e), message: format!("{what}: {e}") }
+}
+
+/// Runs `f` with every signal blocked in this thread, so a thread it spawns (rdkafka's admin
+/// client polls on a Rust thread) inherits the mask and never runs PostgreSQL's signal handlers.
+fn with_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: plain POSIX calls on stack-allocated signal sets; the old mask is restored.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        let r = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        r
+    }
+}
 
 /// Upper bound of librdkafka's local queue, in KiB (its default is about 1 GB).
 pub const QUEUE_MAX_KBYTES: u32 = 65_536;
@@ -87,6 +130,9 @@ pub struct KafkaSink {
     database: String,
     topics: HashMap<u32, String>,
     interrupt: Option<Box<dyn Fn() -> bool>>,
+    /// Connection settings without producer keys, for the admin client and the progress reader.
+    client_config: ClientConfig,
+    transactional: Option<Transactional>,
 }
 
 impl KafkaSink {
@@ -97,14 +143,20 @@ impl KafkaSink {
         default_bootstrap: &str,
         database: &str,
         client_id: &str,
+        transactional: Option<Transactional>,
     ) -> Result<Self, SinkError> {
-        let mut cc = ClientConfig::new();
+        let mut client_config = ClientConfig::new();
         for (k, v) in &cfg.properties {
-            cc.set(k, v);
+            client_config.set(k, v);
         }
-        cc.set("bootstrap.servers", cfg.bootstrap_servers.as_deref().unwrap_or(default_bootstrap))
-            .set("client.id", client_id)
-            .set("acks", &cfg.acks)
+        client_config
+            .set("bootstrap.servers", cfg.bootstrap_servers.as_deref().unwrap_or(default_bootstrap))
+            .set("client.id", client_id);
+        let mut cc = client_config.clone();
+        if let Some(t) = &transactional {
+            cc.set("transactional.id", &t.transactional_id);
+        }
+        cc.set("acks", &cfg.acks)
             .set("enable.idempotence", if cfg.acks == "all" { "true" } else { "false" })
             .set("queue.buffering.max.kbytes", QUEUE_MAX_KBYTES.to_string())
             .set("message.timeout.ms", MESSAGE_TIMEOUT_MS.to_string());
@@ -127,7 +179,144 @@ impl KafkaSink {
             database: database.to_string(),
             topics: HashMap::new(),
             interrupt: None,
+            client_config,
+            transactional,
         })
+    }
+
+    /// Creates the progress topic (one partition, compacted) unless it exists.
+    fn ensure_progress_topic(&self, t: &Transactional) -> Result<(), SinkError> {
+        let admin: AdminClient<DefaultClientContext> = with_signals_blocked(|| self.client_config.create())
+            .map_err(|e| kafka_err("cannot create a Kafka admin client", e))?;
+        let topic = NewTopic::new(&t.progress_topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+        let opts = AdminOptions::new().operation_timeout(Some(TRANSACTION_TIMEOUT));
+        let results = futures_executor::block_on(admin.create_topics([&topic], &opts))
+            .map_err(|e| kafka_err(&format!("cannot create progress topic {}", t.progress_topic), e))?;
+        for r in results {
+            match r {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, code)) => {
+                    let e = KafkaError::AdminOp(code);
+                    return Err(kafka_err(&format!("cannot create progress topic {name}"), e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the last checkpoint committed to the progress topic (read_committed).
+    fn read_checkpoint(&self, t: &Transactional) -> Result<Option<Checkpoint>, SinkError> {
+        let mut cc = self.client_config.clone();
+        cc.set("group.id", format!("{}-progress-reader", t.transactional_id))
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed");
+        let consumer: BaseConsumer =
+            with_signals_blocked(|| cc.create()).map_err(|e| kafka_err("cannot create the progress reader", e))?;
+        let err = |e| kafka_err(&format!("cannot read progress topic {}", t.progress_topic), e);
+        let (low, high) = consumer.fetch_watermarks(&t.progress_topic, 0, TRANSACTION_TIMEOUT).map_err(err)?;
+        if high <= low {
+            return Ok(None);
+        }
+        // The last checkpoint is near the end; scan the whole (compacted) topic only if the tail
+        // holds none.
+        for start in [(high - 1000).max(low), low] {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(&t.progress_topic, 0, Offset::Offset(start)).map_err(err)?;
+            consumer.assign(&tpl).map_err(err)?;
+            let mut last = None;
+            let deadline = Instant::now() + TRANSACTION_TIMEOUT;
+            loop {
+                if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+                    let m = m.map_err(err)?;
+                    if m.key() == Some(t.progress_key.as_bytes()) {
+                        last = m.payload().and_then(Checkpoint::decode).or(last);
+                    }
+                }
+                let position = consumer
+                    .position()
+                    .map_err(err)?
+                    .find_partition(&t.progress_topic, 0)
+                    .and_then(|p| p.offset().to_raw())
+                    .unwrap_or(start);
+                if position >= high {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(SinkError {
+                        class: ErrorClass::Retry,
+                        message: format!("timed out reading progress topic {} up to offset {high}", t.progress_topic),
+                    });
+                }
+            }
+            if last.is_some() || start == low {
+                return Ok(last);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Enqueues one record, waiting while the local queue is full.
+    fn send(&self, topic: &str, key: Option<&[u8]>, payload: &[u8], partition: Option<i32>) -> Result<(), SinkError> {
+        let mut record: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(topic).payload(payload);
+        if let Some(k) = key {
+            record = record.key(k);
+        }
+        if let Some(p) = partition {
+            record = record.partition(p);
+        }
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    if self.interrupted() {
+                        return Err(SinkError { class: ErrorClass::Retry, message: "publish interrupted".into() });
+                    }
+                    self.producer.poll(Duration::from_millis(50));
+                }
+                Err((e, _)) => return Err(kafka_err(&format!("cannot enqueue to topic {topic}"), e)),
+            }
+        }
+    }
+
+    /// Topic of an event's table.
+    fn topic_for(&mut self, ev: &cdc_core::envelope::Event) -> String {
+        self.topics
+            .entry(ev.table_oid)
+            .or_insert_with(|| expand_topic(&self.topic_template, &self.database, &ev.schema, &ev.table))
+            .clone()
+    }
+
+    fn publish_transactional(
+        &mut self,
+        t: &Transactional,
+        transactions: &[Transaction],
+        checkpoint: Checkpoint,
+    ) -> Result<PublishStats, SinkError> {
+        self.producer.begin_transaction().map_err(|e| kafka_err("cannot begin a Kafka transaction", e))?;
+        let result = (|| {
+            let mut stats = PublishStats::default();
+            for txn in transactions {
+                for ev in &txn.events {
+                    let topic = self.topic_for(ev);
+                    self.send(&topic, ev.key.as_deref(), &ev.payload, None)?;
+                    stats.events += 1;
+                    stats.bytes += (ev.payload.len() + ev.key.as_ref().map_or(0, Vec::len)) as u64;
+                }
+                self.producer.poll(Duration::ZERO);
+            }
+            self.send(&t.progress_topic, Some(t.progress_key.as_bytes()), &checkpoint.encode(), Some(0))?;
+            self.producer
+                .commit_transaction(TRANSACTION_TIMEOUT)
+                .map_err(|e| kafka_err("cannot commit the Kafka transaction", e))?;
+            Ok(stats)
+        })();
+        if result.is_err() {
+            // Best effort: a fenced or fatal producer cannot abort; the worker replaces it, and the
+            // next producer's init_transactions aborts whatever is left open.
+            let _ = self.producer.abort_transaction(TRANSACTION_TIMEOUT);
+        }
+        result
     }
 
     /// Installs a check polled while waiting for the broker; when it returns true, `publish` gives up
@@ -146,7 +335,27 @@ impl KafkaSink {
 }
 
 impl Sink for KafkaSink {
-    fn publish(&mut self, transactions: &[Transaction]) -> Result<PublishStats, SinkError> {
+    fn open(&mut self) -> Result<Option<Checkpoint>, SinkError> {
+        let Some(t) = self.transactional.clone() else { return Ok(None) };
+        self.producer
+            .init_transactions(TRANSACTION_TIMEOUT)
+            .map_err(|e| kafka_err("cannot initialize Kafka transactions", e))?;
+        self.ensure_progress_topic(&t)?;
+        self.read_checkpoint(&t)
+    }
+
+    fn delivery_mode(&self) -> DeliveryMode {
+        if self.transactional.is_some() {
+            DeliveryMode::ExactlyOnce
+        } else {
+            DeliveryMode::AtLeastOnce
+        }
+    }
+
+    fn publish(&mut self, transactions: &[Transaction], checkpoint: Checkpoint) -> Result<PublishStats, SinkError> {
+        if let Some(t) = self.transactional.clone() {
+            return self.publish_transactional(&t, transactions, checkpoint);
+        }
         let ctx = self.producer.context().clone();
         let start_delivered = ctx.delivered.load(Ordering::Relaxed);
         let start_failed = ctx.failed.load(Ordering::Relaxed);
@@ -154,36 +363,8 @@ impl Sink for KafkaSink {
         let mut sent: u64 = 0;
         for txn in transactions {
             for ev in &txn.events {
-                let topic = self
-                    .topics
-                    .entry(ev.table_oid)
-                    .or_insert_with(|| expand_topic(&self.topic_template, &self.database, &ev.schema, &ev.table));
-                let mut record: BaseRecord<'_, [u8], [u8], ()> =
-                    BaseRecord::to(topic.as_str()).payload(&ev.payload[..]);
-                if let Some(k) = &ev.key {
-                    record = record.key(&k[..]);
-                }
-                loop {
-                    match self.producer.send(record) {
-                        Ok(()) => break,
-                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                            record = r;
-                            if self.interrupt.as_ref().is_some_and(|f| f()) {
-                                return Err(SinkError {
-                                    class: ErrorClass::Retry,
-                                    message: "publish interrupted".into(),
-                                });
-                            }
-                            self.producer.poll(Duration::from_millis(50));
-                        }
-                        Err((e, _)) => {
-                            return Err(SinkError {
-                                class: classify(&e),
-                                message: format!("cannot enqueue to topic {topic}: {e}"),
-                            })
-                        }
-                    }
-                }
+                let topic = self.topic_for(ev);
+                self.send(&topic, ev.key.as_deref(), &ev.payload, None)?;
                 sent += 1;
                 stats.bytes += (ev.payload.len() + ev.key.as_ref().map_or(0, Vec::len)) as u64;
             }
@@ -245,6 +426,17 @@ mod tests {
         Transaction { xid: 1, commit_lsn: Lsn(10), end_lsn: Lsn(11), commit_time: 0, events }
     }
 
+    fn cp() -> Checkpoint {
+        Checkpoint { end_lsn: Lsn(11) }
+    }
+
+    #[test]
+    fn checkpoint_records_round_trip() {
+        let c = Checkpoint { end_lsn: Lsn(u64::MAX - 1) };
+        assert_eq!(Checkpoint::decode(&c.encode()), Some(c));
+        assert_eq!(Checkpoint::decode(b"garbage"), None);
+    }
+
     fn config(topic: &str) -> KafkaSinkConfig {
         cdc_core::config::parse_sink_config("kafka", &serde_json::json!({"topic": topic})).unwrap()
     }
@@ -253,8 +445,9 @@ mod tests {
     fn publishes_and_counts() {
         let cluster = MockCluster::new(1).unwrap();
         let mut sink =
-            KafkaSink::new(&config("cdc.{schema}.{table}"), &cluster.bootstrap_servers(), "db", "test").unwrap();
-        let stats = sink.publish(&[txn(3), txn(2)]).unwrap();
+            KafkaSink::new(&config("cdc.{schema}.{table}"), &cluster.bootstrap_servers(), "db", "test", None).unwrap();
+        assert_eq!(sink.open().unwrap(), None);
+        let stats = sink.publish(&[txn(3), txn(2)], cp()).unwrap();
         assert_eq!(stats.events, 5);
         assert_eq!(stats.bytes, 5 * 2 + 3 * 8 + 2 * 8);
         assert_eq!(sink.topics[&1], "cdc.public.orders");
@@ -263,12 +456,12 @@ mod tests {
     #[test]
     fn broker_down_is_a_retryable_error_and_interrupt_stops_waiting() {
         let cluster = MockCluster::new(1).unwrap();
-        let mut sink = KafkaSink::new(&config("t"), &cluster.bootstrap_servers(), "db", "test").unwrap();
-        sink.publish(&[txn(1)]).unwrap();
+        let mut sink = KafkaSink::new(&config("t"), &cluster.bootstrap_servers(), "db", "test", None).unwrap();
+        sink.publish(&[txn(1)], cp()).unwrap();
         cluster.broker_down(1).unwrap();
         let started = Instant::now();
         sink.set_interrupt(move || started.elapsed() > Duration::from_millis(500));
-        let e = sink.publish(&[txn(1)]).unwrap_err();
+        let e = sink.publish(&[txn(1)], cp()).unwrap_err();
         assert_eq!(e.class, ErrorClass::Retry);
         assert!(started.elapsed() < Duration::from_secs(10), "interrupt honoured");
     }
