@@ -156,6 +156,15 @@ fn kafka_sink_config() {
     assert!(parse_sink_config("kafka", &json!({"topic": "cdc.{database}.{schema}.{table}"})).is_ok());
     assert_eq!(e(json!({"topic": "t", "acks": 0})).kind.sqlstate(), "22023");
     assert_eq!(e(json!({"topic": ".."})).kind.sqlstate(), "22023");
+    // Exactly-once is the default and needs acks=all; a transactional id needs exactly-once.
+    assert!(c.exactly_once && c.transactional_id.is_none());
+    let tx = parse_sink_config("kafka", &json!({"topic": "t", "transactional_id": "tx-1"})).unwrap();
+    assert_eq!(tx.transactional_id.as_deref(), Some("tx-1"));
+    assert_eq!(e(json!({"topic": "t", "acks": "1"})).kind.sqlstate(), "22023");
+    assert!(
+        !parse_sink_config("kafka", &json!({"topic": "t", "acks": "1", "exactly_once": false})).unwrap().exactly_once
+    );
+    assert_eq!(e(json!({"topic": "t", "exactly_once": false, "transactional_id": "x"})).kind.sqlstate(), "22023");
     assert_eq!(e(json!({"topic": "t", "format": "avro"})).kind.sqlstate(), "0A000");
     assert_eq!(e(json!({"topic": "t", "compression": "brotli"})).kind.sqlstate(), "22023");
     assert_eq!(
