@@ -2,14 +2,14 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 
-.PHONY: demo test deps install up down restart psql unit lint regress e2e golden clean logs
+.PHONY: demo test deps install up down restart psql unit lint regress e2e chaos chaos-long golden clean logs
 
 ## demo: install what is missing, build + install the extension, start PostgreSQL and Kafka, run the demo
 demo: up
 	@$(ENV) scripts/demo.sh
 
 ## test: everything CI checks (.ci/run runs exactly this)
-test: lint unit up regress e2e
+test: lint unit up regress e2e chaos
 	@echo "make test: all checks passed"
 
 deps:
@@ -50,6 +50,17 @@ regress:
 ## e2e: end-to-end tests against the real PostgreSQL and the real Kafka
 e2e:
 	@$(ENV) "$$PG_CDC_VENV/bin/python" -m pytest -q tests/e2e
+
+## chaos: the short seeded fault-injection run (2,000 transactions, 2 of every fault kind), then the
+## control that must see duplicates with deduplication switched off
+chaos:
+	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2
+	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 2 --transactions 600 --control-no-dedup
+
+## chaos-long: the long run by hand (100,000 transactions); writes tests/chaos/results/long.json
+chaos-long:
+	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 7 --transactions 100000 --min-faults 20 \
+		--out tests/chaos/results/long.json
 
 ## golden: re-capture the pgoutput golden files from the running PostgreSQL
 golden:

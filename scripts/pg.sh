@@ -55,6 +55,7 @@ cdc.database = '$PGDATABASE'
 cdc.kafka_bootstrap_servers = '$KAFKA_BOOTSTRAP'
 log_min_messages = warning
 log_line_prefix = '%m [%p] %b '
+log_timezone = 'UTC'
 CONF
   chown postgres:postgres "$PGDATA_DIR/pg_cdc.conf"
   # Loopback is trusted by initdb; PG_CDC_TRUST_CIDR (e.g. in the container) trusts one more network.

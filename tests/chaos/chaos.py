@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""Seeded fault-injection run for exactly-once delivery into Kafka (`make chaos`).
+
+Writers commit multi-row, multi-table transactions whose rows carry per-writer gap-free sequences
+(including ROLLBACK and ROLLBACK TO SAVEPOINT), while faults hit the pipeline: pg_terminate_backend of
+the worker, SIGKILL of the worker (PostgreSQL then crash-restarts every backend), `pg_ctl stop -m
+immediate` + start, broker SIGKILL + restart, the failpoint between the Kafka commit and the slot
+advance, and a zombie producer with the pipeline's transactional.id.
+
+The oracle is an independent read_committed consumer: it folds the topic by (table, key) in
+(commit_lsn, lsn) order -- the apply_cdc rule: newer versions win, deletes leave tombstones -- and
+compares with SELECT on the source tables; it also checks zero duplicates, zero per-writer gaps, every
+transaction whole (event_count events per commit_lsn), and nothing from aborted work.
+
+    tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2          # short run
+    tests/chaos/chaos.py --seed 7 --transactions 100000 --long --out results/long.json
+    tests/chaos/chaos.py --control-no-dedup    # must FAIL: proves the oracle sees duplicates
+"""
+import argparse
+import collections
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg
+from confluent_kafka import Consumer, Producer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+DSN = "host={} port={} user={} dbname={}".format(
+    os.environ.get("PGHOST", "127.0.0.1"), os.environ.get("PGPORT", "55432"),
+    os.environ.get("PGUSER", "postgres"), os.environ.get("PGDATABASE", "postgres"))
+BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+TABLES = ("chaos_a", "chaos_b", "chaos_txn")
+
+
+def log(msg):
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def connect(retries=120):
+    for _ in range(retries):
+        try:
+            return psycopg.connect(DSN, autocommit=True, connect_timeout=3)
+        except psycopg.OperationalError:
+            time.sleep(0.5)
+    raise RuntimeError("PostgreSQL did not come back")
+
+
+def sh(*args):
+    subprocess.run(list(args), check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+
+
+class Writer(threading.Thread):
+    """Commits transactions (writer, seq = 1, 2, ...) with no gaps; resolves unknown outcomes by
+    reading the table back."""
+
+    def __init__(self, wid, rng, target, stop):
+        super().__init__(daemon=True)
+        self.wid, self.rng, self.target, self.stop_ev = wid, rng, target, stop
+        self.seq = 0
+        self.aborted = 0
+        self.unknown_resolved = 0
+        self.error = None
+
+    def committed(self, conn, seq):
+        return conn.execute("SELECT 1 FROM chaos_txn WHERE writer = %s AND seq = %s", (self.wid, seq)).fetchone() is not None
+
+    def one(self, conn, seq):
+        r, w = self.rng, self.wid
+        with conn.transaction():
+            for i in range(r.randint(1, 3)):
+                conn.execute("INSERT INTO chaos_a VALUES (%s, %s, %s, %s)", (f"{w}-{seq}-{i}", w, seq, r.randint(0, 9)))
+            conn.execute("INSERT INTO chaos_b VALUES (%s, %s, %s, 0)", (f"{w}-{seq}", w, seq))
+            if seq > 1:
+                old = r.randint(max(1, seq - 50), seq - 1)
+                conn.execute("UPDATE chaos_b SET val = val + 1, seq = %s WHERE id = %s", (seq, f"{w}-{old}"))
+                if r.random() < 0.3:
+                    conn.execute("DELETE FROM chaos_a WHERE id = %s", (f"{w}-{old}-0",))
+            if r.random() < 0.2:
+                conn.execute("SAVEPOINT s")
+                conn.execute("INSERT INTO chaos_a VALUES (%s, %s, %s, -1)", (f"aborted-sp-{w}-{seq}", w, seq))
+                conn.execute("ROLLBACK TO SAVEPOINT s")
+            conn.execute("INSERT INTO chaos_txn VALUES (%s, %s)", (w, seq))
+
+    def run(self):
+        conn = connect()
+        try:
+            while self.seq < self.target and not self.stop_ev.is_set():
+                seq = self.seq + 1
+                try:
+                    if self.rng.random() < 0.1:
+                        try:
+                            with conn.transaction():
+                                conn.execute("INSERT INTO chaos_a VALUES (%s, %s, %s, -1)", (f"aborted-{self.wid}-{seq}", self.wid, seq))
+                                raise ValueError("rollback")
+                        except ValueError:
+                            self.aborted += 1
+                    self.one(conn, seq)
+                    self.seq = seq
+                except (psycopg.OperationalError, psycopg.errors.AdminShutdown, psycopg.InterfaceError):
+                    # The server went away, maybe during COMMIT: read the outcome back.
+                    try:
+                        conn.close()
+                    except Exception:
+                        pass
+                    conn = connect()
+                    if self.committed(conn, seq):
+                        self.seq = seq
+                        self.unknown_resolved += 1
+        except Exception as e:  # noqa: BLE001 - reported by the run
+            self.error = repr(e)
+
+
+def worker_pid(conn):
+    row = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'").fetchone()
+    return row[0] if row else None
+
+
+def wait_worker(timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with connect() as c:
+                pid = worker_pid(c)
+                if pid:
+                    return pid
+        except Exception:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError("the pg_cdc worker did not come back")
+
+
+class Faults:
+    KINDS = ("terminate", "sigkill", "pg_immediate", "broker_restart", "failpoint", "zombie")
+
+    def __init__(self, rng, txn_id, topic, no_dedup):
+        self.rng, self.txn_id, self.topic, self.no_dedup = rng, txn_id, topic, no_dedup
+        self.count = collections.Counter()
+
+    def inject(self, kind):
+        log(f"fault: {kind}")
+        if kind == "terminate":
+            with connect() as c:
+                c.execute("SELECT pg_terminate_backend(%s)", (wait_worker(),))
+        elif kind == "sigkill":
+            os.kill(wait_worker(), 9)  # PostgreSQL crash-restarts every backend
+            time.sleep(2)
+        elif kind == "pg_immediate":
+            sh("scripts/pg.sh", "crash")
+        elif kind == "broker_restart":
+            sh("scripts/kafka.sh", "kill")
+            time.sleep(self.rng.uniform(1, 5))
+            sh("scripts/kafka.sh", "start")
+        elif kind == "failpoint":
+            with connect() as c:
+                old = wait_worker()
+                c.execute("ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit'")
+                c.execute("SELECT pg_reload_conf()")
+                deadline = time.time() + 60
+                while time.time() < deadline and worker_pid(c) in (None, old):
+                    time.sleep(0.1)
+                c.execute("ALTER SYSTEM RESET cdc.test_failpoint")
+                c.execute("SELECT pg_reload_conf()")
+                if worker_pid(c) in (None, old):
+                    log("failpoint did not fire within 60 s (the worker had nothing to commit)")
+                    return
+        elif kind == "zombie":
+            z = Producer({"bootstrap.servers": BOOTSTRAP, "transactional.id": self.txn_id})
+            z.init_transactions(30)
+            z.begin_transaction()
+            z.produce(self.topic, key=b'{"zombie":1}', value=b'{"zombie":true}')
+            z.flush(10)
+            # left open: the worker must fence it back; its record must never become visible
+        self.count[kind] += 1
+        wait_worker()
+
+
+def dedup_logged(sink, since):
+    """Events the worker reported skipping (already in Kafka), from the server log since `since`."""
+    path = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), f"postgresql-{os.environ.get('PGPORT', '55432')}.log")
+    total, marker = 0, f'pg_cdc sink "{sink}": skipped '
+    with open(path, errors="replace") as f:
+        for line in f:
+            if marker in line and line[:19] >= since:
+                total += int(line.split(marker, 1)[1].split()[0])
+    return total
+
+
+def read_topic(topic, idle=8.0, limit=600.0):
+    c = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"chaos-oracle-{time.time()}",
+                  "auto.offset.reset": "earliest", "isolation.level": "read_committed", "enable.auto.commit": False})
+    c.subscribe([topic])
+    out, last, start = [], time.time(), time.time()
+    while time.time() - last < idle and time.time() - start < limit:
+        m = c.poll(0.5)
+        if m is None or m.error():
+            continue
+        out.append((m.key(), m.value()))
+        last = time.time()
+    c.close()
+    return out
+
+
+def oracle(records, conn):
+    seen, dups, foreign = set(), 0, 0
+    per_txn = collections.defaultdict(list)
+    state = {}
+    events = []
+    for key, value in records:
+        ev = json.loads(value)
+        md = ev.get("metadata")
+        if md is None:
+            foreign += 1  # e.g. a zombie record: must never be visible
+            continue
+        ident = (md["commit_lsn"], md["lsn"], md["table"], key)
+        if ident in seen:
+            dups += 1
+            continue
+        seen.add(ident)
+        per_txn[md["commit_lsn"]].append(md["transaction"]["event_count"])
+        events.append((md["commit_lsn"], md["lsn"], md["table"], key, ev))
+    torn = sum(1 for counts in per_txn.values() if len(counts) != counts[0])
+    events.sort(key=lambda e: (e[0], e[1]))
+    for _, _, table, key, ev in events:  # apply_cdc: later versions win, deletes are tombstones
+        if ev["metadata"]["operation"] == "DELETE":
+            state[(table, key)] = None
+        elif ev["after"] is not None:
+            state[(table, key)] = ev["after"]
+    folded = {t: {} for t in TABLES}
+    for (table, key), row in state.items():
+        if row is not None:
+            folded[table][key] = row
+    mismatched = 0
+    aborted_visible = 0
+    for t in TABLES:
+        rows = conn.execute(f"SELECT to_jsonb(x) FROM {t} x").fetchall()
+        src = {json.dumps({k: r[0][k] for k in (["writer", "seq"] if t == "chaos_txn" else ["id"])},
+                          separators=(",", ":")).encode(): r[0] for r in rows}
+        got = folded[t]
+        for k, row in src.items():
+            if got.get(k) != row:
+                mismatched += 1
+        mismatched += sum(1 for k in got if k not in src)
+        aborted_visible += sum(1 for row in got.values() if str(row.get("id", "")).startswith("aborted"))
+    gaps = 0
+    by_writer = collections.defaultdict(set)
+    for row in folded["chaos_txn"].values():
+        by_writer[row["writer"]].add(row["seq"])
+    for seqs in by_writer.values():
+        gaps += max(seqs) - len(seqs) if seqs else 0
+    return {"events_read": len(records), "unique_events": len(events), "duplicated": dups, "torn": torn,
+            "lost_or_wrong_rows": mismatched, "aborted_visible": aborted_visible + foreign, "writer_gaps": gaps,
+            "transactions_seen": len(per_txn)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--transactions", type=int, default=2000)
+    p.add_argument("--writers", type=int, default=4)
+    p.add_argument("--min-faults", type=int, default=2, help="at least this many of every fault kind")
+    p.add_argument("--control-no-dedup", action="store_true", help="turn dedup off: the run must fail")
+    p.add_argument("--out", help="write the figures to this JSON file")
+    a = p.parse_args()
+    rng = random.Random(a.seed)
+    tag = f"{a.seed}-{int(time.time())}"
+    topic, txn_id, sink = f"chaos-{tag}", f"chaos-{tag}", f"chaos_{a.seed}"
+    conn = connect()
+    conn.execute("CREATE EXTENSION IF NOT EXISTS pg_cdc")
+    conn.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (sink,))
+    for t in TABLES:
+        conn.execute(f"SELECT cdc_disable(table_name::regclass) FROM _cdc_publications WHERE table_name = '{t}'")
+        conn.execute(f"DROP TABLE IF EXISTS {t}")
+    conn.execute("CREATE TABLE chaos_a (id text PRIMARY KEY, writer int, seq int, val int)")
+    conn.execute("CREATE TABLE chaos_b (id text PRIMARY KEY, writer int, seq int, val int)")
+    conn.execute("CREATE TABLE chaos_txn (writer int, seq int, PRIMARY KEY (writer, seq))")
+    for t in TABLES:
+        conn.execute("SELECT cdc_enable(%s, '{\"include_transaction_info\": true}')", (t,))
+    log_since = conn.execute("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')").fetchone()[0]
+    conn.execute("ALTER SYSTEM SET cdc.heartbeat_interval_ms = 1000")
+    conn.execute("ALTER SYSTEM SET cdc.test_skip_dedup = %s" % ("on" if a.control_no_dedup else "off"))
+    conn.execute("SELECT pg_reload_conf()")
+    try:
+        run(a, rng, conn, topic, txn_id, sink, log_since)
+    finally:
+        with connect() as c:
+            for setting in ("cdc.test_skip_dedup", "cdc.test_failpoint", "cdc.heartbeat_interval_ms"):
+                c.execute(f"ALTER SYSTEM RESET {setting}")
+            c.execute("SELECT pg_reload_conf()")
+
+
+def run(a, rng, conn, topic, txn_id, sink, log_since):
+    """Adds the sink, runs the writers and the fault schedule, then checks with the oracle."""
+    conn.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)",
+                 (sink, json.dumps({"topic": topic, "transactional_id": txn_id, "tables": list(TABLES)})))
+    conn.close()
+
+    stop = threading.Event()
+    per_writer = a.transactions // a.writers
+    writers = [Writer(i + 1, random.Random(a.seed * 1000 + i), per_writer, stop) for i in range(a.writers)]
+    faults = Faults(rng, txn_id, topic, a.control_no_dedup)
+    schedule = [k for k in Faults.KINDS for _ in range(a.min_faults)]
+    rng.shuffle(schedule)
+    if a.control_no_dedup:
+        schedule = ["failpoint"] * max(2, a.min_faults)
+    started = time.time()
+    for w in writers:
+        w.start()
+    total = per_writer * a.writers
+    for n, kind in enumerate(schedule):
+        # Spread the faults over the run, by progress of the writers.
+        goal = total * (n + 1) / (len(schedule) + 1)
+        while sum(w.seq for w in writers) < goal and any(w.is_alive() for w in writers):
+            time.sleep(0.2)
+        time.sleep(rng.uniform(0, 1.5))
+        faults.inject(kind)
+    for w in writers:
+        w.join()
+    errors = [w.error for w in writers if w.error]
+    log(f"writers done: {sum(w.seq for w in writers)} transactions in {time.time() - started:.0f}s")
+
+    with connect() as c:
+        end = c.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            ok = c.execute("SELECT s.confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots s JOIN _cdc_sinks k "
+                           "ON k.slot_name = s.slot_name WHERE k.sink_name = %s", (end, sink)).fetchone()
+            if ok and ok[0]:
+                break
+            time.sleep(1)
+        else:
+            errors.append("the sink did not catch up within 300 s")
+        records = read_topic(topic)
+        result = oracle(records, c)
+        state = c.execute("SELECT state, last_error FROM _cdc_sinks WHERE sink_name = %s", (sink,)).fetchone()
+        c.execute("SELECT cdc_drop_sink(%s)", (sink,))
+    result.update({
+        "seed": a.seed, "transactions": sum(w.seq for w in writers), "aborted_transactions": sum(w.aborted for w in writers),
+        "commits_resolved_by_reading_back": sum(w.unknown_resolved for w in writers),
+        "faults": dict(faults.count), "seconds": round(time.time() - started), "dedup": not a.control_no_dedup,
+        "sink_state": state[0] if state else None, "errors": errors,
+        "duplicate_events_skipped_by_worker": dedup_logged(sink, log_since),
+    })
+    print(json.dumps(result, indent=2))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=2)
+    bad = result["duplicated"] or result["torn"] or result["lost_or_wrong_rows"] or result["aborted_visible"] \
+        or result["writer_gaps"] or errors
+    if a.control_no_dedup:
+        if result["duplicated"] == 0:
+            log("CONTROL FAILED: dedup off, yet the oracle saw no duplicate")
+            sys.exit(1)
+        log(f"control ok: with dedup off the oracle saw {result['duplicated']} duplicates")
+        log("1 passed, 0 failed")
+        return
+    if bad:
+        log("FAILED")
+        sys.exit(1)
+    if faults.count["failpoint"] and not result["duplicate_events_skipped_by_worker"]:
+        log("FAILED: the failpoint fired but the worker reported no skipped duplicates")
+        sys.exit(1)
+    log("1 passed, 0 failed")
+
+
+if __name__ == "__main__":
+    main()
