@@ -54,12 +54,12 @@ e2e:
 ## chaos: the short seeded fault-injection run (2,000 transactions, 2 of every fault kind), then the
 ## control that must see duplicates with deduplication switched off
 chaos:
-	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2
+	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2 --rate 25
 	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 2 --transactions 600 --control-no-dedup
 
 ## chaos-long: the long run by hand (100,000 transactions); writes tests/chaos/results/long.json
 chaos-long:
-	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 7 --transactions 100000 --min-faults 20 \
+	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 7 --transactions 100000 --min-faults 20 --rate 80 \
 		--out tests/chaos/results/long.json
 
 ## golden: re-capture the pgoutput golden files from the running PostgreSQL

@@ -10,7 +10,7 @@ use cdc_core::time::pg_to_unix_micros;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
 use cdc_sinks::kafka::{KafkaSink, Transactional};
-use cdc_sinks::{Checkpoint, ErrorClass, Sink};
+use cdc_sinks::{Checkpoint, DeliveryMode, ErrorClass, Sink};
 use pgrx::pg_sys;
 
 use super::source::{self, Catalog, SinkRow, TableProgress};
@@ -31,8 +31,6 @@ struct SinkRun {
     heartbeat_end: Option<Lsn>,
     /// Last checkpoint committed to Kafka (exactly-once), read at open and kept current.
     checkpoint: Option<Checkpoint>,
-    /// Events skipped because they were already committed to Kafka, since the worker started.
-    duplicates_filtered: u64,
 }
 
 /// The worker.
@@ -135,7 +133,6 @@ impl Worker {
                         last_heartbeat: None,
                         heartbeat_end: None,
                         checkpoint: None,
-                        duplicates_filtered: 0,
                     },
                 );
             } else if let Some(r) = self.sinks.get_mut(&row.id) {
@@ -314,12 +311,12 @@ impl Worker {
             }
             // Transactions at or below the checkpoint are already in Kafka (the slot went backwards
             // after a crash, or the worker died between the Kafka commit and the slot advance).
-            if let Some(cp) = run.checkpoint.filter(|_| !gucs::TEST_SKIP_DEDUP.get()) {
+            let dedup = !gucs::TEST_SKIP_DEDUP.get();
+            if let Some(cp) = run.checkpoint.filter(|_| dedup) {
                 let before: usize = transactions.iter().map(|t| t.events.len()).sum();
                 transactions.retain(|t| t.end_lsn > cp.end_lsn);
                 let after: usize = transactions.iter().map(|t| t.events.len()).sum();
                 if before > after {
-                    run.duplicates_filtered += (before - after) as u64;
                     pgrx::log!(
                         "pg_cdc sink \"{}\": skipped {} events already committed to Kafka (checkpoint {})",
                         row.name,
@@ -332,18 +329,27 @@ impl Worker {
                 return false;
             };
             let checkpoint = Checkpoint { end_lsn: target.unwrap_or(confirmed) };
-            if let Err(e) = producer.publish(&transactions, checkpoint) {
-                let state = if e.class == ErrorClass::Retry { "retrying" } else { "error" };
-                self.fail(id, state, e.message);
-                return false;
-            }
-            if config.exactly_once {
-                run.checkpoint = Some(checkpoint);
-            }
-            if gucs::string(&gucs::TEST_FAILPOINT) == "after_kafka_commit" {
-                pgrx::log!("pg_cdc worker: failpoint after_kafka_commit: exiting before the slot is confirmed");
-                // SAFETY: ends this process on purpose (test failpoint); the postmaster restarts it.
-                unsafe { pg_sys::proc_exit(1) };
+            // The checkpoint in Kafka must never move backwards: after the slot went back (a crash),
+            // re-read batches end below it, and a lower checkpoint would let the next restart
+            // publish their transactions again. Such a batch is entirely at or below the checkpoint
+            // (dedup removed it), so there is nothing to write: only the slot moves.
+            let covered = dedup
+                && producer.delivery_mode() == DeliveryMode::ExactlyOnce
+                && run.checkpoint.is_some_and(|cp| checkpoint.end_lsn <= cp.end_lsn);
+            if !covered {
+                if let Err(e) = producer.publish(&transactions, checkpoint) {
+                    let state = if e.class == ErrorClass::Retry { "retrying" } else { "error" };
+                    self.fail(id, state, e.message);
+                    return false;
+                }
+                if producer.delivery_mode() == DeliveryMode::ExactlyOnce {
+                    run.checkpoint = Some(checkpoint);
+                }
+                if gucs::string(&gucs::TEST_FAILPOINT) == "after_kafka_commit" {
+                    pgrx::log!("pg_cdc worker: failpoint after_kafka_commit: exiting before the slot is confirmed");
+                    // SAFETY: ends this process on purpose (test failpoint); the postmaster restarts it.
+                    unsafe { pg_sys::proc_exit(1) };
+                }
             }
         }
         let mut progress: HashMap<u32, TableProgress> = HashMap::new();

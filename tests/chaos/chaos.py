@@ -59,9 +59,10 @@ class Writer(threading.Thread):
     """Commits transactions (writer, seq = 1, 2, ...) with no gaps; resolves unknown outcomes by
     reading the table back."""
 
-    def __init__(self, wid, rng, target, stop):
+    def __init__(self, wid, rng, target, stop, interval):
         super().__init__(daemon=True)
         self.wid, self.rng, self.target, self.stop_ev = wid, rng, target, stop
+        self.interval = interval  # seconds between this writer's commits (0: as fast as it can)
         self.seq = 0
         self.aborted = 0
         self.unknown_resolved = 0
@@ -89,8 +90,12 @@ class Writer(threading.Thread):
 
     def run(self):
         conn = connect()
+        next_at = time.time()
         try:
             while self.seq < self.target and not self.stop_ev.is_set():
+                if self.interval:
+                    next_at += self.interval
+                    time.sleep(max(0.0, next_at - time.time()))
                 seq = self.seq + 1
                 try:
                     if self.rng.random() < 0.1:
@@ -264,6 +269,8 @@ def main():
     p.add_argument("--transactions", type=int, default=2000)
     p.add_argument("--writers", type=int, default=4)
     p.add_argument("--min-faults", type=int, default=2, help="at least this many of every fault kind")
+    p.add_argument("--rate", type=float, default=0, help="transactions per second, all writers together "
+                   "(0: unthrottled); keeps writes flowing while the faults happen")
     p.add_argument("--control-no-dedup", action="store_true", help="turn dedup off: the run must fail")
     p.add_argument("--out", help="write the figures to this JSON file")
     a = p.parse_args()
@@ -302,7 +309,8 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
 
     stop = threading.Event()
     per_writer = a.transactions // a.writers
-    writers = [Writer(i + 1, random.Random(a.seed * 1000 + i), per_writer, stop) for i in range(a.writers)]
+    interval = a.writers / a.rate if a.rate else 0
+    writers = [Writer(i + 1, random.Random(a.seed * 1000 + i), per_writer, stop, interval) for i in range(a.writers)]
     faults = Faults(rng, txn_id, topic, a.control_no_dedup)
     schedule = [k for k in Faults.KINDS for _ in range(a.min_faults)]
     rng.shuffle(schedule)

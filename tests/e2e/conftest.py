@@ -51,8 +51,10 @@ class Sinks:
         return name
 
     def drop_all(self):
-        for n in self.names:
-            self.conn.execute("SELECT cdc_drop_sink(%s) FROM _cdc_sinks WHERE sink_name = %s", (n, n))
+        # A fresh connection: the test may have crashed the server under the fixture's one.
+        with connect() as conn:
+            for n in self.names:
+                conn.execute("SELECT cdc_drop_sink(%s) FROM _cdc_sinks WHERE sink_name = %s", (n, n))
 
 
 @pytest.fixture
@@ -115,6 +117,24 @@ def wait_for(pred, timeout=30.0, what="condition"):
             return last
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def worker_pid(conn):
+    row = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'").fetchone()
+    return row[0] if row else None
+
+
+def restart_worker(conn):
+    """pg_terminate_backend on the pg_cdc worker, then wait for the postmaster to start a new one."""
+    old = wait_for(lambda: worker_pid(conn), what="worker running")
+    conn.execute("SELECT pg_terminate_backend(%s)", (old,))
+    wait_for(lambda: worker_pid(conn) not in (None, old), what="worker restarted")
+
+
+def server_log():
+    path = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), f"postgresql-{os.environ.get('PGPORT', '55432')}.log")
+    with open(path, errors="replace") as f:
+        return f.read()
 
 
 def sink_state(conn, name):

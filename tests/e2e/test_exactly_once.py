@@ -1,13 +1,12 @@
 """Exactly-once into Kafka: a read_committed consumer sees every committed change once, whatever
 the worker does (kills, a crash between the Kafka commit and the slot advance, a fencing producer)."""
 import collections
-import os
+import subprocess
 import time
 
 from confluent_kafka import Producer
 
-from conftest import BOOTSTRAP, consume, sink_state, wait_for
-from test_operations import worker_pid
+from conftest import BOOTSTRAP, connect, consume, restart_worker, server_log, sink_state, wait_for, worker_pid
 
 
 def ids_of(msgs):
@@ -47,18 +46,10 @@ def test_worker_killed_repeatedly_no_loss_no_duplicates(pg, sinks, unique):
                 for _ in range(30):
                     pg.execute(f"INSERT INTO {t} VALUES (%s, 'x')", (n,))
                     n += 1
-        old = wait_for(lambda: worker_pid(pg), what="worker running")
-        pg.execute("SELECT pg_terminate_backend(%s)", (old,))
-        wait_for(lambda: worker_pid(pg) not in (None, old), what="worker restarted")
+        restart_worker(pg)
     msgs = consume(topic, n, timeout=90)
     assert_exactly_once(msgs, range(n))
     pg.execute("SELECT cdc_disable(%s)", (t,))
-
-
-def server_log():
-    path = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), f"postgresql-{os.environ.get('PGPORT', '55432')}.log")
-    with open(path, errors="replace") as f:
-        return f.read()
 
 
 def test_crash_between_kafka_commit_and_slot_advance_is_deduplicated(pg, sinks, unique):
@@ -106,3 +97,38 @@ def test_second_producer_with_the_same_transactional_id(pg, sinks, unique):
     assert not any(m["value"].get("zombie") for m in msgs), "the fenced zombie's open transaction never commits"
     wait_for(lambda: sink_state(pg, name)[0] == "running", timeout=60, what="running again")
     pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_regression_checkpoint_never_moves_backwards(pg, sinks, unique):
+    """Found by the long chaos run: after a crash the slot goes back to its last persisted position,
+    the worker re-reads transactions already in Kafka in smaller batches, and it used to commit those
+    batches' (lower) end LSNs as the checkpoint; a restart in that window then re-published them."""
+    pg.execute("ALTER SYSTEM SET cdc.batch_changes = 10")
+    pg.execute("SELECT pg_reload_conf()")
+    try:
+        t, topic, _ = setup(pg, sinks, unique, "eoback")
+        pg.execute(f"INSERT INTO {t} VALUES (0, 'a')")
+        consume(topic, 1)
+        pg.execute("CHECKPOINT")  # the slot's persisted position: just after row 0
+        for i in range(1, 51):
+            pg.execute(f"INSERT INTO {t} VALUES (%s, 'b')", (i,))
+        consume(topic, 51)
+        pg.execute("ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit'")
+        pg.execute("SELECT pg_reload_conf()")
+        subprocess.run(["scripts/pg.sh", "crash"], check=True)  # slot back to just after row 0
+        conn = connect()
+        wait_for(lambda: worker_pid(conn), what="worker after the crash")
+        time.sleep(3.0)  # re-reads rows 1..50 in batches of 10, all already committed
+        conn.execute("ALTER SYSTEM RESET cdc.test_failpoint")
+        conn.execute("SELECT pg_reload_conf()")
+        restart_worker(conn)  # a restart in the window that used to re-publish
+        conn.execute(f"INSERT INTO {t} VALUES (51, 'c')")
+        msgs = consume(topic, 52, timeout=60)
+        assert_exactly_once(msgs, range(52))
+        conn.execute("SELECT cdc_disable(%s)", (t,))
+        conn.close()
+    finally:
+        with connect() as c:
+            c.execute("ALTER SYSTEM RESET cdc.batch_changes")
+            c.execute("ALTER SYSTEM RESET cdc.test_failpoint")
+            c.execute("SELECT pg_reload_conf()")
