@@ -108,29 +108,3 @@ pub trait Sink {
         DeliveryMode::AtLeastOnce
     }
 }
-
-/// An in-memory sink for tests: keeps every published event.
-#[derive(Debug, Default)]
-pub struct MemorySink {
-    /// Published events in order.
-    pub events: Vec<cdc_core::envelope::Event>,
-    /// When set, the next publish fails with this error (and is then cleared).
-    pub fail_next: Option<SinkError>,
-}
-
-impl Sink for MemorySink {
-    fn publish(&mut self, transactions: &[Transaction], _checkpoint: Checkpoint) -> Result<PublishStats, SinkError> {
-        if let Some(e) = self.fail_next.take() {
-            return Err(e);
-        }
-        let mut stats = PublishStats::default();
-        for t in transactions {
-            for e in &t.events {
-                stats.events += 1;
-                stats.bytes += (e.payload.len() + e.key.as_ref().map_or(0, Vec::len)) as u64;
-                self.events.push(e.clone());
-            }
-        }
-        Ok(stats)
-    }
-}
