@@ -4,8 +4,9 @@
 Writers commit multi-row, multi-table transactions whose rows carry per-writer gap-free sequences
 (including ROLLBACK and ROLLBACK TO SAVEPOINT), while faults hit the pipeline: pg_terminate_backend of
 the worker, SIGKILL of the worker (PostgreSQL then crash-restarts every backend), `pg_ctl stop -m
-immediate` + start, broker SIGKILL + restart, the failpoint between the Kafka commit and the slot
-advance, and a zombie producer with the pipeline's transactional.id.
+immediate` + start, broker SIGKILL + restart, a broker outage longer than the transaction timeout, the
+failpoint between the Kafka commit and the slot advance, and a zombie producer with the pipeline's
+transactional.id.
 
 The oracle is an independent read_committed consumer: it folds the topic by (table, key) in
 (commit_lsn, lsn) order -- the apply_cdc rule: newer versions win, deletes leave tombstones -- and
@@ -141,7 +142,7 @@ def wait_worker(timeout=60):
 
 
 class Faults:
-    KINDS = ("terminate", "sigkill", "pg_immediate", "broker_restart", "failpoint", "zombie")
+    KINDS = ("terminate", "sigkill", "pg_immediate", "broker_restart", "broker_outage", "failpoint", "zombie")
 
     def __init__(self, rng, txn_id, topic, no_dedup):
         self.rng, self.txn_id, self.topic, self.no_dedup = rng, txn_id, topic, no_dedup
@@ -160,6 +161,12 @@ class Faults:
         elif kind == "broker_restart":
             sh("scripts/kafka.sh", "kill")
             time.sleep(self.rng.uniform(1, 5))
+            sh("scripts/kafka.sh", "start")
+        elif kind == "broker_outage":
+            # Longer than the broker's transaction timeout (transaction.timeout.ms, 60 s by default):
+            # the producer's open transaction cannot survive it.
+            sh("scripts/kafka.sh", "kill")
+            time.sleep(65)
             sh("scripts/kafka.sh", "start")
         elif kind == "failpoint":
             with connect() as c:
