@@ -55,7 +55,7 @@ e2e:
 ## control that must see duplicates with deduplication switched off
 chaos:
 	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2 --rate 25
-	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 2 --transactions 600 --control-no-dedup
+	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 2 --transactions 600 --rate 40 --control-no-dedup
 
 ## chaos-long: the long run by hand (100,000 transactions); writes tests/chaos/results/long.json
 chaos-long:
