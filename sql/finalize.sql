@@ -4,6 +4,7 @@ REVOKE EXECUTE ON FUNCTION cdc_enable(regclass, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_disable(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_add_sink(text, text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_drop_sink(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_delivery_status(text) FROM PUBLIC;
 
 -- A captured table that is dropped leaves no catalog rows behind (its publication membership goes
 -- with it). During DROP EXTENSION the catalog is already gone: nothing to do then.

@@ -6,6 +6,7 @@
 //! - [`catalog`]: reading table shapes and the extension's catalog through SPI;
 //! - [`worker`]: the background worker that reads each sink's slot and publishes;
 //! - [`gucs`]: every `cdc.*` setting;
+//! - [`stats`]: per-sink delivery counters in shared memory;
 //! - [`errors`]: `CdcError` to `ereport(ERROR)` with its SQLSTATE.
 use pgrx::prelude::*;
 
@@ -13,6 +14,7 @@ pub mod api;
 pub mod catalog;
 pub mod errors;
 pub mod gucs;
+pub mod stats;
 pub mod worker;
 
 ::pgrx::pg_module_magic!();
@@ -36,6 +38,7 @@ pub extern "C-unwind" fn _PG_init() {
     // SAFETY: a plain global the postmaster sets while it loads shared_preload_libraries.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+        stats::init();
         worker::register();
     }
 }

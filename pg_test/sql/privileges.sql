@@ -18,6 +18,7 @@ SELECT cdc_enable('orders', '{"operations": ["INSERT"]}'); \echo SQLSTATE :SQLST
 SELECT cdc_disable('orders'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_nobody', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "t"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_drop_sink('regress_priv'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_delivery_status('regress_priv'); \echo SQLSTATE :SQLSTATE
 -- Invalid input does not reveal anything either: the privilege check comes first.
 SELECT cdc_add_sink('regress_nobody', 'kafak', '[]'); \echo SQLSTATE :SQLSTATE
 

@@ -148,6 +148,17 @@ SELECT set_config('regress.secret', '', false) = '' AS secret_cleared;
 SELECT cdc_add_sink('regress_secret', 'kafka', format('{"bootstrap_servers": "127.0.0.1:1", "topic": "t", "properties": {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "cdc", "sasl.password": "%s"}}', :'secret')::jsonb) IS NOT NULL AS added;
 SELECT config #>> '{properties,sasl.password}' = :'secret' AS stored FROM _cdc_sinks WHERE sink_name = 'regress_secret';
 
+-- Delivery status: NULL and unknown sinks are errors; a known sink answers in its documented shape
+-- (its counters move only once the worker delivers, which these tests do not wait for).
+SELECT cdc_delivery_status(NULL); \echo SQLSTATE :SQLSTATE
+SELECT cdc_delivery_status('no_such_sink'); \echo SQLSTATE :SQLSTATE
+SELECT s ->> 'sink' AS sink, s ->> 'delivery_mode' AS mode,
+       (SELECT array_agg(k ORDER BY k) FROM jsonb_object_keys(s) k) AS keys,
+       (SELECT array_agg(k ORDER BY k) FROM jsonb_object_keys(s -> 'transaction_status') k) AS transaction_status,
+       (SELECT array_agg(k ORDER BY k) FROM jsonb_object_keys(s -> 'offset_tracking') k) AS offset_tracking,
+       (SELECT array_agg(k ORDER BY k) FROM jsonb_object_keys(s -> 'deduplication') k) AS deduplication
+  FROM cdc_delivery_status('regress_sink') s;
+
 -- Only the sinks added above were recorded.
 SELECT sink_name FROM _cdc_sinks ORDER BY 1;
 

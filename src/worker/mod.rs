@@ -17,6 +17,7 @@
 //! back into PostgreSQL: delivery reports are served by `poll` on this thread.
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
+mod batch;
 mod source;
 mod state;
 

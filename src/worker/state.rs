@@ -6,23 +6,24 @@ use std::time::Instant;
 
 use cdc_core::config::{parse_sink_config, parse_stored_capture_config, CaptureConfig, KafkaSinkConfig};
 use cdc_core::pipeline::{Assembler, SinkTables};
-use cdc_core::time::pg_to_unix_micros;
+use cdc_core::stats::DeliveryCounters;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
 use cdc_sinks::kafka::{KafkaSink, Transactional};
 use cdc_sinks::{Checkpoint, DeliveryMode, ErrorClass, Sink};
 use pgrx::pg_sys;
 
-use super::source::{self, Catalog, SinkRow, TableProgress};
+use super::batch::{self, Batch, Failure, Inputs};
+use super::source::{self, Catalog, Peek, SinkRow};
 use super::{retry_at, run_tx, stop_requested, OrphanSightings};
 use crate::gucs;
 
 /// Runtime state of one sink.
-struct SinkRun {
-    row: SinkRow,
+pub struct SinkRun {
+    pub(super) row: SinkRow,
     config: Result<KafkaSinkConfig, String>,
-    assembler: Assembler,
-    producer: Option<KafkaSink>,
+    pub(super) assembler: Assembler,
+    pub(super) producer: Option<KafkaSink>,
     failures: u32,
     retry_at: Option<Instant>,
     /// (state, last_error) as last written to the catalog.
@@ -31,6 +32,68 @@ struct SinkRun {
     heartbeat_end: Option<Lsn>,
     /// Last checkpoint committed to Kafka (exactly-once), read at open and kept current.
     checkpoint: Option<Checkpoint>,
+}
+
+/// What opening a sink's producer needs.
+struct OpenArgs<'a> {
+    config: &'a KafkaSinkConfig,
+    cat: &'a Catalog,
+    /// The slot's confirmed position.
+    confirmed: Lsn,
+}
+
+/// Opens a sink's producer: fences older producers of the pipeline and reads its last
+/// checkpoint (exactly-once), refusing a slot that is ahead of it.
+fn open_producer(run: &mut SinkRun, a: &OpenArgs<'_>) -> Result<(), Failure> {
+    let (row, config, cat) = (&run.row, a.config, a.cat);
+    let transactional = config.exactly_once.then(|| {
+        let hex = row.slot.trim_start_matches("_cdc_");
+        Transactional {
+            transactional_id: config
+                .transactional_id
+                .clone()
+                .unwrap_or_else(|| format!("pg_cdc-{}-{}-{hex}", cat.system_identifier, cat.database_oid)),
+            progress_topic: format!("pg_cdc.progress.{hex}"),
+            progress_key: row.id.clone(),
+        }
+    });
+    let client_id = format!("pg_cdc-{}", row.name);
+    let bootstrap = gucs::string(&gucs::KAFKA_BOOTSTRAP_SERVERS);
+    let opened = KafkaSink::new(config, &bootstrap, &cat.database, &client_id, transactional).and_then(|mut p| {
+        p.set_interrupt(stop_requested);
+        let checkpoint = p.open()?;
+        Ok((p, checkpoint))
+    });
+    let (producer, checkpoint) = opened.map_err(|e| Failure {
+        state: if e.class == ErrorClass::Retry { "retrying" } else { "error" },
+        message: e.message,
+    })?;
+    if let Some(cp) = checkpoint.filter(|cp| a.confirmed > cp.end_lsn) {
+        return Err(Failure {
+            state: "error",
+            message: format!(
+                "replication slot {} is confirmed up to {}, past the last checkpoint committed to Kafka ({}): \
+                 changes in between may never have been delivered; pg_cdc stops instead of guessing (drop and re-add the sink)",
+                row.slot, a.confirmed, cp.end_lsn
+            ),
+        });
+    }
+    run.checkpoint = checkpoint;
+    run.producer = Some(producer);
+    Ok(())
+}
+
+/// Adds one read's counts to a sink's counters.
+fn add(c: &mut DeliveryCounters, d: &DeliveryCounters) {
+    c.open_transactions = 0;
+    c.committed_transactions += d.committed_transactions;
+    c.committed_lsn = c.committed_lsn.max(d.committed_lsn);
+    c.duplicate_events_detected += d.duplicate_events_detected;
+    c.duplicate_events_filtered += d.duplicate_events_filtered;
+    c.events_delivered += d.events_delivered;
+    c.bytes_delivered += d.bytes_delivered;
+    c.source_transactions_delivered += d.source_transactions_delivered;
+    c.large_transactions += d.large_transactions;
 }
 
 /// The worker.
@@ -228,150 +291,118 @@ impl Worker {
         }
         let confirmed: Lsn = slot.confirmed.as_deref().and_then(|s| s.parse().ok()).unwrap_or_default();
 
-        // Read.
+        // Read and send, inside one transaction (the peek's cursor lives in it).
         let tables = self.tables_for(&row);
-        let batch = gucs::BATCH_CHANGES.get();
+        let batch_changes = gucs::BATCH_CHANGES.get();
+        let dedup = !gucs::TEST_SKIP_DEDUP.get();
         let mut types = std::mem::take(&mut self.types);
-        let slot_name = row.slot.clone();
-        let peeked = run_tx(|| {
-            let frames = source::peek(&slot_name, batch, &mut types);
-            (frames, types)
+        let Some(mut run) = self.sinks.remove(id) else {
+            return false;
+        };
+        let open = OpenArgs { config: &config, cat, confirmed };
+        let read = run_tx(|| -> Result<Batch, Failure> {
+            let mut peek = Peek::open(&row.slot, batch_changes);
+            let first = peek.fetch(batch::FETCH_ROWS, &mut types);
+            if first.is_empty() {
+                return Ok(Batch::default());
+            }
+            if run.producer.is_none() {
+                open_producer(&mut run, &open)?;
+            }
+            let inputs = Inputs {
+                tables: &tables,
+                checkpoint: run.checkpoint,
+                dedup,
+                large_frames: batch_changes.max(1) as usize,
+            };
+            batch::read(&mut run, &inputs, &mut peek, first, &mut types)
         });
-        let frames = match peeked {
-            Ok((frames, t)) => {
-                self.types = t;
-                frames
+        self.sinks.insert(id.to_string(), run);
+        let batch = match read {
+            Ok(Ok(b)) => {
+                self.types = types;
+                b
+            }
+            Ok(Err(f)) => {
+                self.types = types;
+                self.abort(id);
+                self.fail(id, f.state, f.message);
+                return false;
             }
             Err(e) => {
                 self.types = TypeRegistry::new();
+                self.abort(id);
                 self.fail(id, "error", format!("cannot read replication slot {}: {e}", row.slot));
                 return false;
             }
         };
 
-        // Build events.
+        // Flush, then confirm. Exactly-once commits whenever the slot is to move, so the
+        // checkpoint in Kafka always covers the slot; at-least-once only when it sent events.
+        let target = batch.target.filter(|l| *l > confirmed && batch.rows > 0);
         let Some(run) = self.sinks.get_mut(id) else {
             return false;
         };
-        let output = match run.assembler.process(&frames, &tables, &self.types) {
-            Ok(o) => o,
-            Err(e) => {
-                self.fail(id, "error", format!("cannot decode the change stream: {e}"));
-                return false;
-            }
-        };
-
-        // Publish, then confirm. Exactly-once publishes whenever the slot is to move, so the
-        // checkpoint in Kafka always covers the slot; at-least-once only when there are events.
-        let target = output.confirm_lsn.filter(|l| *l > confirmed && !frames.is_empty());
-        let mut transactions = output.transactions;
-        let has_events = transactions.iter().any(|t| !t.events.is_empty());
-        let needs_sink = if config.exactly_once { target.is_some() } else { has_events };
-        if needs_sink {
-            if run.producer.is_none() {
-                let transactional = config.exactly_once.then(|| {
-                    let hex = row.slot.trim_start_matches("_cdc_");
-                    Transactional {
-                        transactional_id: config
-                            .transactional_id
-                            .clone()
-                            .unwrap_or_else(|| format!("pg_cdc-{}-{}-{hex}", cat.system_identifier, cat.database_oid)),
-                        progress_topic: format!("pg_cdc.progress.{hex}"),
-                        progress_key: row.id.clone(),
-                    }
-                });
-                let client_id = format!("pg_cdc-{}", row.name);
-                let bootstrap = gucs::string(&gucs::KAFKA_BOOTSTRAP_SERVERS);
-                let opened =
-                    KafkaSink::new(&config, &bootstrap, &cat.database, &client_id, transactional).and_then(|mut p| {
-                        p.set_interrupt(stop_requested);
-                        let checkpoint = p.open()?;
-                        Ok((p, checkpoint))
-                    });
-                match opened {
-                    Ok((p, checkpoint)) => {
-                        if let Some(cp) = checkpoint.filter(|cp| confirmed > cp.end_lsn) {
-                            let msg = format!(
-                                "replication slot {} is confirmed up to {confirmed}, past the last checkpoint committed to Kafka ({}): \
-                                 changes in between may never have been delivered; pg_cdc stops instead of guessing (drop and re-add the sink)",
-                                row.slot, cp.end_lsn
-                            );
-                            self.fail(id, "error", msg);
-                            return false;
-                        }
-                        run.checkpoint = checkpoint;
-                        run.producer = Some(p);
-                    }
-                    Err(e) => {
-                        let state = if e.class == ErrorClass::Retry { "retrying" } else { "error" };
-                        self.fail(id, state, e.message);
-                        return false;
-                    }
-                }
-            }
-            // Transactions at or below the checkpoint are already in Kafka (the slot went backwards
-            // after a crash, or the worker died between the Kafka commit and the slot advance).
-            let dedup = !gucs::TEST_SKIP_DEDUP.get();
-            if let Some(cp) = run.checkpoint.filter(|_| dedup) {
-                let before: usize = transactions.iter().map(|t| t.events.len()).sum();
-                transactions.retain(|t| t.end_lsn > cp.end_lsn);
-                let after: usize = transactions.iter().map(|t| t.events.len()).sum();
-                if before > after {
-                    pgrx::log!(
-                        "pg_cdc sink \"{}\": skipped {} events already committed to Kafka (checkpoint {})",
-                        row.name,
-                        before - after,
-                        cp.end_lsn
-                    );
-                }
-            }
-            let Some(producer) = run.producer.as_mut() else {
-                return false;
-            };
+        let mut counted = batch.counted;
+        if let Some(producer) = run.producer.as_mut() {
+            let exactly_once = producer.delivery_mode() == DeliveryMode::ExactlyOnce;
             let checkpoint = Checkpoint { end_lsn: target.unwrap_or(confirmed) };
             // The checkpoint in Kafka must never move backwards: after the slot went back (a crash),
             // re-read batches end below it, and a lower checkpoint would let the next restart
             // publish their transactions again. Such a batch is entirely at or below the checkpoint
             // (dedup removed it), so there is nothing to write: only the slot moves.
-            let covered = dedup
-                && producer.delivery_mode() == DeliveryMode::ExactlyOnce
-                && run.checkpoint.is_some_and(|cp| checkpoint.end_lsn <= cp.end_lsn);
-            if !covered {
-                if let Err(e) = producer.publish(&transactions, checkpoint) {
+            let covered = dedup && exactly_once && run.checkpoint.is_some_and(|cp| checkpoint.end_lsn <= cp.end_lsn);
+            let flush = if exactly_once { target.is_some() && !covered } else { batch.sent };
+            if flush {
+                if let Err(e) = producer.flush(checkpoint) {
                     let state = if e.class == ErrorClass::Retry { "retrying" } else { "error" };
+                    self.abort(id);
                     self.fail(id, state, e.message);
                     return false;
                 }
-                if producer.delivery_mode() == DeliveryMode::ExactlyOnce {
+                if exactly_once {
                     run.checkpoint = Some(checkpoint);
+                    counted.committed_transactions = 1;
                 }
+                if exactly_once {
+                    counted.committed_lsn = checkpoint.end_lsn.0;
+                }
+                crate::stats::update(&row.id, |c| add(c, &counted));
                 if gucs::string(&gucs::TEST_FAILPOINT) == "after_kafka_commit" {
                     pgrx::log!("pg_cdc worker: failpoint after_kafka_commit: exiting before the slot is confirmed");
                     // SAFETY: ends this process on purpose (test failpoint); the postmaster restarts it.
                     unsafe { pg_sys::proc_exit(1) };
                 }
+            } else {
+                crate::stats::update(&row.id, |c| add(c, &counted));
+            }
+            if counted.duplicate_events_filtered > 0 {
+                pgrx::log!(
+                    "pg_cdc sink \"{}\": skipped {} events already committed to Kafka (checkpoint {})",
+                    row.name,
+                    counted.duplicate_events_filtered,
+                    run.checkpoint.map(|c| c.end_lsn).unwrap_or_default()
+                );
             }
         }
-        let mut progress: HashMap<u32, TableProgress> = HashMap::new();
-        for t in &transactions {
-            for ev in &t.events {
-                let p = progress.entry(ev.table_oid).or_default();
-                p.events += 1;
-                p.last_commit_lsn = t.commit_lsn.0;
-                p.last_commit_unix_micros = pg_to_unix_micros(t.commit_time);
-            }
+        if let Some(lsn) = target {
+            crate::stats::update(&row.id, |c| c.read_lsn = c.read_lsn.max(lsn.0));
         }
+        let exactly_once = config.exactly_once;
         let Some(schema) = self.schema.clone() else {
             return false;
         };
-        if frames.is_empty() {
+        if batch.rows == 0 {
             self.maybe_heartbeat(id, confirmed, cat);
         }
         if let Some(lsn) = target {
             let (name, slot_name) = (row.name.clone(), row.slot.clone());
-            if let Err(e) = run_tx(|| source::confirm(&schema, &name, &slot_name, lsn, &progress)) {
+            if let Err(e) = run_tx(|| source::confirm(&schema, &name, &slot_name, lsn, &batch.progress)) {
                 self.fail(id, "error", format!("cannot confirm replication slot {}: {e}", row.slot));
                 return false;
+            }
+            if !exactly_once {
+                crate::stats::update(&row.id, |c| c.committed_lsn = c.committed_lsn.max(lsn.0));
             }
         }
         if let Some(run) = self.sinks.get_mut(id) {
@@ -379,7 +410,21 @@ impl Worker {
             run.retry_at = None;
         }
         self.set_state(id, "running", None);
-        !frames.is_empty()
+        batch.rows > 0
+    }
+
+    /// Abandons a sink's open delivery (the events are read again later) and counts it.
+    fn abort(&mut self, id: &str) {
+        let Some(run) = self.sinks.get_mut(id) else { return };
+        let Some(producer) = run.producer.as_mut() else { return };
+        let exactly_once = producer.delivery_mode() == DeliveryMode::ExactlyOnce;
+        producer.abort();
+        crate::stats::update(id, |c| {
+            if exactly_once && c.open_transactions > 0 {
+                c.aborted_transactions += 1;
+            }
+            c.open_transactions = 0;
+        });
     }
 
     /// Emits a heartbeat when the slot is behind the WAL and nothing it captures was written.

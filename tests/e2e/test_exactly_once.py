@@ -75,7 +75,53 @@ def test_crash_between_kafka_commit_and_slot_advance_is_deduplicated(pg, sinks, 
     assert_exactly_once(msgs, range(12))
     assert "failpoint after_kafka_commit" in server_log()
     wait_for(lambda: f'pg_cdc sink "{name}": skipped' in server_log(), what="dedup logged")
+    # The counters saw it too: ten re-read events detected and filtered, none delivered twice.
+    status = wait_for(lambda: (s := delivery_status(pg, name))["deduplication"]["duplicate_events_filtered"] >= 10 and s,
+                      what="dedup counted")
+    dedup = status["deduplication"]
+    assert dedup["duplicate_events_detected"] == dedup["duplicate_events_filtered"] == 10
+    assert dedup["unique_events_delivered"] == 12
+    assert status["delivery_mode"] == "exactly_once" and status["state"] == "running"
+    assert status["transaction_status"]["committed_transactions"] >= 3
+    assert status["transaction_status"]["open_transactions"] == 0
     pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_control_without_dedup_the_same_crash_duplicates(pg, sinks, unique):
+    """The control for the test above: with the test-only switch cdc.test_skip_dedup the re-read
+    transaction is published again, the consumer sees duplicates, and the counters say so
+    (detected, not filtered). Proves the dedup is what keeps the stream exactly-once."""
+    t, topic, name = setup(pg, sinks, unique, "eonodedup")
+    pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")
+    consume(topic, 1)
+    old = worker_pid(pg)
+    pg.execute("ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit'")
+    pg.execute("ALTER SYSTEM SET cdc.test_skip_dedup = on")
+    pg.execute("SELECT pg_reload_conf()")
+    try:
+        time.sleep(1.0)
+        with pg.transaction():
+            for i in range(1, 11):
+                pg.execute(f"INSERT INTO {t} VALUES (%s, 'x')", (i,))
+        wait_for(lambda: worker_pid(pg) not in (None, old), timeout=30, what="worker exited at the failpoint")
+        pg.execute("ALTER SYSTEM RESET cdc.test_failpoint")
+        pg.execute("SELECT pg_reload_conf()")
+        msgs = consume(topic, 21, timeout=60)
+        status = delivery_status(pg, name)
+    finally:
+        with connect() as c:
+            c.execute("ALTER SYSTEM RESET cdc.test_failpoint")
+            c.execute("ALTER SYSTEM RESET cdc.test_skip_dedup")
+            c.execute("SELECT pg_reload_conf()")
+    counts = collections.Counter(ids_of(msgs))
+    assert all(counts[i] >= 2 for i in range(1, 11)), counts
+    assert status["deduplication"]["duplicate_events_detected"] >= 10
+    assert status["deduplication"]["duplicate_events_filtered"] == 0
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def delivery_status(conn, name):
+    return conn.execute("SELECT cdc_delivery_status(%s)", (name,)).fetchone()[0]
 
 
 def test_second_producer_with_the_same_transactional_id(pg, sinks, unique):

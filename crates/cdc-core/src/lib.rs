@@ -17,6 +17,7 @@ pub mod error;
 pub mod json;
 pub mod lsn;
 pub mod pipeline;
+pub mod stats;
 pub mod time;
 pub mod types;
 pub mod value;

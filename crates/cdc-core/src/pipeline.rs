@@ -167,59 +167,14 @@ impl Assembler {
                     };
                     let count: usize = pending.iter().map(Pending::event_count).sum();
                     let txn = TxnInfo { xid, commit_lsn, commit_time, event_count: count };
-                    let events = self.encode_transaction(&pending, &txn, types);
+                    let mut events = Vec::with_capacity(count);
+                    for p in &pending {
+                        self.encode_pending(p, &txn, types, &mut events);
+                    }
                     debug_assert_eq!(events.len(), count);
                     pending.clear();
                     out.transactions.push(Transaction { xid, commit_lsn, end_lsn, commit_time, events });
                     out.confirm_lsn = Some(end_lsn);
-                }
-                Message::Relation(rel) => {
-                    if let Some(cfg) = tables.get(&rel.oid) {
-                        self.relations.insert(rel.oid, Arc::new(RelationPlan::new(rel, cfg.clone())));
-                    } else {
-                        self.relations.remove(&rel.oid);
-                    }
-                }
-                Message::Type { .. } | Message::Origin { .. } => {}
-                Message::Insert { relation, new } => {
-                    if open.is_none() {
-                        return Err(proto("Insert outside a transaction".into()));
-                    }
-                    if let Some(plan) = self.plan_for(relation, tables, |c| c.operations.insert) {
-                        pending.push(Pending::Row { plan, op: Op::Insert, lsn: frame.lsn, old: None, new: Some(new) });
-                    }
-                }
-                Message::Update { relation, old, new } => {
-                    if open.is_none() {
-                        return Err(proto("Update outside a transaction".into()));
-                    }
-                    if let Some(plan) = self.plan_for(relation, tables, |c| c.operations.update) {
-                        pending.push(Pending::Row { plan, op: Op::Update, lsn: frame.lsn, old, new: Some(new) });
-                    }
-                }
-                Message::Delete { relation, kind, old } => {
-                    if open.is_none() {
-                        return Err(proto("Delete outside a transaction".into()));
-                    }
-                    if let Some(plan) = self.plan_for(relation, tables, |c| c.operations.delete) {
-                        pending.push(Pending::Row {
-                            plan,
-                            op: Op::Delete,
-                            lsn: frame.lsn,
-                            old: Some((kind, old)),
-                            new: None,
-                        });
-                    }
-                }
-                Message::Truncate { options, relations } => {
-                    if open.is_none() {
-                        return Err(proto("Truncate outside a transaction".into()));
-                    }
-                    let plans: Vec<_> =
-                        relations.iter().filter_map(|&r| self.plan_for(r, tables, |c| c.operations.truncate)).collect();
-                    if !plans.is_empty() {
-                        pending.push(Pending::Truncate { plans, options, lsn: frame.lsn });
-                    }
                 }
                 Message::LogicalMessage { transactional, prefix, lsn, .. } => {
                     // A non-transactional heartbeat outside any transaction marks a point the slot may
@@ -228,12 +183,166 @@ impl Assembler {
                         out.confirm_lsn = Some(lsn.max(frame.lsn));
                     }
                 }
+                msg => {
+                    if let Some(p) = self.change(msg, frame.lsn, open.is_some(), tables)? {
+                        pending.push(p);
+                    }
+                }
             }
         }
         if let Some((_, begin_idx)) = open {
             out.held_back_frames = frames.len() - begin_idx;
         }
         Ok(out)
+    }
+
+    /// First pass over a transaction too large to hold in memory: feed its frames in order, the
+    /// Begin first, in chunks of any size. Counts its events (and applies Relation messages);
+    /// returns `Some(n)` once the Commit was the `n`-th frame of `frames`.
+    pub fn count_large(
+        &mut self,
+        frames: &[RawFrame],
+        tables: &SinkTables,
+        txn: &mut LargeTransaction,
+    ) -> Result<Option<usize>, PipelineError> {
+        self.large_pass(frames, tables, txn, None)
+    }
+
+    /// Second pass over the same frames (after [`Assembler::count_large`], or alone when no
+    /// event needs the transaction's size): appends the encoded events of `frames` to `out`;
+    /// returns `Some(n)` once the Commit was the `n`-th frame. Events come out exactly as
+    /// [`Assembler::process`] would encode them.
+    pub fn encode_large(
+        &mut self,
+        frames: &[RawFrame],
+        tables: &SinkTables,
+        types: &TypeRegistry,
+        txn: &mut LargeTransaction,
+        out: &mut Vec<Event>,
+    ) -> Result<Option<usize>, PipelineError> {
+        self.large_pass(frames, tables, txn, Some((types, out)))
+    }
+
+    fn large_pass(
+        &mut self,
+        frames: &[RawFrame],
+        tables: &SinkTables,
+        txn: &mut LargeTransaction,
+        mut encode: Option<(&TypeRegistry, &mut Vec<Event>)>,
+    ) -> Result<Option<usize>, PipelineError> {
+        for (idx, frame) in frames.iter().enumerate() {
+            let msg = decode(&frame.data).map_err(|error| PipelineError::Decode { lsn: frame.lsn, error })?;
+            let proto = |reason: String| PipelineError::Protocol { lsn: frame.lsn, reason };
+            match msg {
+                Message::Begin { xid, final_lsn, commit_time } => {
+                    if txn.begun {
+                        return Err(proto("Begin inside an open transaction".into()));
+                    }
+                    let event_count = if encode.is_some() { txn.counted } else { 0 };
+                    txn.info = TxnInfo { xid, commit_lsn: final_lsn, commit_time, event_count };
+                    txn.begun = true;
+                    txn.seen = 0;
+                }
+                Message::Commit { commit_lsn, end_lsn, commit_time, .. } => {
+                    if !txn.begun {
+                        return Err(proto("Commit without Begin".into()));
+                    }
+                    txn.info.commit_lsn = commit_lsn;
+                    txn.info.commit_time = commit_time;
+                    txn.end_lsn = Some(end_lsn);
+                    txn.begun = false;
+                    if encode.is_none() {
+                        txn.counted = txn.seen;
+                    }
+                    return Ok(Some(idx + 1));
+                }
+                Message::LogicalMessage { .. } => {}
+                msg => {
+                    if let Some(p) = self.change(msg, frame.lsn, txn.begun, tables)? {
+                        match encode.as_mut() {
+                            Some((types, out)) => {
+                                let before = out.len();
+                                self.encode_pending_at(&p, &txn.info, types, txn.seen, out);
+                                txn.seen += out.len() - before;
+                            }
+                            None => txn.seen += p.event_count(),
+                        }
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The change a Relation, Type, Origin, Insert, Update, Delete or Truncate message makes for
+    /// this sink, if any.
+    fn change<'a>(
+        &mut self,
+        msg: Message<'a>,
+        lsn: Lsn,
+        in_transaction: bool,
+        tables: &SinkTables,
+    ) -> Result<Option<Pending<'a>>, PipelineError> {
+        let outside = |what: &str| PipelineError::Protocol { lsn, reason: format!("{what} outside a transaction") };
+        Ok(match msg {
+            Message::Relation(rel) => {
+                if let Some(cfg) = tables.get(&rel.oid) {
+                    self.relations.insert(rel.oid, Arc::new(RelationPlan::new(rel, cfg.clone())));
+                } else {
+                    self.relations.remove(&rel.oid);
+                }
+                None
+            }
+            Message::Insert { relation, new } => {
+                if !in_transaction {
+                    return Err(outside("Insert"));
+                }
+                self.plan_for(relation, tables, |c| c.operations.insert).map(|plan| Pending::Row {
+                    plan,
+                    op: Op::Insert,
+                    lsn,
+                    old: None,
+                    new: Some(new),
+                })
+            }
+            Message::Update { relation, old, new } => {
+                if !in_transaction {
+                    return Err(outside("Update"));
+                }
+                self.plan_for(relation, tables, |c| c.operations.update).map(|plan| Pending::Row {
+                    plan,
+                    op: Op::Update,
+                    lsn,
+                    old,
+                    new: Some(new),
+                })
+            }
+            Message::Delete { relation, kind, old } => {
+                if !in_transaction {
+                    return Err(outside("Delete"));
+                }
+                self.plan_for(relation, tables, |c| c.operations.delete).map(|plan| Pending::Row {
+                    plan,
+                    op: Op::Delete,
+                    lsn,
+                    old: Some((kind, old)),
+                    new: None,
+                })
+            }
+            Message::Truncate { options, relations } => {
+                if !in_transaction {
+                    return Err(outside("Truncate"));
+                }
+                let plans: Vec<_> =
+                    relations.iter().filter_map(|&r| self.plan_for(r, tables, |c| c.operations.truncate)).collect();
+                (!plans.is_empty()).then_some(Pending::Truncate { plans, options, lsn })
+            }
+            Message::Type { .. }
+            | Message::Origin { .. }
+            | Message::Begin { .. }
+            | Message::Commit { .. }
+            | Message::LogicalMessage { .. } => None,
+        })
     }
 
     /// The plan of a relation if this sink captures it and the operation is wanted.
@@ -252,31 +361,96 @@ impl Assembler {
         self.relations.get(&oid).cloned()
     }
 
-    fn encode_transaction(&self, pending: &[Pending<'_>], txn: &TxnInfo, types: &TypeRegistry) -> Vec<Event> {
-        let mut events = Vec::with_capacity(txn.event_count);
-        for p in pending {
-            match p {
-                Pending::Row { plan, op, lsn, old, new } => {
-                    let old_ref = old.as_ref().map(|(k, t)| (*k, t));
-                    if let (Op::Update, Some((_, o)), Some(n)) = (op, old, new) {
-                        if key_changed(plan, o, n) {
-                            // The row left its old key: retract it first, so compacted topics and
-                            // upserting consumers drop the old key.
-                            let del = RowChange { plan, op: Op::Delete, lsn: *lsn, old: old_ref, new: None };
-                            events.push(self.encoder.encode_row(types, &del, txn, events.len() + 1));
-                        }
+    /// Encodes one change (an UPDATE that changes the key also retracts the old key) and appends
+    /// its events; positions continue from `out`'s length.
+    fn encode_pending(&self, p: &Pending<'_>, txn: &TxnInfo, types: &TypeRegistry, out: &mut Vec<Event>) {
+        self.encode_pending_at(p, txn, types, out.len(), out);
+    }
+
+    /// Like [`Self::encode_pending`], for a change after the first `done` events of its transaction.
+    fn encode_pending_at(
+        &self,
+        p: &Pending<'_>,
+        txn: &TxnInfo,
+        types: &TypeRegistry,
+        done: usize,
+        out: &mut Vec<Event>,
+    ) {
+        let mut index = done;
+        let mut push = |ev: Event| out.push(ev);
+        match p {
+            Pending::Row { plan, op, lsn, old, new } => {
+                let old_ref = old.as_ref().map(|(k, t)| (*k, t));
+                if let (Op::Update, Some((_, o)), Some(n)) = (op, old, new) {
+                    if key_changed(plan, o, n) {
+                        // The row left its old key: retract it first, so compacted topics and
+                        // upserting consumers drop the old key.
+                        let del = RowChange { plan, op: Op::Delete, lsn: *lsn, old: old_ref, new: None };
+                        index += 1;
+                        push(self.encoder.encode_row(types, &del, txn, index));
                     }
-                    let ch = RowChange { plan, op: *op, lsn: *lsn, old: old_ref, new: new.as_ref() };
-                    events.push(self.encoder.encode_row(types, &ch, txn, events.len() + 1));
                 }
-                Pending::Truncate { plans, options, lsn } => {
-                    for plan in plans {
-                        events.push(self.encoder.encode_truncate(plan, *options, *lsn, txn, events.len() + 1));
-                    }
+                let ch = RowChange { plan, op: *op, lsn: *lsn, old: old_ref, new: new.as_ref() };
+                index += 1;
+                push(self.encoder.encode_row(types, &ch, txn, index));
+            }
+            Pending::Truncate { plans, options, lsn } => {
+                for plan in plans {
+                    index += 1;
+                    push(self.encoder.encode_truncate(plan, *options, *lsn, txn, index));
                 }
             }
         }
-        events
+    }
+}
+
+/// A transaction decoded in two passes because it is too large to hold in memory (see
+/// [`Assembler::count_large`] and [`Assembler::encode_large`]). Reuse one value for both passes.
+#[derive(Debug, Clone)]
+pub struct LargeTransaction {
+    info: TxnInfo,
+    begun: bool,
+    seen: usize,
+    counted: usize,
+    end_lsn: Option<Lsn>,
+}
+
+impl Default for LargeTransaction {
+    fn default() -> Self {
+        LargeTransaction {
+            info: TxnInfo { xid: 0, commit_lsn: Lsn(0), commit_time: 0, event_count: 0 },
+            begun: false,
+            seen: 0,
+            counted: 0,
+            end_lsn: None,
+        }
+    }
+}
+
+impl LargeTransaction {
+    /// Transaction id (once the Begin was seen).
+    pub fn xid(&self) -> u32 {
+        self.info.xid
+    }
+
+    /// Commit LSN (known from the Begin on).
+    pub fn commit_lsn(&self) -> Lsn {
+        self.info.commit_lsn
+    }
+
+    /// Commit time, PostgreSQL microseconds (known from the Begin on).
+    pub fn commit_time(&self) -> i64 {
+        self.info.commit_time
+    }
+
+    /// Events counted by the first pass.
+    pub fn event_count(&self) -> usize {
+        self.counted
+    }
+
+    /// LSN just past the commit record, once the Commit was seen.
+    pub fn end_lsn(&self) -> Option<Lsn> {
+        self.end_lsn
     }
 }
 

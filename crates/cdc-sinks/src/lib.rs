@@ -1,16 +1,17 @@
 //! pg_cdc's sinks: where encoded events go.
 //!
-//! Every sink implements [`Sink`]: it takes whole committed transactions of encoded events and
-//! returns only once each event is acknowledged by the destination, or with an error. The worker
-//! confirms the replication slot only after `publish` returns `Ok` ("ack before advance"), so a
-//! failed or interrupted publish re-sends the same transactions later: delivery is at-least-once,
-//! and every event carries `(commit_lsn, lsn)` for consumers that deduplicate.
+//! Every sink implements [`Sink`]: the worker sends the events of committed transactions, then
+//! flushes; `flush` returns only once each event is acknowledged by the destination, or with an
+//! error. The worker confirms the replication slot only after `flush` returns `Ok` ("ack before
+//! advance"), so a failed or interrupted delivery re-sends the same transactions later: delivery
+//! is at-least-once, and every event carries `(commit_lsn, lsn)` for consumers that deduplicate.
 //!
 //! Sinks run on the worker's main thread and never call into PostgreSQL.
 #![warn(missing_docs)]
 
 pub mod kafka;
 
+use cdc_core::envelope::Event;
 use cdc_core::pipeline::Transaction;
 use cdc_core::Lsn;
 
@@ -92,16 +93,47 @@ impl DeliveryMode {
 }
 
 /// A destination for events.
+///
+/// The worker streams: it calls [`Sink::send`] any number of times (a transaction too large to
+/// hold in memory is sent in pieces), then [`Sink::flush`] with the checkpoint the slot will be
+/// confirmed to. Nothing counts as delivered before `flush` returns `Ok`; after an error the
+/// worker calls [`Sink::abort`] (or drops the sink) and re-reads the same changes later.
 pub trait Sink {
-    /// Prepares a fresh sink before its first publish: a transactional sink fences older producers
+    /// Prepares a fresh sink before its first send: a transactional sink fences older producers
     /// of the same pipeline and returns the last checkpoint it committed.
     fn open(&mut self) -> Result<Option<Checkpoint>, SinkError> {
         Ok(None)
     }
 
-    /// Publishes every event of `transactions`, in order, and returns once all are acknowledged
-    /// (and, for a transactional sink, committed together with `checkpoint`).
-    fn publish(&mut self, transactions: &[Transaction], checkpoint: Checkpoint) -> Result<PublishStats, SinkError>;
+    /// Queues `events` in order (a transactional sink begins a transaction with the first send
+    /// after a flush). May wait while the local queue is full; returns what it queued.
+    fn send(&mut self, events: &[Event]) -> Result<PublishStats, SinkError>;
+
+    /// Returns once everything sent since the last flush is acknowledged; a transactional sink
+    /// commits its transaction with `checkpoint` in it (a transaction holding only the
+    /// checkpoint when nothing was sent).
+    fn flush(&mut self, checkpoint: Checkpoint) -> Result<(), SinkError>;
+
+    /// Abandons what was sent since the last flush (a transactional sink aborts its
+    /// transaction). Best effort: a sink that cannot abort is dropped by the worker.
+    fn abort(&mut self);
+
+    /// Sends every event of `transactions` and flushes.
+    fn publish(&mut self, transactions: &[Transaction], checkpoint: Checkpoint) -> Result<PublishStats, SinkError> {
+        let mut stats = PublishStats::default();
+        let result = (|| {
+            for t in transactions {
+                let s = self.send(&t.events)?;
+                stats.events += s.events;
+                stats.bytes += s.bytes;
+            }
+            self.flush(checkpoint)
+        })();
+        if result.is_err() {
+            self.abort();
+        }
+        result.map(|()| stats)
+    }
 
     /// The guarantee this sink gives.
     fn delivery_mode(&self) -> DeliveryMode {

@@ -4,11 +4,13 @@
 //! Exactly-once protocol (see ARCHITECTURE.md): the pipeline has a stable `transactional.id`;
 //! `open` calls `init_transactions` (which fences any older producer with that id and aborts its
 //! open transaction), makes sure the pipeline's single-partition compacted progress topic exists,
-//! and reads the last checkpoint committed there with a read_committed consumer. `publish` writes
-//! the batch's events and one checkpoint record in ONE Kafka transaction; the worker confirms the
-//! slot only after the commit, and skips transactions at or below the checkpoint after a restart.
+//! and reads the last checkpoint committed there with a read_committed consumer. The first `send`
+//! begins a Kafka transaction; every event of the batch (sent in pieces when a PostgreSQL
+//! transaction is too large to hold) and, at `flush`, one checkpoint record go into that ONE Kafka
+//! transaction; the worker confirms the slot only after the commit, and skips transactions at or
+//! below the checkpoint after a restart.
 //!
-//! At-least-once: `publish` enqueues every event, then polls until each delivery report arrived.
+//! At-least-once: `send` enqueues, `flush` polls until each delivery report arrived.
 //! Delivery reports are served by `poll` on the calling thread, so no callback ever runs on a
 //! librdkafka thread.
 
@@ -18,7 +20,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cdc_core::config::{expand_topic, KafkaSinkConfig};
-use cdc_core::pipeline::Transaction;
+use cdc_core::envelope::Event;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
@@ -133,11 +135,17 @@ pub struct KafkaSink {
     /// Connection settings without producer keys, for the admin client and the progress reader.
     client_config: ClientConfig,
     transactional: Option<Transactional>,
+    /// A Kafka transaction (or, at-least-once, a delivery count) is open.
+    in_transaction: bool,
+    /// Records queued since it opened.
+    sent: u64,
+    /// (delivered, failed) reports when it opened (at-least-once).
+    reports_at_begin: (u64, u64),
 }
 
 impl KafkaSink {
     /// Builds the producer. `default_bootstrap` is used when the config names no servers.
-    /// No network I/O happens here; connection errors surface in `publish`.
+    /// No network I/O happens here; connection errors surface in `send` and `flush`.
     pub fn new(
         cfg: &KafkaSinkConfig,
         default_bootstrap: &str,
@@ -181,6 +189,9 @@ impl KafkaSink {
             interrupt: None,
             client_config,
             transactional,
+            in_transaction: false,
+            sent: 0,
+            reports_at_begin: (0, 0),
         })
     }
 
@@ -255,8 +266,31 @@ impl KafkaSink {
         Ok(None)
     }
 
+    /// Starts a Kafka transaction (transactional) or a delivery count (at-least-once) unless one
+    /// is open.
+    fn begin(&mut self) -> Result<(), SinkError> {
+        if self.in_transaction {
+            return Ok(());
+        }
+        if self.transactional.is_some() {
+            self.producer.begin_transaction().map_err(|e| kafka_err("cannot begin a Kafka transaction", e))?;
+        } else {
+            let ctx = self.producer.context();
+            self.reports_at_begin = (ctx.delivered.load(Ordering::Relaxed), ctx.failed.load(Ordering::Relaxed));
+        }
+        self.in_transaction = true;
+        self.sent = 0;
+        Ok(())
+    }
+
     /// Enqueues one record, waiting while the local queue is full.
-    fn send(&self, topic: &str, key: Option<&[u8]>, payload: &[u8], partition: Option<i32>) -> Result<(), SinkError> {
+    fn enqueue(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        payload: &[u8],
+        partition: Option<i32>,
+    ) -> Result<(), SinkError> {
         let mut record: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(topic).payload(payload);
         if let Some(k) = key {
             record = record.key(k);
@@ -280,46 +314,14 @@ impl KafkaSink {
     }
 
     /// Topic of an event's table.
-    fn topic_for(&mut self, ev: &cdc_core::envelope::Event) -> String {
+    fn topic_for(&mut self, ev: &Event) -> String {
         self.topics
             .entry(ev.table_oid)
             .or_insert_with(|| expand_topic(&self.topic_template, &self.database, &ev.schema, &ev.table))
             .clone()
     }
 
-    fn publish_transactional(
-        &mut self,
-        t: &Transactional,
-        transactions: &[Transaction],
-        checkpoint: Checkpoint,
-    ) -> Result<PublishStats, SinkError> {
-        self.producer.begin_transaction().map_err(|e| kafka_err("cannot begin a Kafka transaction", e))?;
-        let result = (|| {
-            let mut stats = PublishStats::default();
-            for txn in transactions {
-                for ev in &txn.events {
-                    let topic = self.topic_for(ev);
-                    self.send(&topic, ev.key.as_deref(), &ev.payload, None)?;
-                    stats.events += 1;
-                    stats.bytes += (ev.payload.len() + ev.key.as_ref().map_or(0, Vec::len)) as u64;
-                }
-                self.producer.poll(Duration::ZERO);
-            }
-            self.send(&t.progress_topic, Some(t.progress_key.as_bytes()), &checkpoint.encode(), Some(0))?;
-            self.producer
-                .commit_transaction(TRANSACTION_TIMEOUT)
-                .map_err(|e| kafka_err("cannot commit the Kafka transaction", e))?;
-            Ok(stats)
-        })();
-        if result.is_err() {
-            // Best effort: a fenced or fatal producer cannot abort; the worker replaces it, and the
-            // next producer's init_transactions aborts whatever is left open.
-            let _ = self.producer.abort_transaction(TRANSACTION_TIMEOUT);
-        }
-        result
-    }
-
-    /// Installs a check polled while waiting for the broker; when it returns true, `publish` gives up
+    /// Installs a check polled while waiting for the broker; when it returns true, `send` and `flush` give up
     /// with a retryable error (the worker uses it to honour SIGTERM promptly).
     pub fn set_interrupt(&mut self, f: impl Fn() -> bool + 'static) {
         self.interrupt = Some(Box::new(f));
@@ -352,24 +354,35 @@ impl Sink for KafkaSink {
         }
     }
 
-    fn publish(&mut self, transactions: &[Transaction], checkpoint: Checkpoint) -> Result<PublishStats, SinkError> {
-        if let Some(t) = self.transactional.clone() {
-            return self.publish_transactional(&t, transactions, checkpoint);
-        }
-        let ctx = self.producer.context().clone();
-        let start_delivered = ctx.delivered.load(Ordering::Relaxed);
-        let start_failed = ctx.failed.load(Ordering::Relaxed);
+    fn send(&mut self, events: &[Event]) -> Result<PublishStats, SinkError> {
+        self.begin()?;
         let mut stats = PublishStats::default();
-        let mut sent: u64 = 0;
-        for txn in transactions {
-            for ev in &txn.events {
-                let topic = self.topic_for(ev);
-                self.send(&topic, ev.key.as_deref(), &ev.payload, None)?;
-                sent += 1;
-                stats.bytes += (ev.payload.len() + ev.key.as_ref().map_or(0, Vec::len)) as u64;
-            }
-            self.producer.poll(Duration::ZERO);
+        for ev in events {
+            let topic = self.topic_for(ev);
+            self.enqueue(&topic, ev.key.as_deref(), &ev.payload, None)?;
+            self.sent += 1;
+            stats.events += 1;
+            stats.bytes += (ev.payload.len() + ev.key.as_ref().map_or(0, Vec::len)) as u64;
         }
+        self.producer.poll(Duration::ZERO);
+        Ok(stats)
+    }
+
+    fn flush(&mut self, checkpoint: Checkpoint) -> Result<(), SinkError> {
+        if let Some(t) = self.transactional.clone() {
+            self.begin()?;
+            self.enqueue(&t.progress_topic, Some(t.progress_key.as_bytes()), &checkpoint.encode(), Some(0))?;
+            self.producer
+                .commit_transaction(TRANSACTION_TIMEOUT)
+                .map_err(|e| kafka_err("cannot commit the Kafka transaction", e))?;
+            self.in_transaction = false;
+            self.sent = 0;
+            return Ok(());
+        }
+        let sent = std::mem::take(&mut self.sent);
+        let (start_delivered, start_failed) = std::mem::take(&mut self.reports_at_begin);
+        self.in_transaction = false;
+        let ctx = self.producer.context();
         // Wait for every delivery report. librdkafka fails each message after message.timeout.ms,
         // so this loop ends; the extra margin only guards against a stuck client.
         let deadline = Instant::now() + Duration::from_millis(u64::from(MESSAGE_TIMEOUT_MS) + 30_000);
@@ -394,8 +407,16 @@ impl Sink for KafkaSink {
             let (class, msg) = self.take_error().unwrap_or((ErrorClass::Retry, "delivery failed".into()));
             return Err(SinkError { class, message: format!("Kafka delivery failed: {msg}") });
         }
-        stats.events = sent;
-        Ok(stats)
+        Ok(())
+    }
+
+    fn abort(&mut self) {
+        if std::mem::take(&mut self.in_transaction) && self.transactional.is_some() {
+            // Best effort: a fenced or fatal producer cannot abort; the worker replaces it, and the
+            // next producer's init_transactions aborts whatever is left open.
+            let _ = self.producer.abort_transaction(TRANSACTION_TIMEOUT);
+        }
+        self.sent = 0;
     }
 }
 
@@ -405,7 +426,8 @@ mod tests {
     //! broker in the end-to-end tests: it shows aborted records and does not fence).
     use std::sync::Arc;
 
-    use cdc_core::envelope::{Event, Op};
+    use cdc_core::envelope::Op;
+    use cdc_core::pipeline::Transaction;
     use cdc_core::Lsn;
     use rdkafka::mocking::MockCluster;
 

@@ -1,0 +1,150 @@
+//! Delivery counters of one sink and the `cdc_delivery_status` document built from them.
+//!
+//! The extension keeps one [`DeliveryCounters`] per sink in shared memory; the worker adds to it
+//! as it reads, deduplicates and commits, and any session reads it. Counting starts when the
+//! shared memory is created (server start, or the restart after a database crash); a worker
+//! restart keeps the counts.
+use serde_json::{json, Value};
+
+use crate::Lsn;
+
+/// Cumulative counts of one sink. Plain data, so it can live in shared memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct DeliveryCounters {
+    /// Kafka transactions open now (0 or 1).
+    pub open_transactions: u64,
+    /// Kafka transactions committed (each carries whole PostgreSQL transactions and a checkpoint).
+    pub committed_transactions: u64,
+    /// Kafka transactions aborted (a failed or interrupted delivery; re-sent later).
+    pub aborted_transactions: u64,
+    /// End LSN of the last change read from the slot.
+    pub read_lsn: u64,
+    /// End LSN covered by the last delivery (exactly-once: the last checkpoint committed to Kafka).
+    pub committed_lsn: u64,
+    /// Events read again after a restart that a committed delivery already holds.
+    pub duplicate_events_detected: u64,
+    /// Of those, events not published again.
+    pub duplicate_events_filtered: u64,
+    /// Events delivered (acknowledged, and committed when exactly-once) for the first time.
+    pub events_delivered: u64,
+    /// Key + value bytes of those events.
+    pub bytes_delivered: u64,
+    /// PostgreSQL transactions delivered (with at least one event for this sink).
+    pub source_transactions_delivered: u64,
+    /// PostgreSQL transactions too large to hold in memory, read in two passes.
+    pub large_transactions: u64,
+}
+
+/// Everything `cdc_delivery_status(sink_name)` reports.
+#[derive(Debug, Clone)]
+pub struct DeliveryStatus<'a> {
+    /// Sink name.
+    pub sink: &'a str,
+    /// `exactly_once` or `at_least_once`.
+    pub delivery_mode: &'a str,
+    /// Pipeline state (running, retrying, error, ...).
+    pub state: &'a str,
+    /// Last error, when the state is not running.
+    pub last_error: Option<&'a str>,
+    /// When the state last changed (ISO 8601).
+    pub since: &'a str,
+    /// The counters, `None` when this server has not counted for the sink yet.
+    pub counters: Option<DeliveryCounters>,
+    /// When counting started (ISO 8601).
+    pub counters_since: &'a str,
+}
+
+impl DeliveryStatus<'_> {
+    /// The document, in the shape of the product description (numbers where it has numbers;
+    /// offsets are WAL positions as numbers and as `X/Y` text).
+    pub fn to_json(&self) -> Value {
+        let c = self.counters.unwrap_or_default();
+        let exactly_once = self.delivery_mode == "exactly_once";
+        // Kafka transactions and deduplication exist only in exactly-once mode.
+        let eo = |v: u64| if exactly_once { json!(v) } else { Value::Null };
+        json!({
+            "sink": self.sink,
+            "delivery_mode": self.delivery_mode,
+            "state": self.state,
+            "last_error": self.last_error,
+            "since": self.since,
+            "transaction_status": {
+                "open_transactions": eo(c.open_transactions),
+                "committed_transactions": eo(c.committed_transactions),
+                "aborted_transactions": eo(c.aborted_transactions),
+            },
+            "offset_tracking": {
+                "current_offset": c.read_lsn,
+                "committed_offset": c.committed_lsn,
+                "pending_offset": c.read_lsn.saturating_sub(c.committed_lsn),
+                "current_lsn": Lsn(c.read_lsn).to_string(),
+                "committed_lsn": Lsn(c.committed_lsn).to_string(),
+            },
+            "deduplication": {
+                "duplicate_events_detected": eo(c.duplicate_events_detected),
+                "duplicate_events_filtered": eo(c.duplicate_events_filtered),
+                "unique_events_delivered": c.events_delivered,
+            },
+            "delivered": {
+                "events": c.events_delivered,
+                "bytes": c.bytes_delivered,
+                "source_transactions": c.source_transactions_delivered,
+                "large_transactions": c.large_transactions,
+            },
+            "counters_since": self.counters_since,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(mode: &str, counters: Option<DeliveryCounters>) -> Value {
+        DeliveryStatus {
+            sink: "kafka_compliance",
+            delivery_mode: mode,
+            state: "running",
+            last_error: None,
+            since: "2026-11-30T00:00:00Z",
+            counters,
+            counters_since: "2026-11-30T00:00:00Z",
+        }
+        .to_json()
+    }
+
+    #[test]
+    fn exactly_once_status_has_the_product_shape() {
+        let c = DeliveryCounters {
+            committed_transactions: 7,
+            read_lsn: 0x1_0000_0100,
+            committed_lsn: 0x1_0000_0000,
+            duplicate_events_detected: 12,
+            duplicate_events_filtered: 12,
+            events_delivered: 900,
+            ..Default::default()
+        };
+        let v = status("exactly_once", Some(c));
+        assert_eq!(
+            v["transaction_status"],
+            json!({"open_transactions": 0, "committed_transactions": 7, "aborted_transactions": 0})
+        );
+        assert_eq!(v["offset_tracking"]["current_offset"], 0x1_0000_0100u64);
+        assert_eq!(v["offset_tracking"]["pending_offset"], 0x100);
+        assert_eq!(v["offset_tracking"]["committed_lsn"], "1/0");
+        assert_eq!(
+            v["deduplication"],
+            json!({"duplicate_events_detected": 12, "duplicate_events_filtered": 12, "unique_events_delivered": 900})
+        );
+        assert_eq!(v["last_error"], Value::Null);
+    }
+
+    #[test]
+    fn at_least_once_has_no_kafka_transactions_or_dedup() {
+        let v = status("at_least_once", None);
+        assert_eq!(v["transaction_status"]["committed_transactions"], Value::Null);
+        assert_eq!(v["deduplication"]["duplicate_events_detected"], Value::Null);
+        assert_eq!(v["deduplication"]["unique_events_delivered"], 0);
+    }
+}

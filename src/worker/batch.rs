@@ -1,0 +1,270 @@
+//! One read of one sink's slot: frames in pieces from a scrollable peek cursor, whole
+//! transactions assembled and sent, and a transaction too large to hold decoded in two passes.
+//!
+//! ```text
+//!  fetch FETCH_ROWS rows ──▶ buffer ──(whole transactions)──▶ Assembler::process ──▶ dedup ──▶ sink.send
+//!          │
+//!          └─ the open transaction passes cdc.batch_changes frames or LARGE_TRANSACTION_BYTES:
+//!               seek back to its Begin ─▶ count_large (its size, for event_count) ─▶ seek back
+//!               ─▶ encode_large in pieces ─▶ sink.send per piece (same Kafka transaction)
+//! ```
+//! Memory is bounded by the buffer (about `cdc.batch_changes` frames), one piece of a large
+//! transaction and librdkafka's queue; the peek's rows themselves spill to a temporary file.
+//! Nothing here commits: the caller flushes the sink, then confirms the slot.
+use std::collections::HashMap;
+
+use cdc_core::decode::{decode, Message};
+use cdc_core::pipeline::{LargeTransaction, RawFrame, SinkTables};
+use cdc_core::stats::DeliveryCounters;
+use cdc_core::time::pg_to_unix_micros;
+use cdc_core::types::TypeRegistry;
+use cdc_core::Lsn;
+use cdc_sinks::{Checkpoint, ErrorClass, Sink};
+
+use super::source::{Peek, TableProgress};
+use super::state::SinkRun;
+
+/// Rows fetched from the cursor at a time.
+pub const FETCH_ROWS: i64 = 1000;
+
+/// A transaction whose frames pass this many bytes is read in two passes, whatever its change count.
+pub const LARGE_TRANSACTION_BYTES: usize = 32 << 20;
+
+/// Why a read stopped.
+pub struct Failure {
+    /// State to report: `error` or `retrying`.
+    pub state: &'static str,
+    /// What happened.
+    pub message: String,
+}
+
+impl Failure {
+    fn decode(e: impl std::fmt::Display) -> Failure {
+        Failure { state: "error", message: format!("cannot decode the change stream: {e}") }
+    }
+
+    fn sink(e: cdc_sinks::SinkError) -> Failure {
+        Failure { state: if e.class == ErrorClass::Retry { "retrying" } else { "error" }, message: e.message }
+    }
+}
+
+/// What one read did.
+#[derive(Default)]
+pub struct Batch {
+    /// Rows read (a large transaction's rows count once per pass).
+    pub rows: u64,
+    /// The slot may be confirmed here once the sink flushed: the end of the last complete
+    /// transaction or heartbeat read.
+    pub target: Option<Lsn>,
+    /// Something was sent (the sink has a delivery to flush).
+    pub sent: bool,
+    /// Per-table progress of what was sent.
+    pub progress: HashMap<u32, TableProgress>,
+    /// Counter increments (events, bytes, duplicates, large transactions).
+    pub counted: DeliveryCounters,
+}
+
+/// The read's fixed inputs.
+pub struct Inputs<'a> {
+    /// Tables the sink captures.
+    pub tables: &'a SinkTables,
+    /// Transactions at or below this are already delivered (exactly-once); skip them.
+    pub checkpoint: Option<Checkpoint>,
+    /// Skip them (false only under the test switch `cdc.test_skip_dedup`).
+    pub dedup: bool,
+    /// A transaction with more frames than this is read in two passes.
+    pub large_frames: usize,
+}
+
+impl Inputs<'_> {
+    /// Whether a transaction that commits at `commit_lsn` is already delivered. The checkpoint
+    /// is the end of a delivered transaction or heartbeat, never inside a commit record, so this
+    /// is the same as "its end LSN is at or below the checkpoint".
+    fn delivered(&self, commit_lsn: Lsn) -> bool {
+        self.checkpoint.is_some_and(|cp| commit_lsn < cp.end_lsn)
+    }
+}
+
+/// Reads the rest of the peek (`first` are rows already fetched) and sends every new event.
+pub fn read(
+    run: &mut SinkRun,
+    inputs: &Inputs<'_>,
+    peek: &mut Peek,
+    first: Vec<RawFrame>,
+    types: &mut TypeRegistry,
+) -> Result<Batch, Failure> {
+    let mut b = Batch::default();
+    let mut buf: Vec<RawFrame> = Vec::new();
+    // The open transaction: index of its Begin in `buf`, its row position, its bytes so far.
+    let mut open: Option<(usize, u64, usize)> = None;
+    let mut chunk = first;
+    let mut start = peek.position() - chunk.len() as u64;
+    'rows: while !chunk.is_empty() {
+        b.rows += chunk.len() as u64;
+        for (i, frame) in chunk.into_iter().enumerate() {
+            match frame.data.first() {
+                Some(b'B') => open = Some((buf.len(), start + i as u64, 0)),
+                Some(b'C') => open = None,
+                _ => {}
+            }
+            if let Some(o) = open.as_mut() {
+                o.2 += frame.data.len();
+            }
+            buf.push(frame);
+            if let Some((begin, position, bytes)) = open {
+                if buf.len() - begin > inputs.large_frames || bytes > LARGE_TRANSACTION_BYTES {
+                    buf.truncate(begin);
+                    send_whole(run, inputs, &buf, types, &mut b)?;
+                    buf.clear();
+                    open = None;
+                    peek.seek(position);
+                    send_large(run, inputs, peek, types, &mut b)?;
+                    start = peek.position();
+                    chunk = peek.fetch(FETCH_ROWS, types);
+                    continue 'rows;
+                }
+            }
+        }
+        start = peek.position();
+        chunk = peek.fetch(FETCH_ROWS, types);
+    }
+    send_whole(run, inputs, &buf, types, &mut b)?;
+    Ok(b)
+}
+
+/// Sends the events of buffered whole transactions (a trailing incomplete one is held back: the
+/// slot is not confirmed past it, so the next read returns it again).
+fn send_whole(
+    run: &mut SinkRun,
+    inputs: &Inputs<'_>,
+    frames: &[RawFrame],
+    types: &TypeRegistry,
+    b: &mut Batch,
+) -> Result<(), Failure> {
+    if frames.is_empty() {
+        return Ok(());
+    }
+    let out = run.assembler.process(frames, inputs.tables, types).map_err(Failure::decode)?;
+    for t in &out.transactions {
+        if inputs.delivered(t.commit_lsn) {
+            b.counted.duplicate_events_detected += t.events.len() as u64;
+            if inputs.dedup {
+                b.counted.duplicate_events_filtered += t.events.len() as u64;
+                continue;
+            }
+        }
+        if !t.events.is_empty() {
+            b.counted.source_transactions_delivered += 1;
+        }
+        send(run, &t.events, t.commit_lsn, t.commit_time, b)?;
+    }
+    if out.confirm_lsn.is_some() {
+        b.target = out.confirm_lsn;
+    }
+    Ok(())
+}
+
+/// Sends one transaction too large to hold, the cursor at its Begin; leaves the cursor just
+/// after its Commit.
+fn send_large(
+    run: &mut SinkRun,
+    inputs: &Inputs<'_>,
+    peek: &mut Peek,
+    types: &mut TypeRegistry,
+    b: &mut Batch,
+) -> Result<(), Failure> {
+    let begin = peek.position();
+    let first = peek.fetch(1, types);
+    let commit_lsn = match first.first().map(|f| decode(&f.data)) {
+        Some(Ok(Message::Begin { final_lsn, .. })) => final_lsn,
+        _ => return Err(Failure::decode(format!("row {begin} of the peek is not a Begin message"))),
+    };
+    peek.seek(begin);
+    let duplicate = inputs.delivered(commit_lsn);
+    let needs_count = inputs.tables.values().any(|c| c.include_transaction_info);
+    let mut lt = LargeTransaction::default();
+    if needs_count || duplicate {
+        loop {
+            let at = peek.position();
+            let chunk = fetch_inside(peek, types, begin, b)?;
+            if let Some(n) = run.assembler.count_large(&chunk, inputs.tables, &mut lt).map_err(Failure::decode)? {
+                peek.seek(at + n as u64);
+                break;
+            }
+        }
+        if duplicate {
+            b.counted.duplicate_events_detected += lt.event_count() as u64;
+            if inputs.dedup {
+                b.counted.duplicate_events_filtered += lt.event_count() as u64;
+                b.target = lt.end_lsn();
+                return Ok(());
+            }
+        }
+        peek.seek(begin);
+    }
+    b.counted.large_transactions += 1;
+    let mut first_piece = true;
+    loop {
+        let at = peek.position();
+        let chunk = fetch_inside(peek, types, begin, b)?;
+        let mut events = Vec::new();
+        let done =
+            run.assembler.encode_large(&chunk, inputs.tables, types, &mut lt, &mut events).map_err(Failure::decode)?;
+        if first_piece && !events.is_empty() {
+            b.counted.source_transactions_delivered += 1;
+            first_piece = false;
+        }
+        send(run, &events, lt.commit_lsn(), lt.commit_time(), b)?;
+        if let Some(n) = done {
+            peek.seek(at + n as u64);
+            break;
+        }
+    }
+    b.target = lt.end_lsn();
+    Ok(())
+}
+
+/// Fetches the next rows of a large transaction that started at row `begin`.
+fn fetch_inside(
+    peek: &mut Peek,
+    types: &mut TypeRegistry,
+    begin: u64,
+    b: &mut Batch,
+) -> Result<Vec<RawFrame>, Failure> {
+    let chunk = peek.fetch(FETCH_ROWS, types);
+    if chunk.is_empty() {
+        return Err(Failure::decode(format!("the transaction starting at row {begin} of the peek has no Commit")));
+    }
+    b.rows += chunk.len() as u64;
+    Ok(chunk)
+}
+
+/// Sends events of a transaction and counts them.
+fn send(
+    run: &mut SinkRun,
+    events: &[cdc_core::envelope::Event],
+    commit_lsn: Lsn,
+    commit_time: i64,
+    b: &mut Batch,
+) -> Result<(), Failure> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let Some(producer) = run.producer.as_mut() else {
+        return Err(Failure { state: "retrying", message: "the sink is not open".into() });
+    };
+    if !b.sent {
+        crate::stats::update(&run.row.id, |c| c.open_transactions = 1);
+    }
+    b.sent = true;
+    let stats = producer.send(events).map_err(Failure::sink)?;
+    b.counted.events_delivered += stats.events;
+    b.counted.bytes_delivered += stats.bytes;
+    for ev in events {
+        let p = b.progress.entry(ev.table_oid).or_default();
+        p.events += 1;
+        p.last_commit_lsn = commit_lsn.0;
+        p.last_commit_unix_micros = pg_to_unix_micros(commit_time);
+    }
+    Ok(())
+}

@@ -1,0 +1,139 @@
+"""Transactions too large to hold in the worker's memory: read in pieces from the peek cursor,
+counted in a first pass (for event_count), sent in a second, all in ONE Kafka transaction."""
+import json
+import threading
+import time
+import uuid
+
+from confluent_kafka import Consumer
+
+from conftest import BOOTSTRAP, connect, consume, restart_worker, wait_for, worker_pid
+
+
+def private_kib(pid):
+    """Private (not shared) resident memory of a process, from /proc/PID/smaps_rollup."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    total += int(line.split()[1])
+    except FileNotFoundError:
+        return 0
+    return total
+
+
+class MemorySampler(threading.Thread):
+    def __init__(self, pid):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.stop = pid, 0, threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, private_kib(self.pid))
+            time.sleep(0.1)
+
+
+def delivery_status(conn, name):
+    return conn.execute("SELECT cdc_delivery_status(%s)", (name,)).fetchone()[0]
+
+
+def test_million_row_transaction_is_delivered_whole_with_bounded_memory(pg, sinks, unique):
+    """One INSERT of 1,000,000 rows: every row arrives exactly once, each event carries the
+    transaction's size, and the worker's private memory stays far below what holding the
+    transaction would take (about 400 MB of events alone)."""
+    n = 1_000_000
+    t, topic, name = f"big_{unique}", f"big-{unique}", f"big_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+    pg.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, json.dumps({"include_transaction_info": True})))
+    sinks.add(name, topic)
+    restart_worker(pg)  # a fresh process: earlier tests' allocations do not count
+    pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")
+    consume(topic, 1)
+    pid = worker_pid(pg)
+    baseline = private_kib(pid)
+    sampler = MemorySampler(pid)
+    sampler.start()
+    pg.execute(f"INSERT INTO {t} SELECT g, repeat('x', 100) FROM generate_series(1, {n}) g")
+
+    c = Consumer({
+        "bootstrap.servers": BOOTSTRAP,
+        "group.id": "e2e-" + uuid.uuid4().hex,
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+    })
+    c.subscribe([topic])
+    seen = bytearray(n + 1)  # ids 0 (the warm-up) .. n
+    count = dups = 0
+    xids, sizes = set(), set()
+    deadline = time.time() + 600
+    try:
+        while count < n + 1 and time.time() < deadline:
+            for m in c.consume(num_messages=10000, timeout=1.0):
+                if m.error():
+                    continue
+                count += 1
+                v = json.loads(m.value())
+                i = v["after"]["id"]
+                dups += seen[i]
+                seen[i] = 1
+                tx = v["metadata"]["transaction"]
+                if i > 0:
+                    xids.add(tx["id"])
+                    sizes.add(tx["event_count"])
+        # Anything extra would be a duplicate.
+        extra = sum(1 for m in c.consume(num_messages=1000, timeout=2.0) if not m.error())
+    finally:
+        c.close()
+        sampler.stop.set()
+        sampler.join()
+    assert count == n + 1 and dups == 0 and extra == 0, f"{count} of {n + 1}, {dups} duplicates, {extra} extra"
+    assert sum(seen) == n + 1
+    assert len(xids) == 1 and sizes == {n}, f"one transaction of {n} events: {xids} {sizes}"
+    peak_mb = sampler.peak / 1024
+    print(f"\nworker private memory: baseline {baseline / 1024:.0f} MB, peak {peak_mb:.0f} MB while delivering {n} rows")
+    assert sampler.peak - baseline < 256 * 1024, f"worker private memory grew by {(sampler.peak - baseline) / 1024:.0f} MB"
+    status = delivery_status(pg, name)
+    assert status["delivered"]["large_transactions"] >= 1
+    assert status["delivered"]["events"] >= n
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+    pg.execute(f"DROP TABLE {t}")
+
+
+def test_large_transaction_reread_after_a_crash_is_deduplicated(pg, sinks, unique):
+    """With cdc.batch_changes = 100 a 2,000-row transaction takes the two-pass path; the worker
+    exits right after the Kafka commit, re-reads it and must skip it whole."""
+    t, topic, name = f"bigdup_{unique}", f"bigdup-{unique}", f"bigdup_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+    pg.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, json.dumps({"include_transaction_info": True})))
+    sinks.add(name, topic)
+    pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")
+    consume(topic, 1)
+    old = worker_pid(pg)
+    pg.execute("ALTER SYSTEM SET cdc.batch_changes = 100")
+    pg.execute("ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit'")
+    pg.execute("SELECT pg_reload_conf()")
+    try:
+        time.sleep(1.0)
+        pg.execute(f"INSERT INTO {t} SELECT g, 'x' FROM generate_series(1, 2000) g")
+        wait_for(lambda: worker_pid(pg) not in (None, old), timeout=30, what="worker exited at the failpoint")
+        pg.execute("ALTER SYSTEM RESET cdc.test_failpoint")
+        pg.execute("SELECT pg_reload_conf()")
+        pg.execute(f"INSERT INTO {t} VALUES (2001, 'after')")
+        msgs = consume(topic, 2002, timeout=90)
+    finally:
+        with connect() as c:
+            c.execute("ALTER SYSTEM RESET cdc.batch_changes")
+            c.execute("ALTER SYSTEM RESET cdc.test_failpoint")
+            c.execute("SELECT pg_reload_conf()")
+    ids = [m["value"]["after"]["id"] for m in msgs]
+    assert sorted(ids) == list(range(2002)), f"{len(ids)} events for 2002 rows"
+    big = [m for m in msgs if 1 <= m["value"]["after"]["id"] <= 2000]
+    assert {m["value"]["metadata"]["transaction"]["event_count"] for m in big} == {2000}
+    assert [m["value"]["metadata"]["transaction"]["event_index"] for m in big] == list(range(1, 2001))
+    status = wait_for(lambda: (s := delivery_status(pg, name))["deduplication"]["duplicate_events_filtered"] >= 2000 and s,
+                      what="the re-read transaction counted as filtered duplicates")
+    assert status["deduplication"]["duplicate_events_detected"] == status["deduplication"]["duplicate_events_filtered"]
+    assert status["delivered"]["large_transactions"] >= 1
+    pg.execute("SELECT cdc_disable(%s)", (t,))
