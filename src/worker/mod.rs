@@ -3,9 +3,10 @@
 //! ```text
 //!  loop:
 //!    catalog (one transaction, read-only) ── sinks, captured tables, slots
-//!    for each sink:
-//!      peek its slot (read-only transaction) ─▶ frames ─▶ Assembler ─▶ whole transactions of events
-//!      publish to the sink (no transaction open; waits for every broker acknowledgement)
+//!    for each sink (batch.rs):
+//!      one read-only transaction: a scrollable cursor over a peek of its slot ─▶ frames in pieces
+//!        ─▶ Assembler ─▶ events ─▶ sink.send (large transactions in two passes, see batch.rs)
+//!      sink.flush (no transaction open; Kafka commit with the checkpoint / every acknowledgement)
 //!      advance the slot + _cdc_offsets + state (one short writing transaction)
 //!    drop slots of dropped sinks; sleep cdc.naptime_ms when nothing happened
 //! ```
