@@ -140,3 +140,8 @@ def server_log():
 def sink_state(conn, name):
     row = conn.execute("SELECT state, last_error FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()
     return row
+
+
+def delivery_status(conn, name):
+    """cdc_delivery_status(name) as a dict."""
+    return conn.execute("SELECT cdc_delivery_status(%s)", (name,)).fetchone()[0]

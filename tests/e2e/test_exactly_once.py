@@ -6,7 +6,8 @@ import time
 
 from confluent_kafka import Producer
 
-from conftest import BOOTSTRAP, connect, consume, restart_worker, server_log, sink_state, wait_for, worker_pid
+from conftest import (BOOTSTRAP, connect, consume, delivery_status, restart_worker, server_log, sink_state, wait_for,
+                      worker_pid)
 
 
 def ids_of(msgs):
@@ -119,9 +120,6 @@ def test_control_without_dedup_the_same_crash_duplicates(pg, sinks, unique):
     assert status["deduplication"]["duplicate_events_filtered"] == 0
     pg.execute("SELECT cdc_disable(%s)", (t,))
 
-
-def delivery_status(conn, name):
-    return conn.execute("SELECT cdc_delivery_status(%s)", (name,)).fetchone()[0]
 
 
 def test_second_producer_with_the_same_transactional_id(pg, sinks, unique):

@@ -7,7 +7,7 @@ import uuid
 
 from confluent_kafka import Consumer
 
-from conftest import BOOTSTRAP, connect, consume, restart_worker, wait_for, worker_pid
+from conftest import BOOTSTRAP, connect, consume, delivery_status, restart_worker, wait_for, worker_pid
 
 
 def private_kib(pid):
@@ -32,10 +32,6 @@ class MemorySampler(threading.Thread):
         while not self.stop.is_set():
             self.peak = max(self.peak, private_kib(self.pid))
             time.sleep(0.1)
-
-
-def delivery_status(conn, name):
-    return conn.execute("SELECT cdc_delivery_status(%s)", (name,)).fetchone()[0]
 
 
 def test_million_row_transaction_is_delivered_whole_with_bounded_memory(pg, sinks, unique):
