@@ -99,6 +99,9 @@ pub struct Catalog {
     pub tables: Vec<TableRow>,
     /// Slots named like pg_cdc's in this database.
     pub slots: Vec<SlotRow>,
+    /// pg_cdc's publications that exist (both, unless someone dropped one by hand).
+    #[serde(default)]
+    pub publications: Vec<String>,
 }
 
 /// Reads the catalog; `None` when the extension is not installed in this database.
@@ -125,7 +128,9 @@ pub fn load_catalog() -> Catalog {
               FROM {schema}._cdc_sinks),
   'tables', (SELECT coalesce(jsonb_agg(jsonb_build_object('oid', table_oid::bigint, 'config', config, 'key_columns', key_columns)), '[]')
                FROM {schema}._cdc_publications WHERE status = 'active'),
-  'slots', {SLOTS_SQL}
+  'slots', {SLOTS_SQL},
+  'publications', (SELECT coalesce(jsonb_agg(pubname::text), '[]') FROM pg_publication
+                   WHERE pubname = ANY (string_to_array('{PUBLICATION_NAMES}', ',')))
 )"#
     ));
     cat.schema = Some(schema);

@@ -16,6 +16,7 @@ use pgrx::pg_sys;
 use super::batch::{self, Batch, Failure, Inputs};
 use super::source::{self, Catalog, Peek, SinkRow};
 use super::{retry_at, run_tx, stop_requested, OrphanSightings};
+use crate::catalog::PUBLICATION_NAMES;
 use crate::gucs;
 
 /// Runtime state of one sink.
@@ -69,18 +70,19 @@ fn open_producer(run: &mut SinkRun, a: &OpenArgs<'_>) -> Result<(), Failure> {
         message: e.message,
     })?;
     if let Some(cp) = checkpoint.filter(|cp| a.confirmed > cp.end_lsn) {
-        return Err(Failure {
-            state: "error",
-            message: format!(
-                "replication slot {} is confirmed up to {}, past the last checkpoint committed to Kafka ({}): \
-                 changes in between may never have been delivered; pg_cdc stops instead of guessing (drop and re-add the sink)",
-                row.slot, a.confirmed, cp.end_lsn
-            ),
-        });
+        return Err(Failure { state: "error", message: ahead_of_checkpoint(&row.slot, a.confirmed, cp.end_lsn) });
     }
     run.checkpoint = checkpoint;
     run.producer = Some(producer);
     Ok(())
+}
+
+/// The error of a slot confirmed past the pipeline's last Kafka checkpoint.
+fn ahead_of_checkpoint(slot: &str, confirmed: Lsn, checkpoint: Lsn) -> String {
+    format!(
+        "replication slot {slot} is confirmed up to {confirmed}, past the last checkpoint committed to Kafka ({checkpoint}): \
+         changes in between may never have been delivered; pg_cdc stops instead of guessing (drop and re-add the sink)"
+    )
 }
 
 /// Adds one read's counts to a sink's counters.
@@ -261,6 +263,17 @@ impl Worker {
                 return false;
             }
         };
+        if let Some(missing) = PUBLICATION_NAMES.split(',').find(|p| !cat.publications.iter().any(|q| q == p)) {
+            // pgoutput cannot decode anything without it; changes made since it was dropped are
+            // lost to every sink, so this is an error and never a silent resync.
+            let msg = format!(
+                "publication {missing} does not exist (dropped outside pg_cdc?): changes since it was dropped cannot be \
+                 decoded; recreate the extension (DROP EXTENSION pg_cdc CASCADE; CREATE EXTENSION pg_cdc), re-enable the \
+                 tables and re-add the sinks"
+            );
+            self.fail(id, "error", msg);
+            return false;
+        }
         let Some(slot) = cat.slots.iter().find(|s| s.name == row.slot) else {
             if row.state == "creating_slot" {
                 let slot = row.slot.clone();
@@ -290,6 +303,14 @@ impl Worker {
             return false;
         }
         let confirmed: Lsn = slot.confirmed.as_deref().and_then(|s| s.parse().ok()).unwrap_or_default();
+        // Exactly-once confirms the slot only after the Kafka commit, so the slot never passes the
+        // checkpoint; if it did, someone moved it (pg_replication_slot_advance) and changes in
+        // between were never delivered.
+        if let Some(cp) = run.checkpoint.filter(|cp| run.producer.is_some() && confirmed > cp.end_lsn) {
+            let msg = ahead_of_checkpoint(&row.slot, confirmed, cp.end_lsn);
+            self.fail(id, "error", msg);
+            return false;
+        }
 
         // Read and send, inside one transaction (the peek's cursor lives in it).
         let tables = self.tables_for(&row);

@@ -169,17 +169,19 @@ class Faults:
             time.sleep(65)
             sh("scripts/kafka.sh", "start")
         elif kind == "failpoint":
+            # Fires at the worker's next Kafka commit. Right after a broker fault that commit can be
+            # a minute away (the producer's commit timeout, then a fresh producer), so wait longer.
             with connect() as c:
                 old = wait_worker()
                 c.execute("ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit'")
                 c.execute("SELECT pg_reload_conf()")
-                deadline = time.time() + 60
+                deadline = time.time() + 180
                 while time.time() < deadline and worker_pid(c) in (None, old):
                     time.sleep(0.1)
                 c.execute("ALTER SYSTEM RESET cdc.test_failpoint")
                 c.execute("SELECT pg_reload_conf()")
                 if worker_pid(c) in (None, old):
-                    log("failpoint did not fire within 60 s (the worker had nothing to commit)")
+                    log("failpoint did not fire within 180 s (the worker committed nothing); not counted")
                     return
         elif kind == "zombie":
             z = Producer({"bootstrap.servers": BOOTSTRAP, "transactional.id": self.txn_id})
@@ -333,7 +335,11 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
         while sum(w.seq for w in writers) < goal and any(w.is_alive() for w in writers):
             time.sleep(0.2)
         time.sleep(rng.uniform(0, 1.5))
-        faults.inject(kind)
+        before = faults.count[kind]
+        for _ in range(3):  # a failpoint that did not fire is tried again while writes flow
+            faults.inject(kind)
+            if faults.count[kind] > before or not any(w.is_alive() for w in writers):
+                break
     for w in writers:
         w.join()
     errors = [w.error for w in writers if w.error]
@@ -376,6 +382,10 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
         return
     if bad:
         log("FAILED")
+        sys.exit(1)
+    short = {k: faults.count[k] for k in Faults.KINDS if faults.count[k] < a.min_faults}
+    if short:
+        log(f"FAILED: fewer than {a.min_faults} of these fault kinds happened: {short}")
         sys.exit(1)
     if faults.count["failpoint"] and not result["duplicate_events_skipped_by_worker"]:
         log("FAILED: the failpoint fired but the worker reported no skipped duplicates")

@@ -1,6 +1,7 @@
 """Operational behaviour: worker restarts, slot lifecycle, heartbeats, deferred slot creation."""
 import time
 
+import psycopg
 import pytest
 
 from conftest import connect, consume, restart_worker, sink_state, wait_for
@@ -133,4 +134,87 @@ def test_broker_down_keeps_the_slot_and_recovers(pg, sinks, unique):
     msgs = consume(topic, 51, timeout=120)
     assert {m["value"]["after"]["id"] for m in msgs} == set(range(51))
     wait_for(lambda: sink_state(pg, name)[0] == "running", timeout=60, what="running again")
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_dropped_publication_is_an_error_with_the_reason(pg, sinks, unique):
+    """A pg_cdc publication dropped by hand: every sink stops in 'error' and says why."""
+    t, name = f"pub_{unique}", f"pub_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    sinks.add(name, f"pub-{unique}")
+    wait_for(lambda: sink_state(pg, name)[0] == "running", what="sink running")
+    members = pg.execute("SELECT schemaname, tablename FROM pg_publication_tables "
+                         "WHERE pubname = '_cdc_publication_inserts'").fetchall()
+    pg.execute("DROP PUBLICATION _cdc_publication_inserts")
+    try:
+        pg.execute(f"INSERT INTO {t} VALUES (1)")
+        state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, what="error state")
+        assert "publication _cdc_publication_inserts does not exist" in state[1], state[1]
+        assert "CREATE EXTENSION" in state[1], "the message says how to recover"
+    finally:
+        # Put it back as it was, for the tests that follow (their slots start after this point).
+        pg.execute("CREATE PUBLICATION _cdc_publication_inserts WITH (publish = 'insert, truncate')")
+        for schema, table in members:
+            pg.execute(f'ALTER PUBLICATION _cdc_publication_inserts ADD TABLE ONLY "{schema}"."{table}"')
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_invalidated_slot_is_an_error_not_a_resync(pg, sinks, unique):
+    """max_slot_wal_keep_size removes WAL a stuck sink still needs: 'error' with the reason, no new slot."""
+    t, name = f"inval_{unique}", f"inval_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, pad text)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    # A broker nobody listens on: the sink can read but never deliver, so its slot stays behind.
+    sinks.add(name, f"inval-{unique}", bootstrap_servers="127.0.0.1:1")
+    slot = slot_of(pg, name)
+    pg.execute(f"INSERT INTO {t} VALUES (0, 'x')")
+    wait_for(lambda: sink_state(pg, name)[0] == "retrying", timeout=60, what="retrying")
+    pg.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+    pg.execute("SELECT pg_reload_conf()")
+    try:
+        def lost():
+            pg.execute(f"INSERT INTO {t} SELECT g, repeat('x', 500) FROM generate_series(1, 2000) g "
+                       f"ON CONFLICT (id) DO UPDATE SET pad = excluded.pad")
+            pg.execute("SELECT pg_switch_wal()")
+            pg.execute("CHECKPOINT")
+            return pg.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0] == "lost"
+        wait_for(lost, timeout=60, what="slot invalidated")
+    finally:
+        pg.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        pg.execute("SELECT pg_reload_conf()")
+    state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, timeout=60, what="error state")
+    assert "invalidated" in state[1] and "re-add" in state[1], state[1]
+    assert pg.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0] == 1, \
+        "the invalidated slot is left for the DBA to see, not replaced"
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_slot_moved_past_the_kafka_checkpoint_is_an_error(pg, sinks, unique):
+    """Exactly-once: a slot advanced by hand past what Kafka holds stops the sink, while running
+    and after a restart; nothing is skipped silently."""
+    t, topic, name = f"ahead_{unique}", f"ahead-{unique}", f"ahead_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    sinks.add(name, topic)
+    pg.execute(f"INSERT INTO {t} VALUES (1)")
+    consume(topic, 1)
+    slot = slot_of(pg, name)
+    time.sleep(1.0)  # let a first heartbeat, if any, be delivered before the jump
+    # WAL the sink does not capture, then the slot jumps to its end behind the worker's back.
+    pg.execute(f"CREATE TABLE other_{unique} AS SELECT 1 AS x")
+    target = pg.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    for _ in range(100):
+        try:
+            pg.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, target))
+            break
+        except psycopg.errors.ObjectInUse:  # the worker's peek holds it at that instant
+            time.sleep(0.05)
+    pg.execute(f"INSERT INTO {t} VALUES (2)")
+    state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, timeout=60, what="error state")
+    assert "past the last checkpoint committed to Kafka" in state[1], state[1]
+    restart_worker(pg)
+    time.sleep(2.0)
+    state = sink_state(pg, name)
+    assert state[0] == "error" and "past the last checkpoint" in state[1], state
     pg.execute("SELECT cdc_disable(%s)", (t,))
