@@ -59,7 +59,8 @@ chaos:
 
 ## chaos-long: the long run by hand (100,000 transactions); writes tests/chaos/results/long.json
 chaos-long:
-	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 7 --transactions 100000 --min-faults 20 --rate 80 \
+	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 7 --transactions 100000 --min-faults 20 \
+		--fault-count broker_outage=3 --rate 80 \
 		--out tests/chaos/results/long.json
 
 ## golden: re-capture the pgoutput golden files from the running PostgreSQL

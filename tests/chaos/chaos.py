@@ -14,7 +14,8 @@ compares with SELECT on the source tables; it also checks zero duplicates, zero 
 transaction whole (event_count events per commit_lsn), and nothing from aborted work.
 
     tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2          # short run
-    tests/chaos/chaos.py --seed 7 --transactions 100000 --long --out results/long.json
+    tests/chaos/chaos.py --seed 7 --transactions 100000 --min-faults 20 --fault-count broker_outage=3 \
+        --rate 80 --out tests/chaos/results/long.json                          # long run (make chaos-long)
     tests/chaos/chaos.py --control-no-dedup    # must FAIL: proves the oracle sees duplicates
 """
 import argparse
@@ -278,6 +279,8 @@ def main():
     p.add_argument("--transactions", type=int, default=2000)
     p.add_argument("--writers", type=int, default=4)
     p.add_argument("--min-faults", type=int, default=2, help="at least this many of every fault kind")
+    p.add_argument("--fault-count", action="append", default=[], metavar="KIND=N",
+                   help="a different count for one fault kind (e.g. broker_outage=3: each costs over a minute)")
     p.add_argument("--rate", type=float, default=0, help="transactions per second, all writers together "
                    "(0: unthrottled); keeps writes flowing while the faults happen")
     p.add_argument("--control-no-dedup", action="store_true", help="turn dedup off: the run must fail")
@@ -310,6 +313,17 @@ def main():
             c.execute("SELECT pg_reload_conf()")
 
 
+def fault_counts(a):
+    """How many of each fault kind the run must inject: --min-faults, except where --fault-count says."""
+    wanted = {k: a.min_faults for k in Faults.KINDS}
+    for spec in a.fault_count:
+        kind, _, n = spec.partition("=")
+        if kind not in wanted or not n.isdigit():
+            sys.exit(f"--fault-count {spec}: expected KIND=N with KIND one of {', '.join(Faults.KINDS)}")
+        wanted[kind] = int(n)
+    return wanted
+
+
 def run(a, rng, conn, topic, txn_id, sink, log_since):
     """Adds the sink, runs the writers and the fault schedule, then checks with the oracle."""
     conn.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)",
@@ -321,7 +335,8 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
     interval = a.writers / a.rate if a.rate else 0
     writers = [Writer(i + 1, random.Random(a.seed * 1000 + i), per_writer, stop, interval) for i in range(a.writers)]
     faults = Faults(rng, txn_id, topic, a.control_no_dedup)
-    schedule = [k for k in Faults.KINDS for _ in range(a.min_faults)]
+    wanted = fault_counts(a)
+    schedule = [k for k in Faults.KINDS for _ in range(wanted[k])]
     rng.shuffle(schedule)
     if a.control_no_dedup:
         schedule = ["failpoint"] * max(2, a.min_faults)
@@ -383,9 +398,9 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
     if bad:
         log("FAILED")
         sys.exit(1)
-    short = {k: faults.count[k] for k in Faults.KINDS if faults.count[k] < a.min_faults}
+    short = {k: f"{faults.count[k]} of {n}" for k, n in wanted.items() if faults.count[k] < n}
     if short:
-        log(f"FAILED: fewer than {a.min_faults} of these fault kinds happened: {short}")
+        log(f"FAILED: fault kinds that happened fewer times than asked: {short}")
         sys.exit(1)
     if faults.count["failpoint"] and not result["duplicate_events_skipped_by_worker"]:
         log("FAILED: the failpoint fired but the worker reported no skipped duplicates")
