@@ -6,6 +6,17 @@ REVOKE EXECUTE ON FUNCTION cdc_add_sink(text, text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_drop_sink(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_delivery_status(text) FROM PUBLIC;
 
+-- The trigger of tables that capture user context: emits the sealed context of each statement,
+-- before its rows, inside the writing transaction. SECURITY DEFINER so writers need no right on
+-- pg_logical_emit_message; session_user (what the context reports) is unaffected.
+CREATE FUNCTION _cdc_context_trigger() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN
+    PERFORM pg_logical_emit_message(true, 'pg_cdc.context', @extschema@._cdc_context_message(TG_ARGV[0]::boolean));
+    RETURN NULL;
+END $$;
+REVOKE EXECUTE ON FUNCTION _cdc_context_message(boolean) FROM PUBLIC;
+
 -- A captured table that is dropped leaves no catalog rows behind (its publication membership goes
 -- with it). During DROP EXTENSION the catalog is already gone: nothing to do then.
 CREATE FUNCTION _cdc_forget_dropped_tables() RETURNS event_trigger

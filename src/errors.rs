@@ -3,22 +3,15 @@ use cdc_core::{CdcError, ErrorKind};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
+/// The error code of a core error kind, from its SQLSTATE (the core is the one list of them):
+/// PostgreSQL packs the five characters six bits each (`MAKE_SQLSTATE`).
 fn code(kind: ErrorKind) -> PgSqlErrorCode {
-    use PgSqlErrorCode::*;
-    match kind {
-        ErrorKind::InvalidParameter => ERRCODE_INVALID_PARAMETER_VALUE,
-        ErrorKind::FeatureNotSupported => ERRCODE_FEATURE_NOT_SUPPORTED,
-        ErrorKind::UndefinedColumn => ERRCODE_UNDEFINED_COLUMN,
-        ErrorKind::UndefinedTable => ERRCODE_UNDEFINED_TABLE,
-        ErrorKind::UndefinedObject => ERRCODE_UNDEFINED_OBJECT,
-        ErrorKind::DuplicateObject => ERRCODE_DUPLICATE_OBJECT,
-        ErrorKind::PrerequisiteState => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        ErrorKind::WrongObjectType => ERRCODE_WRONG_OBJECT_TYPE,
-        ErrorKind::SyntaxError => ERRCODE_SYNTAX_ERROR,
-        ErrorKind::NullValue => ERRCODE_NULL_VALUE_NOT_ALLOWED,
-        ErrorKind::InvalidName => ERRCODE_INVALID_NAME,
-        ErrorKind::Internal => ERRCODE_INTERNAL_ERROR,
-    }
+    let packed = kind
+        .sqlstate()
+        .bytes()
+        .enumerate()
+        .fold(0i32, |acc, (i, c)| acc | ((i32::from(c.wrapping_sub(b'0')) & 0x3F) << (6 * i)));
+    PgSqlErrorCode::from(packed)
 }
 
 /// Raises `e` as an ERROR with its SQLSTATE, DETAIL and HINT.

@@ -8,6 +8,8 @@
 //! | `cdc.batch_changes` | sighup | 10000 | `upto_nchanges` of one peek (whole transactions are never split) |
 //! | `cdc.heartbeat_interval_ms` | sighup | 10000 | how often an idle sink moves its slot forward over WAL it does not capture |
 //! | `cdc.max_retry_backoff_ms` | sighup | 30000 | cap of the exponential backoff after a sink error |
+//! | `cdc.tokenization_key_file` | sighup, superuser | (none) | file holding the secret key of `tokenize` (mode 0600 or 0400) |
+//! | `cdc.tokenization_key_version` | sighup, superuser | 1 | version of that key, reported in events; change it with the key |
 use std::ffi::CString;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
@@ -26,6 +28,11 @@ pub static HEARTBEAT_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(10_00
 /// `cdc.max_retry_backoff_ms`.
 pub static MAX_RETRY_BACKOFF_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
 
+/// `cdc.tokenization_key_file`: the path, never the key (settings are logged when they change).
+pub static TOKENIZATION_KEY_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// `cdc.tokenization_key_version`.
+pub static TOKENIZATION_KEY_VERSION: GucSetting<i32> = GucSetting::<i32>::new(1);
+
 /// `cdc.test_failpoint`: test-only; `after_kafka_commit` makes the worker exit right after a Kafka
 /// commit and before it confirms the slot (the crash window exactly-once must survive).
 pub static TEST_FAILPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
@@ -35,6 +42,25 @@ pub static TEST_SKIP_DEDUP: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 /// Registers the settings (from `_PG_init`).
 pub fn init() {
+    GucRegistry::define_string_guc(
+        c"cdc.tokenization_key_file",
+        c"File holding the secret key of the tokenize redaction method.",
+        c"Readable by the server's OS user only (mode 0600 or 0400). The key itself is never a setting, \
+          because PostgreSQL logs settings when they change.",
+        &TOKENIZATION_KEY_FILE,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_int_guc(
+        c"cdc.tokenization_key_version",
+        c"Version of the tokenization key, reported in events next to the tokens.",
+        c"Change it whenever the key changes: tokens of different versions differ.",
+        &TOKENIZATION_KEY_VERSION,
+        1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
     GucRegistry::define_string_guc(
         c"cdc.test_failpoint",
         c"Test only: a point where the worker exits on purpose.",

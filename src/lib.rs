@@ -7,6 +7,7 @@
 //! - [`worker`]: the background worker that reads each sink's slot and publishes;
 //! - [`gucs`]: every `cdc.*` setting;
 //! - [`stats`]: per-sink delivery counters in shared memory;
+//! - [`keys`]: the tokenization key and the context key, both in files;
 //! - [`errors`]: `CdcError` to `ereport(ERROR)` with its SQLSTATE.
 use pgrx::prelude::*;
 
@@ -14,6 +15,7 @@ pub mod api;
 pub mod catalog;
 pub mod errors;
 pub mod gucs;
+pub mod keys;
 pub mod stats;
 pub mod worker;
 

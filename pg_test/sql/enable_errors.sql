@@ -67,15 +67,23 @@ SELECT cdc_enable('orders', '{"filter": "amount > 0", "filter_expression": "amou
 -- Planned features: 0A000 (feature_not_supported) rather than silently doing less.
 SELECT cdc_enable('orders', '{"filter": "amount > 100"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"filter_expression": "amount > 100"}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_enable('orders', '{"capture_mode": "filtered"}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_enable('orders', '{"capture_mode": "full_audit"}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_enable('orders', '{"transformations": [{"type": "mask", "column": "customer"}]}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_enable('orders', '{"compliance": {"redact_pii": true, "pii_columns": ["customer"]}}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_enable('orders', '{"exactly_once": {"enabled": "yes"}}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_enable('orders', '{"include_user_context": true}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_enable('orders', '{"include_query_text": true}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "compute", "name": "x", "expression": "1"}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "lookup_table": "t"}]}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"schema_evolution": {"enabled": true}}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"schema_evolution": {"compatibility_mode": "full"}}'); \echo SQLSTATE :SQLSTATE
+
+-- Capture modes, compliance and masks: mistakes name the path.
+SELECT cdc_enable('orders', '{"exactly_once": {"enabled": "yes"}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"capture_mode": "filtered"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"capture_mode": "full_audit", "exclude_columns": ["customer"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"capture_mode": "full_audit", "operations": ["INSERT"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "mask", "column": "customer"}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "mask", "column": "customer", "method": "encrypt"}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "mask", "column": "id", "method": "remove"}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "mask", "column": "nope", "method": "hash"}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"compliance": {"redact_pii": true}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"compliance": {"redact_pii": true, "pii_columns": ["ssn"]}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"compliance": {"redact_pii": true, "pii_columns": ["customer"]}, "transformations": [{"type": "mask", "column": "customer", "method": "hash"}]}'); \echo SQLSTATE :SQLSTATE
 
 -- None of the above was recorded, and the table is not in the publication.
 SELECT count(*) AS captured FROM _cdc_publications;

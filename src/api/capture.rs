@@ -134,6 +134,7 @@ fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
     // Insert-only tables go into the publication that publishes no updates or deletes.
     let target = if cfg.operations.update || cfg.operations.delete { PUBLICATION } else { PUBLICATION_INSERTS };
     set_publication(&info, &qualified, Some(target));
+    super::context::set_trigger(&qualified, &schema, cfg.needs_context().then_some(cfg.query_text));
 
     let key_columns = cfg.key_columns.clone();
     let id = Spi::get_one_with_args::<Uuid>(
@@ -224,6 +225,7 @@ fn cdc_disable(table_name: Option<pg_sys::Oid>) {
     let (info, _) = table_shape(oid);
     let qualified = str_field(&info, "qualified");
     set_publication(&info, qualified, None);
+    super::context::set_trigger(qualified, &schema, None);
     if let Some(prev) = row.get("prev").and_then(Value::as_str) {
         if str_field(&info, "replident") == "f" {
             restore_replica_identity(qualified, Some(prev), row.get("prev_index").and_then(Value::as_i64));

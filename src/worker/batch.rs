@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use cdc_core::decode::{decode, Message};
-use cdc_core::pipeline::{LargeTransaction, RawFrame, SinkTables};
+use cdc_core::pipeline::{LargeTransaction, PipelineError, RawFrame, SinkTables};
 use cdc_core::stats::DeliveryCounters;
 use cdc_core::time::pg_to_unix_micros;
 use cdc_core::types::TypeRegistry;
@@ -41,6 +41,13 @@ pub struct Failure {
 impl Failure {
     fn decode(e: impl std::fmt::Display) -> Failure {
         Failure { state: "error", message: format!("cannot decode the change stream: {e}") }
+    }
+
+    fn pipeline(e: PipelineError) -> Failure {
+        match e {
+            PipelineError::Config { .. } => Failure { state: "error", message: e.to_string() },
+            e => Failure::decode(e),
+        }
     }
 
     fn sink(e: cdc_sinks::SinkError) -> Failure {
@@ -144,7 +151,7 @@ fn send_whole(
     if frames.is_empty() {
         return Ok(());
     }
-    let out = run.assembler.process(frames, inputs.tables, types).map_err(Failure::decode)?;
+    let out = run.assembler.process(frames, inputs.tables, types).map_err(Failure::pipeline)?;
     for t in &out.transactions {
         if inputs.delivered(t.commit_lsn) {
             b.counted.duplicate_events_detected += t.events.len() as u64;
@@ -187,7 +194,7 @@ fn send_large(
         loop {
             let at = peek.position();
             let chunk = fetch_inside(peek, types, begin, b)?;
-            if let Some(n) = run.assembler.count_large(&chunk, inputs.tables, &mut lt).map_err(Failure::decode)? {
+            if let Some(n) = run.assembler.count_large(&chunk, inputs.tables, &mut lt).map_err(Failure::pipeline)? {
                 peek.seek(at + n as u64);
                 break;
             }
@@ -208,8 +215,10 @@ fn send_large(
         let at = peek.position();
         let chunk = fetch_inside(peek, types, begin, b)?;
         let mut events = Vec::new();
-        let done =
-            run.assembler.encode_large(&chunk, inputs.tables, types, &mut lt, &mut events).map_err(Failure::decode)?;
+        let done = run
+            .assembler
+            .encode_large(&chunk, inputs.tables, types, &mut lt, &mut events)
+            .map_err(Failure::pipeline)?;
         if first_piece && !events.is_empty() {
             b.counted.source_transactions_delivered += 1;
             first_piece = false;

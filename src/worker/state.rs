@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use cdc_core::config::{parse_sink_config, parse_stored_capture_config, CaptureConfig, KafkaSinkConfig};
 use cdc_core::pipeline::{Assembler, SinkTables};
+use cdc_core::redact::TokenKey;
 use cdc_core::stats::DeliveryCounters;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
@@ -17,7 +18,7 @@ use super::batch::{self, Batch, Failure, Inputs};
 use super::source::{self, Catalog, Peek, SinkRow};
 use super::{retry_at, run_tx, stop_requested, OrphanSightings};
 use crate::catalog::PUBLICATION_NAMES;
-use crate::gucs;
+use crate::{gucs, keys};
 
 /// Runtime state of one sink.
 pub struct SinkRun {
@@ -107,6 +108,11 @@ pub struct Worker {
     orphans: OrphanSightings,
     schema: Option<String>,
     last_missing_extension_log: Option<Instant>,
+    /// The tokenization key settings last loaded, and the key they gave.
+    token_settings: Option<(String, u32)>,
+    token_key: Option<TokenKey>,
+    /// The key user context messages are sealed with (made on first use).
+    context_key: Option<Vec<u8>>,
 }
 
 impl Worker {
@@ -118,6 +124,9 @@ impl Worker {
             orphans: HashMap::new(),
             schema: None,
             last_missing_extension_log: None,
+            token_settings: None,
+            token_key: None,
+            context_key: None,
         }
     }
 
@@ -144,6 +153,7 @@ impl Worker {
         };
         self.refresh_configs(&cat);
         self.sync_sinks(&cat);
+        self.refresh_token_key();
         let mut busy = false;
         let ids: Vec<String> = cat.sinks.iter().map(|s| s.id.clone()).collect();
         for id in ids {
@@ -178,6 +188,33 @@ impl Worker {
         self.configs = next;
     }
 
+    /// Loads the tokenization key again when its settings changed (after a SIGHUP), and hands it
+    /// to every sink's assembler.
+    fn refresh_token_key(&mut self) {
+        if self.context_key.is_none() {
+            match keys::context_key() {
+                Ok(k) => {
+                    self.context_key = Some(k);
+                    for run in self.sinks.values_mut() {
+                        run.assembler.set_context_key(self.context_key.clone());
+                    }
+                }
+                Err(e) => pgrx::warning!("pg_cdc worker: {e}; user context is left out of events"),
+            }
+        }
+        let settings = keys::settings();
+        if self.token_settings.as_ref() != Some(&settings) {
+            self.token_key = keys::load(&settings).unwrap_or_else(|e| {
+                pgrx::warning!("pg_cdc worker: {e}; tables that tokenize columns stop their sinks until it is fixed");
+                None
+            });
+            self.token_settings = Some(settings);
+            for run in self.sinks.values_mut() {
+                run.assembler.set_token_key(self.token_key.clone());
+            }
+        }
+    }
+
     fn sync_sinks(&mut self, cat: &Catalog) {
         self.sinks.retain(|id, _| cat.sinks.iter().any(|s| &s.id == id));
         for row in &cat.sinks {
@@ -185,12 +222,15 @@ impl Worker {
                 self.sinks.get(&row.id).is_none_or(|r| r.row.config != row.config || r.row.tables != row.tables);
             if changed {
                 let config = parse_sink_config(&row.sink_type, &row.config).map_err(|e| e.to_string());
+                let mut assembler = Assembler::new(&cat.database);
+                assembler.set_token_key(self.token_key.clone());
+                assembler.set_context_key(self.context_key.clone());
                 self.sinks.insert(
                     row.id.clone(),
                     SinkRun {
                         row: row.clone(),
                         config,
-                        assembler: Assembler::new(&cat.database),
+                        assembler,
                         producer: None,
                         failures: 0,
                         retry_at: None,

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use crate::error::{did_you_mean, CdcError, CdcResult, ErrorKind};
+use crate::redact::{Method, METHODS};
 
 /// What the caller knows about the table being enabled.
 #[derive(Debug, Clone, Default)]
@@ -71,16 +72,62 @@ pub struct CaptureConfig {
     pub include_transaction_info: bool,
     /// Column whose value keys the Kafka message instead of the key columns.
     pub partition_key: Option<String>,
+    /// `capture_mode`.
+    pub mode: CaptureMode,
+    /// Columns whose values are hidden, with the method: the `compliance.pii_columns` (when
+    /// `redact_pii` is on) and the `mask` transformations, in config order.
+    pub redactions: Vec<(String, Method)>,
+    /// The `compliance` block, when `redact_pii` is on: events then carry a `compliance` object.
+    pub compliance: Option<Compliance>,
+    /// `include_user_context`: `metadata` carries user, session_id, client_ip, application_name.
+    pub user_context: bool,
+    /// `include_query_text`: `metadata.query` carries the statement's text.
+    pub query_text: bool,
 }
 
 impl CaptureConfig {
-    /// Whether a column appears in the event images.
+    /// Whether changes of the table need the context trigger.
+    pub fn needs_context(&self) -> bool {
+        self.user_context || self.query_text
+    }
+}
+
+/// `capture_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CaptureMode {
+    /// Every change of the captured operations (a `filter`, if given, still applies).
+    #[default]
+    AllChanges,
+    /// Only changes that pass the `filter` (required); events name the matched branch.
+    Filtered,
+    /// An audit trail: before images and transaction info on by default; filters, `operations`
+    /// without INSERT, UPDATE and DELETE, and `include_columns` / `exclude_columns` are refused,
+    /// because an audit may not have holes (PII is hidden with `compliance` instead).
+    FullAudit,
+}
+
+/// The validated `compliance` block (with `redact_pii` on).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compliance {
+    /// Method applied to `pii_columns`.
+    pub method: Method,
+    /// `audit_retention_days`: events carry `retention_until` = commit date + this many days.
+    pub audit_retention_days: Option<u32>,
+}
+
+impl CaptureConfig {
+    /// Whether a column appears in the event images (a column masked with `remove` does not).
     pub fn includes(&self, column: &str) -> bool {
         let included = match &self.include_columns {
             Some(cols) => cols.iter().any(|c| c == column),
             None => true,
         };
-        included && !self.exclude_columns.iter().any(|c| c == column)
+        included && !self.exclude_columns.iter().any(|c| c == column) && self.redaction(column) != Some(Method::Remove)
+    }
+
+    /// How a column's values are hidden, if they are.
+    pub fn redaction(&self, column: &str) -> Option<Method> {
+        self.redactions.iter().find(|(c, _)| c == column).map(|(_, m)| *m)
     }
 }
 
@@ -282,24 +329,32 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         }
     }
 
-    if let Some(mode) = o.string("capture_mode")? {
-        match mode {
-            "all_changes" => {}
-            "filtered" | "full_audit" => {
-                return Err(planned("config.capture_mode", &format!("capture_mode \"{mode}\"")))
-            }
-            other => {
-                return Err(invalid(format!("config.capture_mode: unknown mode \"{other}\""))
-                    .hint("Valid modes: all_changes, filtered, full_audit."))
-            }
+    let mode = match o.string("capture_mode")? {
+        None | Some("all_changes") => CaptureMode::AllChanges,
+        Some("filtered") => CaptureMode::Filtered,
+        Some("full_audit") => CaptureMode::FullAudit,
+        Some(other) => {
+            return Err(invalid(format!("config.capture_mode: unknown mode \"{other}\""))
+                .hint("Valid modes: all_changes, filtered, full_audit."))
         }
-    }
+    };
+    let audit = mode == CaptureMode::FullAudit;
+    let audit_refuses = |path: &str, why: &str| {
+        invalid(format!("{path} cannot be used with capture_mode \"full_audit\": {why}"))
+            .hint("An audit trail records every change of every column; use capture_mode \"all_changes\" to select.")
+    };
 
     let operations = match o.strings("operations")? {
         None => Operations::ALL,
         Some(list) => {
             if list.is_empty() {
                 return Err(invalid("config.operations must list at least one operation"));
+            }
+            if audit && list.len() < 3 {
+                let has = |w: &str| list.iter().any(|op| op.eq_ignore_ascii_case(w));
+                if !(has("INSERT") && has("UPDATE") && has("DELETE")) {
+                    return Err(audit_refuses("config.operations", "it must include INSERT, UPDATE and DELETE"));
+                }
             }
             let mut ops = Operations { insert: false, update: false, delete: false, truncate: false };
             for (i, op) in list.iter().enumerate() {
@@ -319,6 +374,13 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
     };
 
     let include_columns = o.strings("include_columns")?;
+    if audit {
+        for key in ["include_columns", "exclude_columns"] {
+            if o.get(key).is_some() {
+                return Err(audit_refuses(&format!("config.{key}"), "it leaves columns out"));
+            }
+        }
+    }
     if let Some(cols) = &include_columns {
         if cols.is_empty() {
             return Err(invalid("config.include_columns must list at least one column"));
@@ -338,21 +400,30 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
             if !f.is_string() {
                 return Err(wrong_type(&path, "a string", f));
             }
+            if audit {
+                return Err(audit_refuses(&path, "a filter drops changes"));
+            }
             return Err(planned(&path, "row filtering"));
         }
+    }
+    if mode == CaptureMode::Filtered {
+        return Err(invalid("capture_mode \"filtered\" needs a filter")
+            .hint("Give the row filter as \"filter_expression\": \"status <> 'draft'\"."));
     }
 
     let before_image = match o.bool("before_image")? {
         Some(b) => b,
-        None => o.bool("include_before_image")?.unwrap_or(false),
+        None => o.bool("include_before_image")?.unwrap_or(audit),
     };
-    let include_transaction_info = o.bool("include_transaction_info")?.unwrap_or(false);
-    for (key, what) in [("include_user_context", "user context capture"), ("include_query_text", "query text capture")]
-    {
-        if o.bool(key)? == Some(true) {
-            return Err(planned(&format!("config.{key}"), what));
-        }
+    let include_transaction_info = o.bool("include_transaction_info")?.unwrap_or(audit);
+    if audit && !before_image {
+        return Err(audit_refuses(
+            "config.include_before_image = false",
+            "updates and deletes need their before image",
+        ));
     }
+    let user_context = o.bool("include_user_context")?.unwrap_or(false);
+    let query_text = o.bool("include_query_text")?.unwrap_or(false);
 
     let partition_key = o.string("partition_key")?.map(str::to_string);
     if let Some(p) = &partition_key {
@@ -398,10 +469,31 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         ));
     }
 
+    let mut redactions: Vec<(String, Method)> = Vec::new();
+    let mut compliance = None;
     if let Some(c) = o.object("compliance")? {
         c.check_keys(&["redact_pii", "pii_columns", "redaction_method", "audit_retention_days"])?;
-        if c.bool("redact_pii")? == Some(true) {
-            return Err(planned("config.compliance.redact_pii", "PII redaction"));
+        let on = c.bool("redact_pii")?.unwrap_or(false);
+        let pii = c.strings("pii_columns")?.unwrap_or_default();
+        for (i, col) in pii.iter().enumerate() {
+            check_column(&format!("config.compliance.pii_columns[{i}]"), col)?;
+        }
+        let method = match c.string("redaction_method")? {
+            None => Method::Tokenize,
+            Some(w) => method(w, "config.compliance.redaction_method")?,
+        };
+        let days = c.int("audit_retention_days", 1, 36_500)?.map(|d| d as u32);
+        if on && pii.is_empty() {
+            return Err(invalid(
+                "config.compliance.redact_pii is true but config.compliance.pii_columns lists no column",
+            )
+            .hint("List the columns that hold personal data, e.g. \"pii_columns\": [\"ssn\", \"account_number\"]."));
+        }
+        if on {
+            redactions.extend(pii.into_iter().map(|col| (col, method)));
+        }
+        if on || days.is_some() {
+            compliance = Some(Compliance { method, audit_retention_days: days });
         }
     }
     // Delivery is a property of each sink (Kafka sinks are exactly-once by default); the
@@ -425,11 +517,51 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
     }
     match o.get("transformations") {
         None => {}
-        Some(Value::Array(a)) if a.is_empty() => {}
-        Some(Value::Array(_)) => {
-            return Err(planned("config.transformations", "transformations (enrich, compute, mask)"))
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                let t = Obj::root(&format!("config.transformations[{i}]"), item)?;
+                match t.string("type")? {
+                    Some("mask") => {
+                        t.check_keys(&["type", "column", "method"])?;
+                        let col =
+                            t.string("column")?.ok_or_else(|| invalid(format!("{}.column is required", t.path)))?;
+                        check_column(&t.child_path("column"), col)?;
+                        let m = t.string("method")?.ok_or_else(|| {
+                            invalid(format!("{}.method is required", t.path))
+                                .hint(format!("Methods: {}.", METHODS.join(", ")))
+                        })?;
+                        let m = method(m, &t.child_path("method"))?;
+                        if let Some((_, earlier)) = redactions.iter().find(|(c, _)| c == col) {
+                            return Err(invalid(format!(
+                                "{}: column \"{col}\" is already hidden with \"{}\"; give one method per column",
+                                t.path,
+                                earlier.as_str()
+                            )));
+                        }
+                        redactions.push((col.to_string(), m));
+                    }
+                    Some("compute") => return Err(planned(&t.path, "computed columns")),
+                    Some("enrich") => return Err(planned(&t.path, "enrichment from a lookup table")),
+                    Some(other) => {
+                        return Err(invalid(format!("{}.type: unknown transformation \"{other}\"", t.path))
+                            .hint("Valid types: enrich, compute, mask."))
+                    }
+                    None => return Err(invalid(format!("{}.type is required", t.path))),
+                }
+            }
         }
         Some(v) => return Err(wrong_type("config.transformations", "an array", v)),
+    }
+    // The key must stay a usable key: present, and different for different rows.
+    for (col, m) in &redactions {
+        let is_key = key_columns.contains(col) || partition_key.as_ref() == Some(col);
+        if is_key && matches!(m, Method::Remove | Method::Redact) {
+            return Err(invalid(format!(
+                "column \"{col}\" is part of the message key and cannot be hidden with \"{}\": every row would get the same key",
+                m.as_str()
+            ))
+            .hint("Use \"tokenize\" (or \"hash\"): the key stays distinct per row and the value stays hidden."));
+        }
     }
 
     Ok(CaptureConfig {
@@ -440,6 +572,17 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         before_image,
         include_transaction_info,
         partition_key,
+        mode,
+        redactions,
+        compliance,
+        user_context,
+        query_text,
+    })
+}
+
+fn method(word: &str, path: &str) -> CdcResult<Method> {
+    Method::parse(word).ok_or_else(|| {
+        invalid(format!("{path}: unknown method \"{word}\"")).hint(format!("Methods: {}.", METHODS.join(", ")))
     })
 }
 

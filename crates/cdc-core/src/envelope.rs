@@ -12,10 +12,12 @@
 use std::sync::Arc;
 
 use crate::config::CaptureConfig;
+use crate::context::UserContext;
 use crate::decode::{OldKind, Relation, Tuple, TupleValue};
 use crate::json::{write_key, write_str, write_u64};
 use crate::lsn::Lsn;
-use crate::time::format_pg_timestamp_ms;
+use crate::redact::{self, Method, TokenKey};
+use crate::time::{format_pg_date_plus_days, format_pg_timestamp_ms};
 use crate::types::TypeRegistry;
 use crate::value::write_value;
 
@@ -57,6 +59,11 @@ pub struct RelationPlan {
     pub key: Vec<usize>,
     /// Index of the `partition_key` column.
     pub partition: Option<usize>,
+    /// Per column, in relation order: how its values are hidden (compliance and mask).
+    pub redact: Vec<Option<Method>>,
+    /// The static part of the `compliance` object (the hidden columns by method), when the config
+    /// has a compliance block.
+    compliance: Option<Vec<u8>>,
 }
 
 impl RelationPlan {
@@ -67,7 +74,41 @@ impl RelationPlan {
         let included = (0..relation.columns.len()).filter(|&i| config.includes(&relation.columns[i].name)).collect();
         let key = config.key_columns.iter().filter_map(|k| index(k)).collect();
         let partition = config.partition_key.as_deref().and_then(index);
-        RelationPlan { relation, config, included, key, partition }
+        let redact: Vec<Option<Method>> = relation.columns.iter().map(|c| config.redaction(&c.name)).collect();
+        let compliance = config.compliance.as_ref().map(|_| {
+            let mut out = Vec::new();
+            for (field, method) in [
+                ("pii_tokenized", Method::Tokenize),
+                ("pii_hashed", Method::Hash),
+                ("pii_redacted", Method::Redact),
+                ("pii_removed", Method::Remove),
+            ] {
+                let cols: Vec<&str> = (0..relation.columns.len())
+                    .filter(|&i| redact[i] == Some(method))
+                    .map(|i| relation.columns[i].name.as_str())
+                    .collect();
+                if cols.is_empty() {
+                    continue;
+                }
+                out.push(b',');
+                write_key(&mut out, field);
+                out.push(b'[');
+                for (n, c) in cols.iter().enumerate() {
+                    if n > 0 {
+                        out.push(b',');
+                    }
+                    write_str(&mut out, c.as_bytes());
+                }
+                out.push(b']');
+            }
+            out
+        });
+        RelationPlan { relation, config, included, key, partition, redact, compliance }
+    }
+
+    /// Whether encoding this relation needs the tokenization key.
+    pub fn needs_token_key(&self) -> bool {
+        self.redact.contains(&Some(Method::Tokenize))
     }
 }
 
@@ -115,6 +156,8 @@ pub struct RowChange<'a, 'p> {
     pub old: Option<(OldKind, &'p Tuple<'a>)>,
     /// New image.
     pub new: Option<&'p Tuple<'a>>,
+    /// Context of the statement that made the change (when the table asks for it).
+    pub ctx: Option<&'p UserContext>,
 }
 
 /// Writes events; holds the per-database constants.
@@ -124,15 +167,28 @@ pub struct Encoder {
     pub source: String,
     /// `metadata.database`.
     pub database: String,
+    /// The key `tokenize` uses; relations that need it are refused without it (see
+    /// [`RelationPlan::needs_token_key`]), so no value is ever sent in the clear.
+    pub token_key: Option<TokenKey>,
 }
 
 impl Encoder {
     /// An encoder for events from `database`.
     pub fn new(database: &str) -> Self {
-        Encoder { source: "pg_cdc".to_string(), database: database.to_string() }
+        Encoder { source: "pg_cdc".to_string(), database: database.to_string(), token_key: None }
     }
 
-    fn write_metadata(&self, out: &mut Vec<u8>, plan: &RelationPlan, op: Op, lsn: Lsn, txn: &TxnInfo, index: usize) {
+    #[allow(clippy::too_many_arguments)]
+    fn write_metadata(
+        &self,
+        out: &mut Vec<u8>,
+        plan: &RelationPlan,
+        op: Op,
+        lsn: Lsn,
+        txn: &TxnInfo,
+        index: usize,
+        ctx: Option<&UserContext>,
+    ) {
         let (rel, cfg) = (&plan.relation, &plan.config);
         out.extend_from_slice(b"{\"metadata\":{");
         write_key(out, "source");
@@ -161,6 +217,24 @@ impl Encoder {
         out.push(b',');
         write_key(out, "transaction_id");
         write_u64(out, u64::from(txn.xid));
+        if cfg.user_context {
+            let c = ctx.cloned().unwrap_or_default();
+            for (k, v) in [
+                ("user", &c.user),
+                ("session_id", &c.session_id),
+                ("client_ip", &c.client_ip),
+                ("application_name", &c.application_name),
+            ] {
+                out.push(b',');
+                write_key(out, k);
+                write_opt_str(out, v.as_deref());
+            }
+        }
+        if cfg.query_text {
+            out.push(b',');
+            write_key(out, "query");
+            write_opt_str(out, ctx.and_then(|c| c.query.as_deref()));
+        }
         if cfg.include_transaction_info {
             out.extend_from_slice(b",\"transaction\":{");
             write_key(out, "id");
@@ -199,7 +273,7 @@ impl Encoder {
             |i: usize| -> TupleValue<'_> { ch.old.and_then(|(_, t)| t.get(i).copied()).unwrap_or(TupleValue::Null) };
 
         let mut out = Vec::with_capacity(256 + 32 * plan.included.len());
-        self.write_metadata(&mut out, plan, ch.op, ch.lsn, txn, index);
+        self.write_metadata(&mut out, plan, ch.op, ch.lsn, txn, index, ch.ctx);
         let mut unchanged: Vec<usize> = Vec::new();
         if ch.new.is_some() {
             for &i in &plan.included {
@@ -224,7 +298,7 @@ impl Encoder {
             Some((OldKind::Full, _)) => self.write_image(&mut out, types, plan, &plan.included, old_value),
             // Key-only old image: the key columns are the only ones it holds.
             Some((OldKind::Key, _)) => {
-                let key_cols: Vec<usize> = (0..cols.len()).filter(|&i| cols[i].is_key).collect();
+                let key_cols: Vec<usize> = plan.included.iter().copied().filter(|&i| cols[i].is_key).collect();
                 self.write_image(&mut out, types, plan, &key_cols, old_value)
             }
         }
@@ -249,11 +323,30 @@ impl Encoder {
                 first = false;
                 write_key(&mut out, &cols[i].name);
                 out.extend_from_slice(b"{\"from\":");
-                write_tuple_value(&mut out, types, cols[i].type_oid, o);
+                self.write_cell(&mut out, types, plan, i, o);
                 out.extend_from_slice(b",\"to\":");
-                write_tuple_value(&mut out, types, cols[i].type_oid, n);
+                self.write_cell(&mut out, types, plan, i, n);
                 out.push(b'}');
             }
+            out.push(b'}');
+        }
+        if let (Some(fragment), Some(c)) = (&plan.compliance, &plan.config.compliance) {
+            out.extend_from_slice(b",\"compliance\":{\"audit_id\":\"AUD-");
+            write_u64(&mut out, txn.commit_lsn.0);
+            out.push(b'-');
+            write_u64(&mut out, index as u64);
+            out.push(b'"');
+            if let Some(days) = c.audit_retention_days {
+                out.push(b',');
+                write_key(&mut out, "retention_until");
+                write_str(&mut out, format_pg_date_plus_days(txn.commit_time, days).as_bytes());
+            }
+            if let Some(k) = self.token_key.as_ref().filter(|_| plan.needs_token_key()) {
+                out.push(b',');
+                write_key(&mut out, "key_version");
+                write_u64(&mut out, u64::from(k.version()));
+            }
+            out.extend_from_slice(fragment);
             out.push(b'}');
         }
         out.push(b'}');
@@ -301,18 +394,37 @@ impl Encoder {
             if n > 0 {
                 out.push(b',');
             }
-            let c = &plan.relation.columns[i];
-            write_key(out, &c.name);
-            write_tuple_value(out, types, c.type_oid, value(i));
+            write_key(out, &plan.relation.columns[i].name);
+            self.write_cell(out, types, plan, i, value(i));
         }
         out.push(b'}');
     }
 
+    /// Writes column `i`'s value, hidden as the plan says.
+    fn write_cell(&self, out: &mut Vec<u8>, types: &TypeRegistry, plan: &RelationPlan, i: usize, v: TupleValue<'_>) {
+        match (plan.redact[i], v) {
+            (Some(method), TupleValue::Text(text)) => match redact::replace(method, self.token_key.as_ref(), text) {
+                Ok(Some(s)) => write_str(out, s.as_bytes()),
+                // `remove` columns are not in images; a missing key is refused before encoding.
+                Ok(None) | Err(_) => out.extend_from_slice(b"null"),
+            },
+            _ => write_tuple_value(out, types, plan.relation.columns[i].type_oid, v),
+        }
+    }
+
     /// Encodes a TRUNCATE of one table: no key, no images, the options in `metadata.truncate`.
-    pub fn encode_truncate(&self, plan: &RelationPlan, options: u8, lsn: Lsn, txn: &TxnInfo, index: usize) -> Event {
+    pub fn encode_truncate(
+        &self,
+        plan: &RelationPlan,
+        options: u8,
+        lsn: Lsn,
+        txn: &TxnInfo,
+        index: usize,
+        ctx: Option<&UserContext>,
+    ) -> Event {
         let rel = &plan.relation;
         let mut out = Vec::with_capacity(320);
-        self.write_metadata(&mut out, plan, Op::Truncate, lsn, txn, index);
+        self.write_metadata(&mut out, plan, Op::Truncate, lsn, txn, index, ctx);
         out.extend_from_slice(b",\"truncate\":{\"cascade\":");
         out.extend_from_slice(if options & 1 != 0 { b"true" } else { b"false" });
         out.extend_from_slice(b",\"restart_identity\":");
@@ -327,6 +439,13 @@ impl Encoder {
             key: None,
             payload: out,
         }
+    }
+}
+
+fn write_opt_str(out: &mut Vec<u8>, v: Option<&str>) {
+    match v {
+        Some(s) => write_str(out, s.as_bytes()),
+        None => out.extend_from_slice(b"null"),
     }
 }
 

@@ -11,12 +11,14 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod context;
 pub mod decode;
 pub mod envelope;
 pub mod error;
 pub mod json;
 pub mod lsn;
 pub mod pipeline;
+pub mod redact;
 pub mod stats;
 pub mod time;
 pub mod types;

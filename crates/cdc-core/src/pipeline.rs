@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::CaptureConfig;
+use crate::context::{self, UserContext};
 use crate::decode::{decode, DecodeError, Message, OldKind, Tuple};
 use crate::envelope::{Encoder, Event, Op, RelationPlan, RowChange, TxnInfo};
 use crate::lsn::Lsn;
@@ -78,6 +79,14 @@ pub enum PipelineError {
         /// What was wrong.
         reason: String,
     },
+    /// A table's capture config cannot be applied (the tokenization key is missing, ...): the
+    /// sink stops rather than publish what the config says to hide.
+    Config {
+        /// The table, `schema.name`.
+        table: String,
+        /// What is missing.
+        reason: String,
+    },
 }
 
 impl std::fmt::Display for PipelineError {
@@ -85,6 +94,7 @@ impl std::fmt::Display for PipelineError {
         match self {
             PipelineError::Decode { lsn, error } => write!(f, "at LSN {lsn}: {error}"),
             PipelineError::Protocol { lsn, reason } => write!(f, "at LSN {lsn}: {reason}"),
+            PipelineError::Config { table, reason } => write!(f, "table {table}: {reason}"),
         }
     }
 }
@@ -96,11 +106,37 @@ pub type SinkTables = HashMap<u32, Arc<CaptureConfig>>;
 
 /// A change waiting for its transaction's commit.
 enum Pending<'a> {
-    Row { plan: Arc<RelationPlan>, op: Op, lsn: Lsn, old: Option<(OldKind, Tuple<'a>)>, new: Option<Tuple<'a>> },
-    Truncate { plans: Vec<Arc<RelationPlan>>, options: u8, lsn: Lsn },
+    Row {
+        plan: Arc<RelationPlan>,
+        op: Op,
+        lsn: Lsn,
+        old: Option<(OldKind, Tuple<'a>)>,
+        new: Option<Tuple<'a>>,
+        ctx: Option<Arc<UserContext>>,
+    },
+    Truncate {
+        plans: Vec<Arc<RelationPlan>>,
+        options: u8,
+        lsn: Lsn,
+        ctx: Option<Arc<UserContext>>,
+    },
 }
 
 impl Pending<'_> {
+    /// Attaches the context of the statement that made the change, if its table asks for it.
+    fn with_context(mut self, current: &Option<Arc<UserContext>>) -> Self {
+        if current.is_some() {
+            match &mut self {
+                Pending::Row { plan, ctx, .. } if plan.config.needs_context() => ctx.clone_from(current),
+                Pending::Truncate { plans, ctx, .. } if plans.iter().any(|p| p.config.needs_context()) => {
+                    ctx.clone_from(current)
+                }
+                _ => {}
+            }
+        }
+        self
+    }
+
     /// Events this change produces: an UPDATE that changes the key also retracts the old key.
     fn event_count(&self) -> usize {
         match self {
@@ -125,12 +161,32 @@ fn key_changed(plan: &RelationPlan, old: &Tuple<'_>, new: &Tuple<'_>) -> bool {
 pub struct Assembler {
     encoder: Encoder,
     relations: HashMap<u32, Arc<RelationPlan>>,
+    /// The key that seals user context messages (see [`crate::context`]).
+    context_key: Option<Vec<u8>>,
 }
 
 impl Assembler {
     /// A new assembler for events of `database`.
     pub fn new(database: &str) -> Self {
-        Assembler { encoder: Encoder::new(database), relations: HashMap::new() }
+        Assembler { encoder: Encoder::new(database), relations: HashMap::new(), context_key: None }
+    }
+
+    /// Sets the key user context messages are sealed with (`None`: contexts are dropped).
+    pub fn set_context_key(&mut self, key: Option<Vec<u8>>) {
+        self.context_key = key;
+    }
+
+    /// The user context a transactional message carries, if it is pg_cdc's and genuine.
+    fn context_of(&self, xid: u32, prefix: &str, content: &[u8]) -> Option<Arc<UserContext>> {
+        if prefix != context::PREFIX {
+            return None;
+        }
+        context::open(self.context_key.as_deref()?, xid, content).map(Arc::new)
+    }
+
+    /// Sets the key `tokenize` uses (`None`: tables that tokenize stop the sink with an error).
+    pub fn set_token_key(&mut self, key: Option<crate::redact::TokenKey>) {
+        self.encoder.token_key = key;
     }
 
     /// Forgets relation descriptions (after the capture config changed, they are re-planned when
@@ -150,6 +206,7 @@ impl Assembler {
         let mut out = BatchOutput::default();
         let mut open: Option<(u32, usize)> = None; // (xid, index of its Begin frame)
         let mut pending: Vec<Pending<'_>> = Vec::new();
+        let mut ctx: Option<Arc<UserContext>> = None;
         for (idx, frame) in frames.iter().enumerate() {
             let msg = decode(&frame.data).map_err(|error| PipelineError::Decode { lsn: frame.lsn, error })?;
             let proto = |reason: String| PipelineError::Protocol { lsn: frame.lsn, reason };
@@ -160,6 +217,7 @@ impl Assembler {
                     }
                     open = Some((xid, idx));
                     pending.clear();
+                    ctx = None;
                 }
                 Message::Commit { commit_lsn, end_lsn, commit_time, .. } => {
                     let Some((xid, _)) = open.take() else {
@@ -176,16 +234,21 @@ impl Assembler {
                     out.transactions.push(Transaction { xid, commit_lsn, end_lsn, commit_time, events });
                     out.confirm_lsn = Some(end_lsn);
                 }
-                Message::LogicalMessage { transactional, prefix, lsn, .. } => {
+                Message::LogicalMessage { transactional, prefix, lsn, content } => {
                     // A non-transactional heartbeat outside any transaction marks a point the slot may
                     // be confirmed to once everything before it is delivered.
                     if !transactional && open.is_none() && prefix == HEARTBEAT_PREFIX {
                         out.confirm_lsn = Some(lsn.max(frame.lsn));
                     }
+                    if let (true, Some((xid, _))) = (transactional, open) {
+                        if let Some(c) = self.context_of(xid, prefix, content) {
+                            ctx = Some(c);
+                        }
+                    }
                 }
                 msg => {
                     if let Some(p) = self.change(msg, frame.lsn, open.is_some(), tables)? {
-                        pending.push(p);
+                        pending.push(p.with_context(&ctx));
                     }
                 }
             }
@@ -242,6 +305,7 @@ impl Assembler {
                     txn.info = TxnInfo { xid, commit_lsn: final_lsn, commit_time, event_count };
                     txn.begun = true;
                     txn.seen = 0;
+                    txn.ctx = None;
                 }
                 Message::Commit { commit_lsn, end_lsn, commit_time, .. } => {
                     if !txn.begun {
@@ -256,9 +320,15 @@ impl Assembler {
                     }
                     return Ok(Some(idx + 1));
                 }
+                Message::LogicalMessage { transactional: true, prefix, content, .. } if txn.begun => {
+                    if let Some(c) = self.context_of(txn.info.xid, prefix, content) {
+                        txn.ctx = Some(c);
+                    }
+                }
                 Message::LogicalMessage { .. } => {}
                 msg => {
                     if let Some(p) = self.change(msg, frame.lsn, txn.begun, tables)? {
+                        let p = p.with_context(&txn.ctx);
                         match encode.as_mut() {
                             Some((types, out)) => {
                                 let before = out.len();
@@ -287,7 +357,14 @@ impl Assembler {
         Ok(match msg {
             Message::Relation(rel) => {
                 if let Some(cfg) = tables.get(&rel.oid) {
-                    self.relations.insert(rel.oid, Arc::new(RelationPlan::new(rel, cfg.clone())));
+                    let plan = RelationPlan::new(rel, cfg.clone());
+                    if plan.needs_token_key() && self.encoder.token_key.is_none() {
+                        return Err(PipelineError::Config {
+                            table: format!("{}.{}", plan.relation.namespace, plan.relation.name),
+                            reason: format!("its config tokenizes columns, but {}", crate::redact::MissingKey),
+                        });
+                    }
+                    self.relations.insert(plan.relation.oid, Arc::new(plan));
                 } else {
                     self.relations.remove(&rel.oid);
                 }
@@ -303,6 +380,7 @@ impl Assembler {
                     lsn,
                     old: None,
                     new: Some(new),
+                    ctx: None,
                 })
             }
             Message::Update { relation, old, new } => {
@@ -315,6 +393,7 @@ impl Assembler {
                     lsn,
                     old,
                     new: Some(new),
+                    ctx: None,
                 })
             }
             Message::Delete { relation, kind, old } => {
@@ -327,6 +406,7 @@ impl Assembler {
                     lsn,
                     old: Some((kind, old)),
                     new: None,
+                    ctx: None,
                 })
             }
             Message::Truncate { options, relations } => {
@@ -335,7 +415,7 @@ impl Assembler {
                 }
                 let plans: Vec<_> =
                     relations.iter().filter_map(|&r| self.plan_for(r, tables, |c| c.operations.truncate)).collect();
-                (!plans.is_empty()).then_some(Pending::Truncate { plans, options, lsn })
+                (!plans.is_empty()).then_some(Pending::Truncate { plans, options, lsn, ctx: None })
             }
             Message::Type { .. }
             | Message::Origin { .. }
@@ -379,25 +459,26 @@ impl Assembler {
         let mut index = done;
         let mut push = |ev: Event| out.push(ev);
         match p {
-            Pending::Row { plan, op, lsn, old, new } => {
+            Pending::Row { plan, op, lsn, old, new, ctx } => {
+                let ctx = ctx.as_deref();
                 let old_ref = old.as_ref().map(|(k, t)| (*k, t));
                 if let (Op::Update, Some((_, o)), Some(n)) = (op, old, new) {
                     if key_changed(plan, o, n) {
                         // The row left its old key: retract it first, so compacted topics and
                         // upserting consumers drop the old key.
-                        let del = RowChange { plan, op: Op::Delete, lsn: *lsn, old: old_ref, new: None };
+                        let del = RowChange { plan, op: Op::Delete, lsn: *lsn, old: old_ref, new: None, ctx };
                         index += 1;
                         push(self.encoder.encode_row(types, &del, txn, index));
                     }
                 }
-                let ch = RowChange { plan, op: *op, lsn: *lsn, old: old_ref, new: new.as_ref() };
+                let ch = RowChange { plan, op: *op, lsn: *lsn, old: old_ref, new: new.as_ref(), ctx };
                 index += 1;
                 push(self.encoder.encode_row(types, &ch, txn, index));
             }
-            Pending::Truncate { plans, options, lsn } => {
+            Pending::Truncate { plans, options, lsn, ctx } => {
                 for plan in plans {
                     index += 1;
-                    push(self.encoder.encode_truncate(plan, *options, *lsn, txn, index));
+                    push(self.encoder.encode_truncate(plan, *options, *lsn, txn, index, ctx.as_deref()));
                 }
             }
         }
@@ -413,6 +494,7 @@ pub struct LargeTransaction {
     seen: usize,
     counted: usize,
     end_lsn: Option<Lsn>,
+    ctx: Option<Arc<UserContext>>,
 }
 
 impl Default for LargeTransaction {
@@ -423,6 +505,7 @@ impl Default for LargeTransaction {
             seen: 0,
             counted: 0,
             end_lsn: None,
+            ctx: None,
         }
     }
 }

@@ -71,6 +71,11 @@ pub fn config(key: &[&str]) -> CaptureConfig {
         before_image: false,
         include_transaction_info: false,
         partition_key: None,
+        mode: crate::config::CaptureMode::AllChanges,
+        redactions: vec![],
+        compliance: None,
+        user_context: false,
+        query_text: false,
     }
 }
 

@@ -36,6 +36,13 @@ pub fn format_pg_timestamp_ms(pg_micros: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z", sod / 3600, sod % 3600 / 60, sod % 60)
 }
 
+/// The UTC date of a PostgreSQL timestamp plus `days`, as `YYYY-MM-DD`.
+pub fn format_pg_date_plus_days(pg_micros: i64, days: u32) -> String {
+    let day = pg_to_unix_micros(pg_micros).div_euclid(86_400_000_000) + i64::from(days);
+    let (y, m, d) = civil_from_days(day);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,5 +55,8 @@ mod tests {
         assert_eq!(format_pg_timestamp_ms(unix_micros - PG_EPOCH_OFFSET_MICROS), "2024-03-15T14:23:45.123Z");
         assert_eq!(format_pg_timestamp_ms(-1), "1999-12-31T23:59:59.999Z");
         assert_eq!(format_pg_timestamp_ms(-PG_EPOCH_OFFSET_MICROS), "1970-01-01T00:00:00.000Z");
+        // The seed's retention: 2024-03-15 plus 2555 days (seven years).
+        assert_eq!(format_pg_date_plus_days(unix_micros - PG_EPOCH_OFFSET_MICROS, 2555), "2031-03-14");
+        assert_eq!(format_pg_date_plus_days(-1, 1), "2000-01-01");
     }
 }

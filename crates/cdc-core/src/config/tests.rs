@@ -119,10 +119,8 @@ fn tables_without_a_key() {
 fn planned_features_say_so() {
     for cfg in [
         json!({"filter": "status != 'draft'"}),
-        json!({"capture_mode": "filtered"}),
-        json!({"transformations": [{"type": "compute"}]}),
-        json!({"compliance": {"redact_pii": true}}),
-        json!({"include_user_context": true}),
+        json!({"transformations": [{"type": "compute", "name": "x", "expression": "1"}]}),
+        json!({"transformations": [{"type": "enrich"}]}),
         json!({"schema_evolution": {"enabled": true}}),
         json!({"schema_evolution": {"compatibility_mode": "full"}}),
     ] {
@@ -134,6 +132,92 @@ fn planned_features_say_so() {
                     "compliance": {"redact_pii": false}, "schema_evolution": {}});
     assert!(parse_capture_config(&ok, &shape()).is_ok());
     assert_eq!(err(json!({"capture_mode": "everything"})).kind.sqlstate(), "22023");
+}
+
+#[test]
+fn compliance_and_masks() {
+    use crate::redact::Method;
+    let c = parse_capture_config(
+        &json!({"compliance": {"redact_pii": true, "pii_columns": ["customer_id", "status"], "audit_retention_days": 2555},
+                "transformations": [{"type": "mask", "column": "total", "method": "remove"},
+                                    {"type": "mask", "column": "updated_at", "method": "hash"}]}),
+        &shape(),
+    )
+    .unwrap();
+    assert_eq!(c.redaction("customer_id"), Some(Method::Tokenize), "tokenize is the default method");
+    assert_eq!(c.redaction("updated_at"), Some(Method::Hash));
+    assert!(!c.includes("total") && c.includes("status"), "remove leaves the column out");
+    assert_eq!(c.compliance.as_ref().unwrap().audit_retention_days, Some(2555));
+    // Off: listed columns are not touched.
+    let off = parse_capture_config(&json!({"compliance": {"redact_pii": false, "pii_columns": ["status"]}}), &shape());
+    assert!(off.unwrap().redactions.is_empty());
+
+    let bad = [
+        (json!({"compliance": {"redact_pii": true}}), "22023", "lists no column"),
+        (json!({"compliance": {"redact_pii": true, "pii_columns": ["ssn"]}}), "42703", "\"ssn\""),
+        (
+            json!({"compliance": {"redact_pii": true, "pii_columns": ["status"], "redaction_method": "encrypt"}}),
+            "22023",
+            "unknown method",
+        ),
+        (json!({"transformations": [{"type": "mask", "column": "status"}]}), "22023", "method is required"),
+        (
+            json!({"transformations": [{"type": "mask", "column": "status", "method": "hash", "extra": 1}]}),
+            "22023",
+            "unknown key",
+        ),
+        (
+            json!({"transformations": [{"type": "mask", "column": "order_id", "method": "remove"}]}),
+            "22023",
+            "message key",
+        ),
+        (json!({"transformations": [{"type": "mask", "column": "order_id", "method": "redact"}]}), "22023", "same key"),
+        (
+            json!({"partition_key": "status", "transformations": [{"type": "mask", "column": "status", "method": "remove"}]}),
+            "22023",
+            "message key",
+        ),
+        (
+            json!({"compliance": {"redact_pii": true, "pii_columns": ["status"]},
+                "transformations": [{"type": "mask", "column": "status", "method": "hash"}]}),
+            "22023",
+            "one method per column",
+        ),
+        (json!({"transformations": [{"type": "pivot"}]}), "22023", "unknown transformation"),
+        (json!({"transformations": [{"column": "status"}]}), "22023", "type is required"),
+        (json!({"transformations": {"type": "mask"}}), "22023", "must be an array"),
+    ];
+    for (cfg, state, text) in bad {
+        let e = err(cfg.clone());
+        assert_eq!(e.kind.sqlstate(), state, "{cfg}: {e}");
+        assert!(e.message.contains(text), "{cfg}: {}", e.message);
+    }
+    // Hiding a key column with tokenize keeps the key usable.
+    let tok = json!({"transformations": [{"type": "mask", "column": "order_id", "method": "tokenize"}]});
+    assert!(parse_capture_config(&tok, &shape()).is_ok());
+}
+
+#[test]
+fn capture_modes() {
+    let audit = parse_capture_config(&json!({"capture_mode": "full_audit"}), &shape()).unwrap();
+    assert_eq!(audit.mode, CaptureMode::FullAudit);
+    assert!(audit.before_image && audit.include_transaction_info, "an audit has before images and transaction info");
+    for (cfg, text) in [
+        (json!({"capture_mode": "full_audit", "exclude_columns": ["status"]}), "leaves columns out"),
+        (json!({"capture_mode": "full_audit", "operations": ["INSERT"]}), "INSERT, UPDATE and DELETE"),
+        (json!({"capture_mode": "full_audit", "include_before_image": false}), "before image"),
+        (json!({"capture_mode": "full_audit", "filter": "status <> 'x'"}), "drops changes"),
+        (json!({"capture_mode": "filtered"}), "needs a filter"),
+    ] {
+        let e = err(cfg.clone());
+        assert_eq!(e.kind.sqlstate(), "22023", "{cfg}");
+        assert!(e.message.contains(text), "{cfg}: {}", e.message);
+    }
+    assert!(parse_capture_config(
+        &json!({"capture_mode": "full_audit", "operations": ["INSERT", "UPDATE", "DELETE", "TRUNCATE"]}),
+        &shape()
+    )
+    .is_ok());
 }
 
 #[test]

@@ -323,3 +323,126 @@ fn large_transaction_without_commit_is_not_finished() {
     assert_eq!(Assembler::new("db").count_large(&fr[b..c], &sink, &mut lt).unwrap(), None);
     assert_eq!(lt.end_lsn(), None);
 }
+
+#[test]
+fn pii_is_hidden_in_every_image_the_key_and_the_diff() {
+    use crate::config::Compliance;
+    use crate::redact::{hash, Method, TokenKey, REDACTED};
+    let key = TokenKey::parse(b"0123456789abcdef0123456789abcdef", 4).unwrap();
+    let mut c = orders_config();
+    c.redactions = vec![
+        ("order_id".into(), Method::Tokenize),
+        ("status".into(), Method::Tokenize),
+        ("customer_id".into(), Method::Hash),
+        ("customer_region".into(), Method::Redact),
+        ("total".into(), Method::Remove),
+    ];
+    c.compliance = Some(Compliance { method: Method::Tokenize, audit_retention_days: Some(2555) });
+    let frames = frames("basic");
+    let oids = relation_oids(&frames);
+    let sink: SinkTables = [(oids["orders"], Arc::new(c))].into_iter().collect();
+
+    // Without a key, the sink stops instead of sending the values in the clear.
+    let mut a = Assembler::new("golden");
+    match a.process(&frames, &sink, &types("basic")) {
+        Err(PipelineError::Config { table, reason }) => {
+            assert_eq!(table, "public.orders");
+            assert!(reason.contains("cdc.tokenization_key_file"), "{reason}");
+        }
+        other => panic!("expected a config error, got {other:?}"),
+    }
+
+    a.set_token_key(Some(key.clone()));
+    let txns = a.process(&frames, &sink, &types("basic")).unwrap().transactions;
+    let ev = events(&txns);
+    let all: String = txns.iter().flat_map(|t| &t.events).map(|e| String::from_utf8_lossy(&e.payload) + "\n").collect();
+    for secret in ["ORD-12345", "CUST-789", "us-east", "pending", "confirmed", "150.00"] {
+        assert!(!all.contains(secret), "{secret} leaked: {all}");
+    }
+    let (k, ins) = &ev[0];
+    assert_eq!(k.as_ref().unwrap(), &json!({"order_id": key.token(b"ORD-12345")}), "the key is tokenized too");
+    assert_eq!(
+        ins["after"],
+        json!({"order_id": key.token(b"ORD-12345"), "customer_id": hash(b"CUST-789"),
+               "status": key.token(b"pending"), "customer_region": REDACTED})
+    );
+    let comp = &ins["compliance"];
+    assert_eq!(comp["pii_tokenized"], json!(["order_id", "status"]));
+    assert_eq!(comp["pii_hashed"], json!(["customer_id"]));
+    assert_eq!(comp["pii_redacted"], json!(["customer_region"]));
+    assert_eq!(comp["pii_removed"], json!(["total"]));
+    assert_eq!(comp["key_version"], 4);
+    assert!(comp["audit_id"].as_str().unwrap().starts_with("AUD-"));
+    assert_eq!(comp["retention_until"].as_str().unwrap().len(), 10);
+    // UPDATE: before image and diff hidden the same way (tokens stay comparable).
+    let (_, upd) = &ev[1];
+    assert_eq!(upd["before"]["status"], json!(key.token(b"pending")));
+    assert_eq!(upd["diff"], json!({"status": {"from": key.token(b"pending"), "to": key.token(b"confirmed")}}));
+    // audit ids are unique per event.
+    let ids: std::collections::HashSet<String> =
+        ev.iter().filter_map(|(_, p)| p["compliance"]["audit_id"].as_str().map(String::from)).collect();
+    assert_eq!(ids.len(), ev.iter().filter(|(_, p)| p["metadata"]["operation"] != "TRUNCATE").count());
+}
+
+/// A pgoutput 'M' frame (logical decoding message).
+fn message_frame(lsn: Lsn, transactional: bool, prefix: &str, content: &[u8]) -> RawFrame {
+    let mut d = vec![b'M', u8::from(transactional)];
+    d.extend_from_slice(&lsn.0.to_be_bytes());
+    d.extend_from_slice(prefix.as_bytes());
+    d.push(0);
+    d.extend_from_slice(&(content.len() as u32).to_be_bytes());
+    d.extend_from_slice(content);
+    RawFrame { lsn, data: d }
+}
+
+#[test]
+fn user_context_is_attached_when_genuine_and_asked_for() {
+    use crate::context::{seal, UserContext, PREFIX};
+    let key = b"context key of the server".to_vec();
+    let mut frames = frames("basic");
+    let oids = relation_oids(&frames);
+    // The first transaction: Begin, (Relation), Insert, Commit. Put a sealed context right after its Begin.
+    let xid = match decode(&frames[0].data).unwrap() {
+        Message::Begin { xid, .. } => xid,
+        other => panic!("{other:?}"),
+    };
+    let ctx = UserContext {
+        user: Some("teller_system".into()),
+        session_id: Some("65f45a11.1f2c".into()),
+        client_ip: Some("10.0.1.100".into()),
+        application_name: Some("core-banking".into()),
+        query: Some("INSERT INTO orders ...".into()),
+    };
+    let lsn = frames[0].lsn;
+    frames.insert(1, message_frame(lsn, true, PREFIX, &seal(&key, xid, &ctx)));
+    // A forged context in the second transaction: dropped.
+    let second = frames.iter().skip(2).position(|f| matches!(decode(&f.data), Ok(Message::Begin { .. }))).unwrap() + 2;
+    let forged = [b"0".repeat(64), br#"{"user":"admin"}"#.to_vec()].concat();
+    frames.insert(second + 1, message_frame(frames[second].lsn, true, PREFIX, &forged));
+
+    let run_with = |user_context: bool, query_text: bool, key: Option<Vec<u8>>| {
+        let mut c = orders_config();
+        c.user_context = user_context;
+        c.query_text = query_text;
+        let sink: SinkTables = [(oids["orders"], Arc::new(c))].into_iter().collect();
+        let mut a = Assembler::new("golden");
+        a.set_context_key(key);
+        events(&a.process(&frames, &sink, &types("basic")).unwrap().transactions)
+    };
+    let ev = run_with(true, false, Some(key.clone()));
+    let md = &ev[0].1["metadata"];
+    assert_eq!(md["user"], "teller_system");
+    assert_eq!(md["session_id"], "65f45a11.1f2c");
+    assert_eq!(md["client_ip"], "10.0.1.100");
+    assert_eq!(md["application_name"], "core-banking");
+    assert!(md.get("query").is_none(), "query text only when asked for");
+    assert_eq!(ev[1].1["metadata"]["user"], Value::Null, "forged context dropped");
+
+    let ev = run_with(true, true, Some(key.clone()));
+    assert_eq!(ev[0].1["metadata"]["query"], "INSERT INTO orders ...");
+    // Without the key every context is dropped; without the option nothing is added.
+    assert_eq!(run_with(true, false, None)[0].1["metadata"]["user"], Value::Null);
+    let plain = run_with(false, false, Some(key));
+    assert!(plain[0].1["metadata"].get("user").is_none());
+    assert_eq!(plain, events(&run("basic", vec![("orders", orders_config())])), "messages change nothing else");
+}

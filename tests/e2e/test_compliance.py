@@ -1,0 +1,185 @@
+"""Seed example 2 (financial audit stream): full_audit, PII tokenization, user context, through Kafka."""
+import datetime
+import hashlib
+import hmac
+import os
+import subprocess
+
+import psycopg
+import pytest
+
+from conftest import PG_DSN, consume, sink_state, wait_for
+
+KEY = b"e2e tokenization key: 0123456789abcdef0123456789abcdef"
+
+
+def token(value, key=KEY):
+    return "tok_" + hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+@pytest.fixture
+def token_key(pg):
+    """A tokenization key file the server can read (mode 0600, owned by its OS user)."""
+    path = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), "e2e-token.key")
+    with open(path, "wb") as f:
+        f.write(KEY + b"\n")
+    os.chmod(path, 0o600)
+    subprocess.run(["chown", "postgres", path], check=False)
+    pg.execute(f"ALTER SYSTEM SET cdc.tokenization_key_file = '{path}'")
+    pg.execute("ALTER SYSTEM SET cdc.tokenization_key_version = 7")
+    pg.execute("SELECT pg_reload_conf()")
+    yield path
+    pg.execute("ALTER SYSTEM RESET cdc.tokenization_key_file")
+    pg.execute("ALTER SYSTEM RESET cdc.tokenization_key_version")
+    pg.execute("SELECT pg_reload_conf()")
+    os.remove(path)
+
+
+SEED_CONFIG = """{
+    "capture_mode": "full_audit",
+    "operations": ["INSERT", "UPDATE", "DELETE"],
+    "include_before_image": true,
+    "include_user_context": true,
+    "include_query_text": false,
+    "compliance": {
+        "redact_pii": true,
+        "pii_columns": ["ssn", "account_number"],
+        "redaction_method": "tokenize",
+        "audit_retention_days": 2555
+    },
+    "exactly_once": {"enabled": true, "checkpoint_interval_ms": 1000}
+}"""
+
+
+def create_transactions(pg, t):
+    pg.execute(f"""CREATE TABLE {t} (transaction_id text PRIMARY KEY, account_number text, ssn text,
+                   amount numeric(12,2), transaction_type text, beneficiary_account text, "timestamp" timestamptz)""")
+    pg.execute(f"DROP ROLE IF EXISTS teller_{t}")
+    pg.execute(f"CREATE ROLE teller_{t} LOGIN")
+    pg.execute(f"GRANT INSERT, UPDATE, SELECT ON {t} TO teller_{t}")
+
+
+def test_seed_example_2_financial_audit_stream(pg, sinks, unique, token_key):
+    t, topic = f"transactions_{unique}", f"transactions-audit-{unique}"
+    create_transactions(pg, t)
+    pg.execute("SELECT cdc_enable(table_name => %s, config => %s::jsonb)", (t, SEED_CONFIG))
+    sinks.add(f"kafka_compliance_{unique}", topic, transactional_id=f"pg-cdc-compliance-{unique}")
+    # The application writes as its own role, over TCP, with its own application_name; it has no
+    # right on pg_logical_emit_message or on pg_cdc's functions.
+    with psycopg.connect(PG_DSN.replace("user=postgres", f"user=teller_{t}") + " application_name=teller_system",
+                         autocommit=True) as app:
+        app.execute(f"""INSERT INTO {t} VALUES ('TXN-847293', 'ACC-1234', '123-45-6789', 15000.00, 'wire_transfer',
+                        'ACC-5678', '2024-03-15 14:23:45+00')""")
+        app.execute(f"UPDATE {t} SET amount = 15500.00, ssn = '987-65-4321' WHERE transaction_id = 'TXN-847293'")
+    msgs = consume(topic, 2)
+    ins, upd = msgs[0]["value"], msgs[1]["value"]
+    raw = b"".join(m["raw"] for m in msgs) + b"".join(repr(m["key"]).encode() for m in msgs)
+    for secret in (b"ACC-1234", b"123-45-6789", b"987-65-4321", KEY):
+        assert secret not in raw, f"{secret!r} reached the stream"
+
+    md = ins["metadata"]
+    assert (md["source"], md["table"], md["operation"]) == ("pg_cdc", t, "INSERT")
+    assert md["user"] == f"teller_{t}"
+    assert md["client_ip"] == "127.0.0.1"
+    assert md["application_name"] == "teller_system"
+    assert md["session_id"] and "." in md["session_id"]
+    assert "query" not in md, "include_query_text is false"
+    assert md["transaction"]["event_count"] == 1, "full_audit turns transaction info on"
+    assert ins["after"] == {
+        "transaction_id": "TXN-847293", "account_number": token("ACC-1234"), "ssn": token("123-45-6789"),
+        "amount": 15000.00, "transaction_type": "wire_transfer",
+        # Not in pii_columns: the config wins over the seed's sample (PRODUCT.md).
+        "beneficiary_account": "ACC-5678", "timestamp": "2024-03-15T14:23:45Z",
+    }
+    assert b'"amount":15000.00' in msgs[0]["raw"]
+    comp = ins["compliance"]
+    assert comp["pii_tokenized"] == ["account_number", "ssn"]
+    assert comp["key_version"] == 7
+    assert comp["audit_id"].startswith("AUD-")
+    committed = datetime.date.fromisoformat(md["timestamp"][:10])
+    assert comp["retention_until"] == (committed + datetime.timedelta(days=2555)).isoformat()
+
+    # UPDATE: before image, after image and diff, PII tokenized in each; same session.
+    assert upd["metadata"]["session_id"] == md["session_id"]
+    assert upd["before"]["ssn"] == token("123-45-6789")
+    assert upd["diff"]["ssn"] == {"from": token("123-45-6789"), "to": token("987-65-4321")}
+    assert upd["diff"]["amount"] == {"from": 15000.00, "to": 15500.00}
+    assert upd["compliance"]["audit_id"] != comp["audit_id"]
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+    assert pg.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = '_cdc_context'",
+                      (t,)).fetchone()[0] == 0, "cdc_disable takes the context trigger off"
+    pg.execute(f"DROP TABLE {t}")
+    pg.execute(f"DROP ROLE teller_{t}")
+
+
+def test_forged_context_is_dropped_and_query_text_is_opt_in(pg, sinks, unique, token_key):
+    t, topic = f"ctx_{unique}", f"ctx-{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, note text)")
+    pg.execute("SELECT cdc_enable(%s, '{\"include_user_context\": true, \"include_query_text\": true}')", (t,))
+    sinks.add(f"ctx_{unique}", topic)
+    fake = "0" * 64 + '{"user":"admin","client_ip":"10.6.6.6"}'
+    # A fake context before the statement, and one emitted by the statement itself (after the trigger's).
+    pg.execute("SELECT pg_logical_emit_message(true, 'pg_cdc.context', %s)", (fake,))
+    pg.execute(f"INSERT INTO {t} SELECT 1, 'x' FROM (SELECT pg_logical_emit_message(true, 'pg_cdc.context', %s)) f",
+               (fake,))
+    msg = consume(topic, 1)[0]["value"]
+    assert msg["metadata"]["user"] == "postgres" and msg["metadata"]["client_ip"] == "127.0.0.1"
+    assert msg["metadata"]["query"].startswith(f"INSERT INTO {t} SELECT 1")
+    # A table that does not ask for context gets no trigger.
+    pg.execute(f"CREATE TABLE plain_{unique} (id int PRIMARY KEY)")
+    pg.execute("SELECT cdc_enable(%s)", (f"plain_{unique}",))
+    assert pg.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid = %s::regclass", (f"plain_{unique}",)).fetchone()[0] == 0
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+    pg.execute("SELECT cdc_disable(%s)", (f"plain_{unique}",))
+
+
+def test_tokenize_without_a_key_stops_the_sink_and_sends_nothing_in_the_clear(pg, sinks, unique):
+    t, topic, name = f"nokey_{unique}", f"nokey-{unique}", f"nokey_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, ssn text)")
+    pg.execute("SELECT cdc_enable(%s, '{\"compliance\": {\"redact_pii\": true, \"pii_columns\": [\"ssn\"]}}')", (t,))
+    sinks.add(name, topic)
+    pg.execute(f"INSERT INTO {t} VALUES (1, '123-45-6789')")
+    state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, what="error state")
+    assert "tokenization key" in state[1] and "123-45-6789" not in state[1], state[1]
+    # Once the DBA configures a key, the sink recovers on its own and delivers the row tokenized.
+    path = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), f"late-{unique}.key")
+    with open(path, "wb") as f:
+        f.write(KEY)
+    os.chmod(path, 0o600)
+    subprocess.run(["chown", "postgres", path], check=False)
+    try:
+        pg.execute(f"ALTER SYSTEM SET cdc.tokenization_key_file = '{path}'")
+        pg.execute("SELECT pg_reload_conf()")
+        msg = consume(topic, 1, timeout=60)[0]
+        assert msg["value"]["after"] == {"id": 1, "ssn": token("123-45-6789")}
+        assert b"123-45-6789" not in msg["raw"]
+    finally:
+        pg.execute("ALTER SYSTEM RESET cdc.tokenization_key_file")
+        pg.execute("SELECT pg_reload_conf()")
+        os.remove(path)
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_key_file_readable_by_others_is_refused(pg, sinks, unique):
+    t, name = f"perm_{unique}", f"perm_{unique}"
+    path = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), f"open-{unique}.key")
+    with open(path, "wb") as f:
+        f.write(KEY)
+    os.chmod(path, 0o644)
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, ssn text)")
+    pg.execute("SELECT cdc_enable(%s, '{\"transformations\": [{\"type\": \"mask\", \"column\": \"ssn\", \"method\": \"tokenize\"}]}')", (t,))
+    try:
+        pg.execute(f"ALTER SYSTEM SET cdc.tokenization_key_file = '{path}'")
+        pg.execute("SELECT pg_reload_conf()")
+        sinks.add(name, f"perm-{unique}")
+        pg.execute(f"INSERT INTO {t} VALUES (1, '123-45-6789')")
+        state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, what="error state")
+        assert "tokenization key" in state[1]
+        from conftest import server_log
+        assert "can be read by group or others" in server_log()
+        assert KEY.decode() not in server_log(), "the key never reaches the log"
+    finally:
+        pg.execute("ALTER SYSTEM RESET cdc.tokenization_key_file")
+        pg.execute("SELECT pg_reload_conf()")
+        os.remove(path)
+    pg.execute("SELECT cdc_disable(%s)", (t,))
