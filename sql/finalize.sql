@@ -5,6 +5,8 @@ REVOKE EXECUTE ON FUNCTION cdc_disable(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_add_sink(text, text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_drop_sink(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_delivery_status(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_filter_metrics(regclass) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_preview(regclass, jsonb, integer) FROM PUBLIC;
 
 -- The trigger of tables that capture user context: emits the sealed context of each statement,
 -- before its rows, inside the writing transaction. SECURITY DEFINER so writers need no right on

@@ -76,6 +76,11 @@ SELECT jsonb_build_object(
   'columns', (SELECT coalesce(jsonb_agg(a.attname::text ORDER BY a.attnum), '[]')
                 FROM pg_attribute a
                WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
+  'column_types', (SELECT coalesce(jsonb_agg(CASE WHEN t.typcategory = 'A' THEN -1
+                                                  WHEN t.typtype = 'd' THEN t.typbasetype::bigint
+                                                  ELSE t.oid::bigint END ORDER BY a.attnum), '[]')
+                     FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+                    WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
   'primary_key', (SELECT coalesce(jsonb_agg(a.attname::text ORDER BY k.ord), '[]')
                     FROM pg_index i
                     CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)

@@ -1,7 +1,10 @@
-//! Per-sink delivery counters in shared memory ([`cdc_core::stats::DeliveryCounters`]): the
-//! worker adds to them, any session reads them (`cdc_delivery_status`). Created with the shared
+//! Counters in shared memory: per sink ([`cdc_core::stats::DeliveryCounters`], for
+//! `cdc_delivery_status`) and per (sink, table) ([`cdc_core::stats::TableCounters`], for
+//! `cdc_filter_metrics`). The worker adds to them, any session reads them. Created with the shared
 //! memory, so they survive a worker restart but not a server restart or a database crash.
-use cdc_core::stats::DeliveryCounters;
+use std::collections::HashMap;
+
+use cdc_core::stats::{DeliveryCounters, TableCounters};
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgLwLock};
 
@@ -37,11 +40,66 @@ unsafe impl PGRXSharedMemory for Table {}
 
 static STATS: PgLwLock<Table> = unsafe { PgLwLock::new(c"pg_cdc delivery counters") };
 
+/// (sink, table) pairs counted at once; pairs beyond it are not counted.
+pub const MAX_SINK_TABLES: usize = 2048;
+
+#[derive(Clone, Copy, Default)]
+struct TableEntry {
+    /// The sink id (uuid bytes); all zero when free.
+    sink: [u8; 16],
+    table_oid: u32,
+    counters: TableCounters,
+}
+
+#[derive(Clone, Copy)]
+struct TableStats {
+    entries: [TableEntry; MAX_SINK_TABLES],
+}
+
+// SAFETY: plain old data (integers and byte arrays), no pointers.
+unsafe impl PGRXSharedMemory for TableStats {}
+
+static TABLE_STATS: PgLwLock<TableStats> = unsafe { PgLwLock::new(c"pg_cdc table counters") };
+
 /// Requests the shared memory (from `_PG_init` while preloading).
 // The macro tests features of other PostgreSQL versions this crate does not declare.
 #[allow(unexpected_cfgs)]
 pub fn init() {
     pg_shmem_init!(STATS = Table::new());
+    pg_shmem_init!(TABLE_STATS = TableStats { entries: [TableEntry::default(); MAX_SINK_TABLES] });
+}
+
+/// Adds a delivery's filter and transformation counts to a sink's per-table counters.
+pub fn add_tables(id: &str, counts: &HashMap<u32, TableCounters>) {
+    let Some(sink) = id_bytes(id) else { return };
+    if counts.is_empty() || !crate::preloaded() {
+        return;
+    }
+    let mut stats = TABLE_STATS.exclusive();
+    for (&oid, c) in counts {
+        let at = stats.entries.iter().position(|e| e.sink == sink && e.table_oid == oid).or_else(|| {
+            let free = stats.entries.iter().position(|e| e.sink == [0; 16])?;
+            stats.entries[free] = TableEntry { sink, table_oid: oid, counters: TableCounters::default() };
+            Some(free)
+        });
+        if let Some(i) = at {
+            stats.entries[i].counters.add(c);
+        }
+    }
+}
+
+/// The per-sink counters of one table: (sink id as uuid bytes, counters).
+pub fn read_table(oid: u32) -> Vec<([u8; 16], TableCounters)> {
+    if !crate::preloaded() {
+        return Vec::new();
+    }
+    let stats = TABLE_STATS.share();
+    stats.entries.iter().filter(|e| e.sink != [0; 16] && e.table_oid == oid).map(|e| (e.sink, e.counters)).collect()
+}
+
+/// A sink id (uuid text) as bytes, as the counters key it.
+pub fn sink_key(id: &str) -> Option<[u8; 16]> {
+    id_bytes(id)
 }
 
 /// A sink id (uuid text) as bytes; `None` when it is not a uuid.

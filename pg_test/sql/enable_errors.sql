@@ -65,12 +65,26 @@ SELECT cdc_enable('orders', '{"before_image": false, "include_before_image": tru
 SELECT cdc_enable('orders', '{"filter": "amount > 0", "filter_expression": "amount > 0"}'); \echo SQLSTATE :SQLSTATE
 
 -- Planned features: 0A000 (feature_not_supported) rather than silently doing less.
-SELECT cdc_enable('orders', '{"filter": "amount > 100"}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_enable('orders', '{"filter_expression": "amount > 100"}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_enable('orders', '{"transformations": [{"type": "compute", "name": "x", "expression": "1"}]}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "lookup_table": "t"}]}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"schema_evolution": {"enabled": true}}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"schema_evolution": {"compatibility_mode": "full"}}'); \echo SQLSTATE :SQLSTATE
+
+-- Filters and computed columns: parsed by a SQL parser and checked against the table; nothing
+-- in them is ever run by PostgreSQL.
+SELECT cdc_enable('orders', '{"filter": "amount >"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"filter": "amount > 0; DROP TABLE orders"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"filter_expression": "amount > 0) OR (1 = 1"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"filter": "amout > 0"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"filter": "amount > (SELECT max(amount) FROM orders)"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"filter": "sum(amount) > 0"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"filter": "random() > 0.5"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"filter": "pg_sleep(10) IS NULL"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"filter": "other.amount > 0"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"filter": "customer > 5"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"filter": "amount + 1"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "compute", "name": "customer", "expression": "1"}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "compute", "name": "x", "expression": "amout * 2"}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"compliance": {"redact_pii": true, "pii_columns": ["customer"]}, "transformations": [{"type": "compute", "name": "x", "expression": "upper(customer)"}]}'); \echo SQLSTATE :SQLSTATE
 
 -- Capture modes, compliance and masks: mistakes name the path.
 SELECT cdc_enable('orders', '{"exactly_once": {"enabled": "yes"}}'); \echo SQLSTATE :SQLSTATE
@@ -107,8 +121,14 @@ SELECT table_name, key_columns FROM _cdc_publications ORDER BY 1;
 SELECT cdc_enable('orders', '{"operations": ["MERGE"]}'); \echo SQLSTATE :SQLSTATE
 SELECT config ->> 'capture_mode' AS capture_mode FROM _cdc_publications WHERE table_name = 'orders';
 
--- Clean up.
+-- The table's filter metrics and preview: NULL and tables that are not captured.
+SELECT cdc_preview('orders', max_rows => -1); \echo SQLSTATE :SQLSTATE
 SELECT cdc_disable('orders');
+SELECT cdc_filter_metrics(NULL); \echo SQLSTATE :SQLSTATE
+SELECT cdc_filter_metrics('orders'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_preview('orders'); \echo SQLSTATE :SQLSTATE
+
+-- Clean up.
 SET client_min_messages = warning;
 DROP SCHEMA cdc_regress CASCADE;
 RESET client_min_messages;

@@ -76,7 +76,7 @@ SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "exactly_once": "yes
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "exactly_once": false, "transactional_id": "tx-1"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "transactional_id": ""}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "partition_key": "id"}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "include_transformations": true}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "include_transformations": "yes"}'); \echo SQLSTATE :SQLSTATE
 
 -- tables: wrong type, names that resolve to nothing.
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "tables": "orders"}'); \echo SQLSTATE :SQLSTATE

@@ -65,6 +65,9 @@ fn table_shape(oid: pg_sys::Oid) -> (Value, TableShape) {
     {
         fail(ErrorKind::WrongObjectType, format!("{display} is a system table"), "Capture your own tables.");
     }
+    // Built-in types by OID; anything else (enums, composites, extension types) is text to
+    // expressions, as it is to events.
+    let builtin = cdc_core::types::TypeRegistry::new();
     let shape = TableShape {
         display_name: display,
         columns: strings_field(&v, "columns"),
@@ -72,6 +75,19 @@ fn table_shape(oid: pg_sys::Oid) -> (Value, TableShape) {
         replica_identity_index: strings_field(&v, "ri_index"),
         replica_identity: str_field(&v, "replident").bytes().next().unwrap_or(b'd'),
         generated_columns: strings_field(&v, "generated"),
+        column_kinds: v
+            .get("column_types")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .map(|o| match o.as_i64() {
+                        // An array (the worker knows its element type; expressions only test it for NULL).
+                        Some(-1) => cdc_core::types::TypeKind::Array { element: 0, delimiter: b',' },
+                        o => builtin.kind(o.unwrap_or(0) as u32),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
     };
     (v, shape)
 }

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use cdc_core::decode::{decode, Message};
 use cdc_core::pipeline::{LargeTransaction, PipelineError, RawFrame, SinkTables};
-use cdc_core::stats::DeliveryCounters;
+use cdc_core::stats::{DeliveryCounters, TableCounters};
 use cdc_core::time::pg_to_unix_micros;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
@@ -69,6 +69,10 @@ pub struct Batch {
     pub progress: HashMap<u32, TableProgress>,
     /// Counter increments (events, bytes, duplicates, large transactions).
     pub counted: DeliveryCounters,
+    /// Filter and transformation counts of what was sent, by table OID.
+    pub tables: HashMap<u32, TableCounters>,
+    /// Nothing was read: the sink's producer started opening (see `state::start_open`).
+    pub opening: bool,
 }
 
 /// The read's fixed inputs.
@@ -139,6 +143,12 @@ pub fn read(
     Ok(b)
 }
 
+fn add_counts(into: &mut HashMap<u32, TableCounters>, from: &HashMap<u32, TableCounters>) {
+    for (oid, c) in from {
+        into.entry(*oid).or_default().add(c);
+    }
+}
+
 /// Sends the events of buffered whole transactions (a trailing incomplete one is held back: the
 /// slot is not confirmed past it, so the next read returns it again).
 fn send_whole(
@@ -163,6 +173,7 @@ fn send_whole(
         if !t.events.is_empty() {
             b.counted.source_transactions_delivered += 1;
         }
+        add_counts(&mut b.tables, &t.counters);
         send(run, &t.events, t.commit_lsn, t.commit_time, b)?;
     }
     if out.confirm_lsn.is_some() {
@@ -194,7 +205,9 @@ fn send_large(
         loop {
             let at = peek.position();
             let chunk = fetch_inside(peek, types, begin, b)?;
-            if let Some(n) = run.assembler.count_large(&chunk, inputs.tables, &mut lt).map_err(Failure::pipeline)? {
+            if let Some(n) =
+                run.assembler.count_large(&chunk, inputs.tables, types, &mut lt).map_err(Failure::pipeline)?
+            {
                 peek.seek(at + n as u64);
                 break;
             }
@@ -229,6 +242,7 @@ fn send_large(
             break;
         }
     }
+    add_counts(&mut b.tables, &run.assembler.take_counters());
     b.target = lt.end_lsn();
     Ok(())
 }

@@ -19,7 +19,7 @@
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 mod batch;
-mod source;
+pub(crate) mod source;
 mod state;
 
 use std::collections::HashMap;

@@ -11,18 +11,21 @@ use serde_json::{json, Value};
 
 use crate::catalog::{self, PUBLICATION_NAMES};
 
-/// Session settings that fix the text format of every value pgoutput sends (see `cdc_core::types`).
+/// The settings that fix the text format of every value pgoutput sends (see `cdc_core::types`).
+pub const TEXT_FORMAT_SETTINGS: &[(&str, &str)] = &[
+    ("DateStyle", "ISO, YMD"),
+    ("IntervalStyle", "iso_8601"),
+    ("TimeZone", "UTC"),
+    ("extra_float_digits", "1"),
+    ("bytea_output", "hex"),
+];
+
+/// The worker's session settings: the text format, and no statement timeout.
 pub fn set_session_settings() {
-    for stmt in [
-        "SET DateStyle = 'ISO, YMD'",
-        "SET IntervalStyle = 'iso_8601'",
-        "SET TimeZone = 'UTC'",
-        "SET extra_float_digits = 1",
-        "SET bytea_output = 'hex'",
-        "SET statement_timeout = 0",
-        "SET lock_timeout = '10s'",
-        "SET application_name = 'pg_cdc worker'",
-    ] {
+    for (name, value) in TEXT_FORMAT_SETTINGS {
+        catalog::run(&format!("SET {name} = '{value}'"), &[]);
+    }
+    for stmt in ["SET statement_timeout = 0", "SET lock_timeout = '10s'", "SET application_name = 'pg_cdc worker'"] {
         catalog::run(stmt, &[]);
     }
 }
@@ -251,14 +254,22 @@ impl Peek {
 /// Looks up, in pg_type, every column type of the batch's relations the registry has not seen
 /// (then their element and base types), once per worker lifetime.
 fn learn_types(frames: &[RawFrame], types: &mut TypeRegistry) {
-    let mut wanted: Vec<u32> = Vec::new();
+    let mut oids: Vec<u32> = Vec::new();
     for f in frames.iter().filter(|f| f.data.first() == Some(&b'R')) {
         if let Ok(cdc_core::decode::Message::Relation(rel)) = cdc_core::decode::decode(&f.data) {
-            for c in rel.columns {
-                if !types.knows(c.type_oid) && !wanted.contains(&c.type_oid) {
-                    wanted.push(c.type_oid);
-                }
-            }
+            oids.extend(rel.columns.iter().map(|c| c.type_oid));
+        }
+    }
+    learn_type_oids(&oids, types);
+}
+
+/// Looks up, in pg_type, the types of `oids` the registry has not seen (then their element and
+/// base types).
+pub fn learn_type_oids(oids: &[u32], types: &mut TypeRegistry) {
+    let mut wanted: Vec<u32> = Vec::new();
+    for &o in oids {
+        if !types.knows(o) && !wanted.contains(&o) {
+            wanted.push(o);
         }
     }
     for _ in 0..8 {

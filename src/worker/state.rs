@@ -10,8 +10,8 @@ use cdc_core::redact::TokenKey;
 use cdc_core::stats::DeliveryCounters;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
-use cdc_sinks::kafka::{KafkaSink, Transactional};
-use cdc_sinks::{Checkpoint, DeliveryMode, ErrorClass, Sink};
+use cdc_sinks::kafka::{with_signals_blocked, KafkaSink, Transactional};
+use cdc_sinks::{Checkpoint, DeliveryMode, ErrorClass, Sink, SinkError};
 use pgrx::pg_sys;
 
 use super::batch::{self, Batch, Failure, Inputs};
@@ -34,20 +34,19 @@ pub struct SinkRun {
     heartbeat_end: Option<Lsn>,
     /// Last checkpoint committed to Kafka (exactly-once), read at open and kept current.
     checkpoint: Option<Checkpoint>,
+    /// The producer being opened, when it is.
+    opening: Option<Opening>,
 }
 
-/// What opening a sink's producer needs.
-struct OpenArgs<'a> {
-    config: &'a KafkaSinkConfig,
-    cat: &'a Catalog,
-    /// The slot's confirmed position.
-    confirmed: Lsn,
-}
+/// A producer being opened on its own thread, and what it gives.
+type Opening = std::thread::JoinHandle<Result<(KafkaSink, Option<Checkpoint>), SinkError>>;
 
-/// Opens a sink's producer: fences older producers of the pipeline and reads its last
-/// checkpoint (exactly-once), refusing a slot that is ahead of it.
-fn open_producer(run: &mut SinkRun, a: &OpenArgs<'_>) -> Result<(), Failure> {
-    let (row, config, cat) = (&run.row, a.config, a.cat);
+/// Starts opening a sink's producer on its own thread: it fences older producers of the pipeline
+/// and reads its last checkpoint (exactly-once), which takes up to the transaction timeout when
+/// the broker is unreachable, and must not stall the other sinks. The thread touches nothing of
+/// PostgreSQL, and starts with every signal blocked, so PostgreSQL's handlers stay on the main thread.
+fn start_open(run: &SinkRun, config: &KafkaSinkConfig, cat: &Catalog) -> Opening {
+    let row = &run.row;
     let transactional = config.exactly_once.then(|| {
         let hex = row.slot.trim_start_matches("_cdc_");
         Transactional {
@@ -61,18 +60,29 @@ fn open_producer(run: &mut SinkRun, a: &OpenArgs<'_>) -> Result<(), Failure> {
     });
     let client_id = format!("pg_cdc-{}", row.name);
     let bootstrap = gucs::string(&gucs::KAFKA_BOOTSTRAP_SERVERS);
-    let opened = KafkaSink::new(config, &bootstrap, &cat.database, &client_id, transactional).and_then(|mut p| {
-        p.set_interrupt(stop_requested);
-        let checkpoint = p.open()?;
-        Ok((p, checkpoint))
+    let (config, database) = (config.clone(), cat.database.clone());
+    with_signals_blocked(move || {
+        std::thread::spawn(move || {
+            let mut p = KafkaSink::new(&config, &bootstrap, &database, &client_id, transactional)?;
+            let checkpoint = p.open()?;
+            Ok((p, checkpoint))
+        })
+    })
+}
+
+/// Installs a producer that finished opening, refusing a slot ahead of its checkpoint.
+fn finish_open(run: &mut SinkRun, opening: Opening, confirmed: Lsn) -> Result<(), Failure> {
+    let opened = opening.join().unwrap_or_else(|_| {
+        Err(SinkError { class: ErrorClass::Retry, message: "opening the Kafka producer failed unexpectedly".into() })
     });
-    let (producer, checkpoint) = opened.map_err(|e| Failure {
+    let (mut producer, checkpoint) = opened.map_err(|e| Failure {
         state: if e.class == ErrorClass::Retry { "retrying" } else { "error" },
         message: e.message,
     })?;
-    if let Some(cp) = checkpoint.filter(|cp| a.confirmed > cp.end_lsn) {
-        return Err(Failure { state: "error", message: ahead_of_checkpoint(&row.slot, a.confirmed, cp.end_lsn) });
+    if let Some(cp) = checkpoint.filter(|cp| confirmed > cp.end_lsn) {
+        return Err(Failure { state: "error", message: ahead_of_checkpoint(&run.row.slot, confirmed, cp.end_lsn) });
     }
+    producer.set_interrupt(stop_requested);
     run.checkpoint = checkpoint;
     run.producer = Some(producer);
     Ok(())
@@ -223,6 +233,9 @@ impl Worker {
             if changed {
                 let config = parse_sink_config(&row.sink_type, &row.config).map_err(|e| e.to_string());
                 let mut assembler = Assembler::new(&cat.database);
+                if let Ok(c) = &config {
+                    assembler.set_transformations(c.include_transformations);
+                }
                 assembler.set_token_key(self.token_key.clone());
                 assembler.set_context_key(self.context_key.clone());
                 self.sinks.insert(
@@ -238,6 +251,7 @@ impl Worker {
                         last_heartbeat: None,
                         heartbeat_end: None,
                         checkpoint: None,
+                        opening: None,
                     },
                 );
             } else if let Some(r) = self.sinks.get_mut(&row.id) {
@@ -281,6 +295,7 @@ impl Worker {
             run.failures = run.failures.saturating_add(1);
             run.retry_at = Some(retry_at(run.failures));
             run.producer = None;
+            run.opening = None;
             run.assembler.reset();
         }
         self.set_state(id, state, Some(error));
@@ -351,6 +366,18 @@ impl Worker {
             self.fail(id, "error", msg);
             return false;
         }
+        // A producer being opened: wait for it without blocking the other sinks.
+        if run.opening.as_ref().is_some_and(|h| !h.is_finished()) {
+            return false;
+        }
+        if let Some(run) = self.sinks.get_mut(id) {
+            if let Some(opening) = run.opening.take() {
+                if let Err(f) = finish_open(run, opening, confirmed) {
+                    self.fail(id, f.state, f.message);
+                    return false;
+                }
+            }
+        }
 
         // Read and send, inside one transaction (the peek's cursor lives in it).
         let tables = self.tables_for(&row);
@@ -360,7 +387,6 @@ impl Worker {
         let Some(mut run) = self.sinks.remove(id) else {
             return false;
         };
-        let open = OpenArgs { config: &config, cat, confirmed };
         let read = run_tx(|| -> Result<Batch, Failure> {
             let mut peek = Peek::open(&row.slot, batch_changes);
             let first = peek.fetch(batch::FETCH_ROWS, &mut types);
@@ -368,7 +394,9 @@ impl Worker {
                 return Ok(Batch::default());
             }
             if run.producer.is_none() {
-                open_producer(&mut run, &open)?;
+                // Only a sink with something to send opens a producer; the next steps wait for it.
+                run.opening = Some(start_open(&run, &config, cat));
+                return Ok(Batch { opening: true, ..Batch::default() });
             }
             let inputs = Inputs {
                 tables: &tables,
@@ -380,6 +408,10 @@ impl Worker {
         });
         self.sinks.insert(id.to_string(), run);
         let batch = match read {
+            Ok(Ok(b)) if b.opening => {
+                self.types = types;
+                return false;
+            }
             Ok(Ok(b)) => {
                 self.types = types;
                 b
@@ -429,6 +461,7 @@ impl Worker {
                     counted.committed_lsn = checkpoint.end_lsn.0;
                 }
                 crate::stats::update(&row.id, |c| add(c, &counted));
+                crate::stats::add_tables(&row.id, &batch.tables);
                 if gucs::string(&gucs::TEST_FAILPOINT) == "after_kafka_commit" {
                     pgrx::log!("pg_cdc worker: failpoint after_kafka_commit: exiting before the slot is confirmed");
                     // SAFETY: ends this process on purpose (test failpoint); the postmaster restarts it.
@@ -436,6 +469,7 @@ impl Worker {
                 }
             } else {
                 crate::stats::update(&row.id, |c| add(c, &counted));
+                crate::stats::add_tables(&row.id, &batch.tables);
             }
             if counted.duplicate_events_filtered > 0 {
                 pgrx::log!(

@@ -218,3 +218,27 @@ def test_slot_moved_past_the_kafka_checkpoint_is_an_error(pg, sinks, unique):
     state = sink_state(pg, name)
     assert state[0] == "error" and "past the last checkpoint" in state[1], state
     pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_a_sink_with_an_unreachable_broker_does_not_stall_the_others(pg, sinks, unique):
+    """Opening a producer against a dead broker takes the transaction timeout (30 s); it runs on
+    its own thread, so the other sinks keep delivering meanwhile."""
+    dead_t, t, topic = f"dead_{unique}", f"alive_{unique}", f"alive-{unique}"
+    for table in (dead_t, t):
+        pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+        pg.execute("SELECT cdc_enable(%s)", (table,))
+    sinks.add(f"alive_{unique}", topic, tables=[t])
+    pg.execute(f"INSERT INTO {t} VALUES (0)")
+    consume(topic, 1)
+    sinks.add(f"dead_{unique}", f"dead-{unique}", bootstrap_servers="127.0.0.1:1", tables=[dead_t])
+    pg.execute(f"INSERT INTO {dead_t} VALUES (1)")
+    time.sleep(1.0)  # the dead sink starts opening its producer
+    for i in range(1, 6):
+        pg.execute(f"INSERT INTO {t} VALUES (%s)", (i,))
+    msgs = consume(topic, 6, timeout=15)  # well inside the dead sink's 30 s open
+    assert {m["value"]["after"]["id"] for m in msgs} == set(range(6))
+    state = wait_for(lambda: (s := sink_state(pg, f"dead_{unique}")) and s[0] == "retrying" and s, timeout=90,
+                     what="dead sink retrying")
+    assert "Kafka" in state[1]
+    for table in (dead_t, t):
+        pg.execute("SELECT cdc_disable(%s)", (table,))

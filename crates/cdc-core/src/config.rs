@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use crate::error::{did_you_mean, CdcError, CdcResult, ErrorKind};
+use crate::expr::{self, ColumnInfo};
 use crate::redact::{Method, METHODS};
+use crate::types::TypeKind;
 
 /// What the caller knows about the table being enabled.
 #[derive(Debug, Clone, Default)]
@@ -28,6 +30,9 @@ pub struct TableShape {
     pub replica_identity: u8,
     /// Generated columns: they exist, but PostgreSQL 15 does not publish them.
     pub generated_columns: Vec<String>,
+    /// How each of `columns` converts (same order), for type-checking expressions; empty when
+    /// unknown (then expressions are only parsed).
+    pub column_kinds: Vec<TypeKind>,
 }
 
 /// The row operations a table can publish.
@@ -83,6 +88,11 @@ pub struct CaptureConfig {
     pub user_context: bool,
     /// `include_query_text`: `metadata.query` carries the statement's text.
     pub query_text: bool,
+    /// `filter` / `filter_expression`: a SQL boolean expression over the row; only changes for
+    /// which it is TRUE are published (see the pipeline for updates that enter or leave it).
+    pub filter: Option<String>,
+    /// `compute` transformations, in config order: (field name, expression).
+    pub computed: Vec<(String, String)>,
 }
 
 impl CaptureConfig {
@@ -394,6 +404,7 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         check_column(&format!("config.exclude_columns[{i}]"), c)?;
     }
 
+    let mut filter = None;
     for key in ["filter", "filter_expression"] {
         if let Some(f) = o.get(key) {
             let path = format!("config.{key}");
@@ -403,10 +414,12 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
             if audit {
                 return Err(audit_refuses(&path, "a filter drops changes"));
             }
-            return Err(planned(&path, "row filtering"));
+            let text = f.as_str().unwrap_or_default();
+            check_expression(shape, &path, &expr::parse(text), &[])?;
+            filter = Some(text.trim().to_string());
         }
     }
-    if mode == CaptureMode::Filtered {
+    if mode == CaptureMode::Filtered && filter.is_none() {
         return Err(invalid("capture_mode \"filtered\" needs a filter")
             .hint("Give the row filter as \"filter_expression\": \"status <> 'draft'\"."));
     }
@@ -515,6 +528,8 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
             return Err(planned("config.schema_evolution", "schema evolution"));
         }
     }
+    let mut computed: Vec<(String, String)> = Vec::new();
+    let mut computed_at = Vec::new();
     match o.get("transformations") {
         None => {}
         Some(Value::Array(items)) => {
@@ -540,7 +555,24 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
                         }
                         redactions.push((col.to_string(), m));
                     }
-                    Some("compute") => return Err(planned(&t.path, "computed columns")),
+                    Some("compute") => {
+                        t.check_keys(&["type", "name", "expression"])?;
+                        let name = t.string("name")?.ok_or_else(|| invalid(format!("{}.name is required", t.path)))?;
+                        let text = t
+                            .string("expression")?
+                            .ok_or_else(|| invalid(format!("{}.expression is required", t.path)))?;
+                        let taken = shape.is_some_and(|s| s.columns.iter().any(|c| c == name))
+                            || computed.iter().any(|(n, _)| n == name);
+                        if taken {
+                            return Err(invalid(format!(
+                                "{}.name: \"{name}\" is already a column of the event",
+                                t.path
+                            ))
+                            .hint("Give the computed column a name of its own."));
+                        }
+                        computed_at.push((t.child_path("expression"), expr::parse_computed(text)));
+                        computed.push((name.to_string(), text.trim().to_string()));
+                    }
                     Some("enrich") => return Err(planned(&t.path, "enrichment from a lookup table")),
                     Some(other) => {
                         return Err(invalid(format!("{}.type: unknown transformation \"{other}\"", t.path))
@@ -551,6 +583,11 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
             }
         }
         Some(v) => return Err(wrong_type("config.transformations", "an array", v)),
+    }
+    // A computed column over a hidden one would publish what the config hides.
+    let hidden: Vec<&str> = redactions.iter().map(|(c, _)| c.as_str()).collect();
+    for (path, parsed) in &computed_at {
+        check_expression(shape, path, parsed, &hidden)?;
     }
     // The key must stay a usable key: present, and different for different rows.
     for (col, m) in &redactions {
@@ -577,7 +614,36 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         compliance,
         user_context,
         query_text,
+        filter,
+        computed,
     })
+}
+
+/// Checks a parsed expression against the table (columns exist, types fit) and refuses columns
+/// in `hidden`. Messages start with the config path.
+fn check_expression(
+    shape: Option<&TableShape>,
+    path: &str,
+    parsed: &CdcResult<expr::Parsed>,
+    hidden: &[&str],
+) -> CdcResult<()> {
+    let at = |mut e: CdcError| {
+        e.message = format!("{path}: {}", e.message);
+        e
+    };
+    let parsed = parsed.as_ref().map_err(|e| at(e.clone()))?;
+    if let Some(c) = parsed.columns().iter().find(|c| hidden.contains(&c.as_str())) {
+        return Err(invalid(format!(
+            "{path}: column \"{c}\" is hidden by the config, so a computed column may not read it"
+        ))
+        .hint("Compute only from columns the events may show."));
+    }
+    if let Some(s) = shape.filter(|s| s.column_kinds.len() == s.columns.len()) {
+        let cols: Vec<ColumnInfo> =
+            s.columns.iter().zip(&s.column_kinds).map(|(n, k)| ColumnInfo::new(n.clone(), *k)).collect();
+        parsed.bind(&cols).map_err(at)?;
+    }
+    Ok(())
 }
 
 fn method(word: &str, path: &str) -> CdcResult<Method> {
@@ -621,6 +687,9 @@ pub struct KafkaSinkConfig {
     pub exactly_once: bool,
     /// `transactional.id` override; `None` derives one from the system identifier, database and sink.
     pub transactional_id: Option<String>,
+    /// Events carry the tables' computed columns (default true). Masks and PII redaction apply
+    /// whatever this says.
+    pub include_transformations: bool,
 }
 
 /// Kafka sink keys, as in the product description.
@@ -803,9 +872,7 @@ fn parse_kafka_config(config: &Value) -> CdcResult<KafkaSinkConfig> {
             "a sink-level partition key (use the capture config's partition_key)",
         ));
     }
-    if o.bool("include_transformations")? == Some(true) {
-        return Err(planned("config.include_transformations", "transformations"));
-    }
+    let include_transformations = o.bool("include_transformations")?.unwrap_or(true);
     let tables = o.strings("tables")?;
     let mut properties = BTreeMap::new();
     if let Some(p) = o.object("properties")? {
@@ -827,6 +894,7 @@ fn parse_kafka_config(config: &Value) -> CdcResult<KafkaSinkConfig> {
     Ok(KafkaSinkConfig {
         exactly_once,
         transactional_id,
+        include_transformations,
         bootstrap_servers,
         topic,
         format,

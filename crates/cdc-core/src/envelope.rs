@@ -11,9 +11,11 @@
 
 use std::sync::Arc;
 
-use crate::config::CaptureConfig;
+use crate::config::{CaptureConfig, CaptureMode};
 use crate::context::UserContext;
 use crate::decode::{OldKind, Relation, Tuple, TupleValue};
+use crate::error::CdcError;
+use crate::expr::{self, Bound, ColumnInfo};
 use crate::json::{write_key, write_str, write_u64};
 use crate::lsn::Lsn;
 use crate::redact::{self, Method, TokenKey};
@@ -64,12 +66,44 @@ pub struct RelationPlan {
     /// The static part of the `compliance` object (the hidden columns by method), when the config
     /// has a compliance block.
     compliance: Option<Vec<u8>>,
+    /// The row filter, bound to this relation version.
+    pub filter: Option<Bound>,
+    /// The filter's top-level OR branches (for `metadata.filter_matched`).
+    pub branches: Vec<Arc<str>>,
+    /// Computed columns, bound to this relation version (empty when the sink leaves
+    /// transformations out).
+    pub computed: Vec<(String, Bound)>,
 }
 
 impl RelationPlan {
     /// Plans a relation version under a capture config. Configured columns missing from this
-    /// version (dropped since `cdc_enable`) are skipped.
-    pub fn new(relation: Relation, config: Arc<CaptureConfig>) -> Self {
+    /// version (dropped since `cdc_enable`) are skipped; a filter or computed column that no longer
+    /// fits the table (a column it reads was dropped) is an error.
+    pub fn new(
+        relation: Relation,
+        config: Arc<CaptureConfig>,
+        types: &TypeRegistry,
+        transformations: bool,
+    ) -> Result<Self, CdcError> {
+        let cols: Vec<ColumnInfo> =
+            relation.columns.iter().map(|c| ColumnInfo::new(c.name.clone(), types.kind(c.type_oid))).collect();
+        let (filter, branches) = match &config.filter {
+            Some(text) => {
+                let parsed = expr::parse(text)?;
+                let branches = parsed.branches().into_iter().map(Arc::from).collect();
+                (Some(parsed.bind(&cols)?), branches)
+            }
+            None => (None, Vec::new()),
+        };
+        let computed = if transformations {
+            config
+                .computed
+                .iter()
+                .map(|(name, text)| Ok((name.clone(), expr::parse_computed(text)?.bind(&cols)?)))
+                .collect::<Result<Vec<_>, CdcError>>()?
+        } else {
+            Vec::new()
+        };
         let index = |name: &str| relation.columns.iter().position(|c| c.name == name);
         let included = (0..relation.columns.len()).filter(|&i| config.includes(&relation.columns[i].name)).collect();
         let key = config.key_columns.iter().filter_map(|k| index(k)).collect();
@@ -103,7 +137,13 @@ impl RelationPlan {
             }
             out
         });
-        RelationPlan { relation, config, included, key, partition, redact, compliance }
+        Ok(RelationPlan { relation, config, included, key, partition, redact, compliance, filter, branches, computed })
+    }
+
+    /// The branch of the filter a row matched (for `metadata.filter_matched`).
+    pub fn matched_branch(&self, row: &[TupleValue<'_>]) -> Option<Arc<str>> {
+        let text = self.filter.as_ref()?.matched_branch(row)?;
+        self.branches.iter().find(|b| &***b == text).cloned().or_else(|| Some(Arc::from(text)))
     }
 
     /// Whether encoding this relation needs the tokenization key.
@@ -158,6 +198,22 @@ pub struct RowChange<'a, 'p> {
     pub new: Option<&'p Tuple<'a>>,
     /// Context of the statement that made the change (when the table asks for it).
     pub ctx: Option<&'p UserContext>,
+    /// What the row filter said.
+    pub mark: &'p FilterMark,
+}
+
+/// What the row filter said about a change that is published.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum FilterMark {
+    /// No filter, or nothing to say (a DELETE without a full before image).
+    #[default]
+    None,
+    /// The row matches; the branch of the filter it matched.
+    Matched(Arc<str>),
+    /// An UPDATE moved the row into the filter (its before image did not match).
+    Entered(Arc<str>),
+    /// An UPDATE moved the row out of the filter: published as a DELETE of the old image.
+    Left,
 }
 
 /// Writes events; holds the per-database constants.
@@ -188,6 +244,7 @@ impl Encoder {
         txn: &TxnInfo,
         index: usize,
         ctx: Option<&UserContext>,
+        mark: &FilterMark,
     ) {
         let (rel, cfg) = (&plan.relation, &plan.config);
         out.extend_from_slice(b"{\"metadata\":{");
@@ -235,6 +292,25 @@ impl Encoder {
             write_key(out, "query");
             write_opt_str(out, ctx.and_then(|c| c.query.as_deref()));
         }
+        let matched = match mark {
+            FilterMark::Matched(b) | FilterMark::Entered(b) => Some(b),
+            _ => None,
+        };
+        if let Some(b) = matched.filter(|_| cfg.mode == CaptureMode::Filtered) {
+            out.push(b',');
+            write_key(out, "filter_matched");
+            write_str(out, b.as_bytes());
+        }
+        let transition = match mark {
+            FilterMark::Entered(_) => Some("entered"),
+            FilterMark::Left => Some("left"),
+            _ => None,
+        };
+        if let Some(t) = transition {
+            out.push(b',');
+            write_key(out, "filter_transition");
+            write_str(out, t.as_bytes());
+        }
         if cfg.include_transaction_info {
             out.extend_from_slice(b",\"transaction\":{");
             write_key(out, "id");
@@ -273,7 +349,7 @@ impl Encoder {
             |i: usize| -> TupleValue<'_> { ch.old.and_then(|(_, t)| t.get(i).copied()).unwrap_or(TupleValue::Null) };
 
         let mut out = Vec::with_capacity(256 + 32 * plan.included.len());
-        self.write_metadata(&mut out, plan, ch.op, ch.lsn, txn, index, ch.ctx);
+        self.write_metadata(&mut out, plan, ch.op, ch.lsn, txn, index, ch.ctx, ch.mark);
         let mut unchanged: Vec<usize> = Vec::new();
         if ch.new.is_some() {
             for &i in &plan.included {
@@ -293,8 +369,11 @@ impl Encoder {
             out.push(b']');
         }
         out.extend_from_slice(b"},\"before\":");
+        // A row that entered the filter: its earlier version did not match, so it is not shown.
+        let entered = matches!(ch.mark, FilterMark::Entered(_));
         match ch.old {
             None => out.extend_from_slice(b"null"),
+            Some(_) if entered => out.extend_from_slice(b"null"),
             Some((OldKind::Full, _)) => self.write_image(&mut out, types, plan, &plan.included, old_value),
             // Key-only old image: the key columns are the only ones it holds.
             Some((OldKind::Key, _)) => {
@@ -303,13 +382,32 @@ impl Encoder {
             }
         }
         out.extend_from_slice(b",\"after\":");
-        if ch.new.is_some() {
+        if let Some(new) = ch.new {
             let present: Vec<usize> = plan.included.iter().copied().filter(|i| !unchanged.contains(i)).collect();
             self.write_image(&mut out, types, plan, &present, new_value);
+            if !plan.computed.is_empty() {
+                // Computed columns read the row with unchanged TOAST filled in where it is known.
+                let filled: Vec<TupleValue<'_>>;
+                let row: &[TupleValue<'_>] = if full_old.is_some() && new.contains(&TupleValue::UnchangedToast) {
+                    filled = (0..new.len()).map(new_value).collect();
+                    &filled
+                } else {
+                    new
+                };
+                out.pop(); // the image's closing brace
+                for (name, bound) in &plan.computed {
+                    if out.last() != Some(&b'{') {
+                        out.push(b',');
+                    }
+                    write_key(&mut out, name);
+                    bound.eval(row).write_json(&mut out);
+                }
+                out.push(b'}');
+            }
         } else {
             out.extend_from_slice(b"null");
         }
-        if ch.op == Op::Update && full_old.is_some() {
+        if ch.op == Op::Update && full_old.is_some() && !entered {
             out.extend_from_slice(b",\"diff\":{");
             let mut first = true;
             for &i in &plan.included {
@@ -424,7 +522,7 @@ impl Encoder {
     ) -> Event {
         let rel = &plan.relation;
         let mut out = Vec::with_capacity(320);
-        self.write_metadata(&mut out, plan, Op::Truncate, lsn, txn, index, ctx);
+        self.write_metadata(&mut out, plan, Op::Truncate, lsn, txn, index, ctx, &FilterMark::None);
         out.extend_from_slice(b",\"truncate\":{\"cascade\":");
         out.extend_from_slice(if options & 1 != 0 { b"true" } else { b"false" });
         out.extend_from_slice(b",\"restart_identity\":");

@@ -33,6 +33,37 @@ pub enum ErrorKind {
     NullValue,
     /// XX000 internal_error.
     Internal,
+    /// 42883 undefined_function: a function or operator that does not exist for the argument types.
+    UndefinedFunction,
+    /// 42803 grouping_error: an aggregate function where only row-level expressions are allowed.
+    GroupingError,
+    /// 42P20 windowing_error: a window function where only row-level expressions are allowed.
+    WindowingError,
+    /// 42P17 invalid_object_definition: a volatile or stable function in an expression that must be
+    /// immutable.
+    InvalidObjectDefinition,
+    /// 42804 datatype_mismatch: an expression of the wrong type (a filter that is not boolean).
+    DatatypeMismatch,
+    /// 42846 cannot_coerce: a cast between types that have none.
+    CannotCoerce,
+    /// 42P02 undefined_parameter: `$1` in an expression that takes no parameters.
+    UndefinedParameter,
+    /// 54001 statement_too_complex: an expression too long or too deeply nested.
+    StatementTooComplex,
+    /// 22012 division_by_zero.
+    DivisionByZero,
+    /// 22003 numeric_value_out_of_range.
+    NumericOutOfRange,
+    /// 22P02 invalid_text_representation: text that is not a valid value of the type.
+    InvalidTextRepresentation,
+    /// 22007 invalid_datetime_format.
+    InvalidDatetimeFormat,
+    /// 22008 datetime_field_overflow: a date or time field out of range.
+    DatetimeFieldOverflow,
+    /// 22025 invalid_escape_sequence: a bad LIKE escape.
+    InvalidEscapeSequence,
+    /// 22011 substring_error: a negative substring length.
+    SubstringError,
 }
 
 impl ErrorKind {
@@ -51,6 +82,21 @@ impl ErrorKind {
             ErrorKind::NullValue => "22004",
             ErrorKind::InvalidName => "42602",
             ErrorKind::Internal => "XX000",
+            ErrorKind::UndefinedFunction => "42883",
+            ErrorKind::GroupingError => "42803",
+            ErrorKind::WindowingError => "42P20",
+            ErrorKind::InvalidObjectDefinition => "42P17",
+            ErrorKind::DatatypeMismatch => "42804",
+            ErrorKind::CannotCoerce => "42846",
+            ErrorKind::UndefinedParameter => "42P02",
+            ErrorKind::StatementTooComplex => "54001",
+            ErrorKind::DivisionByZero => "22012",
+            ErrorKind::NumericOutOfRange => "22003",
+            ErrorKind::InvalidTextRepresentation => "22P02",
+            ErrorKind::InvalidDatetimeFormat => "22007",
+            ErrorKind::DatetimeFieldOverflow => "22008",
+            ErrorKind::InvalidEscapeSequence => "22025",
+            ErrorKind::SubstringError => "22011",
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod context;
 pub mod decode;
 pub mod envelope;
 pub mod error;
+pub mod expr;
 pub mod json;
 pub mod lsn;
 pub mod pipeline;

@@ -17,9 +17,11 @@ use std::sync::Arc;
 
 use crate::config::CaptureConfig;
 use crate::context::{self, UserContext};
+use crate::decode::TupleValue;
 use crate::decode::{decode, DecodeError, Message, OldKind, Tuple};
-use crate::envelope::{Encoder, Event, Op, RelationPlan, RowChange, TxnInfo};
+use crate::envelope::{Encoder, Event, FilterMark, Op, RelationPlan, RowChange, TxnInfo};
 use crate::lsn::Lsn;
+use crate::stats::TableCounters;
 use crate::types::TypeRegistry;
 
 /// Prefix of the logical messages pg_cdc emits to move idle slots forward.
@@ -47,6 +49,8 @@ pub struct Transaction {
     pub commit_time: i64,
     /// Events for this sink, in commit order.
     pub events: Vec<Event>,
+    /// Filter and transformation counts of this transaction, by table OID.
+    pub counters: HashMap<u32, TableCounters>,
 }
 
 /// What one batch of frames produced.
@@ -113,6 +117,7 @@ enum Pending<'a> {
         old: Option<(OldKind, Tuple<'a>)>,
         new: Option<Tuple<'a>>,
         ctx: Option<Arc<UserContext>>,
+        mark: FilterMark,
     },
     Truncate {
         plans: Vec<Arc<RelationPlan>>,
@@ -140,13 +145,19 @@ impl Pending<'_> {
     /// Events this change produces: an UPDATE that changes the key also retracts the old key.
     fn event_count(&self) -> usize {
         match self {
-            Pending::Row { plan, op: Op::Update, old: Some((_, old)), new: Some(new), .. } => {
-                1 + usize::from(key_changed(plan, old, new))
+            Pending::Row { plan, op: Op::Update, old: Some((_, old)), new: Some(new), mark, .. } => {
+                1 + usize::from(retracts(plan, old, new, mark))
             }
             Pending::Row { .. } => 1,
             Pending::Truncate { plans, .. } => plans.len(),
         }
     }
+}
+
+/// Whether an UPDATE retracts its old key first: the key changed, and the consumer has the old
+/// row (not when the row just entered the filter: its old version was never published).
+fn retracts(plan: &RelationPlan, old: &Tuple<'_>, new: &Tuple<'_>, mark: &FilterMark) -> bool {
+    !matches!(mark, FilterMark::Entered(_)) && key_changed(plan, old, new)
 }
 
 fn key_changed(plan: &RelationPlan, old: &Tuple<'_>, new: &Tuple<'_>) -> bool {
@@ -161,6 +172,10 @@ fn key_changed(plan: &RelationPlan, old: &Tuple<'_>, new: &Tuple<'_>) -> bool {
 pub struct Assembler {
     encoder: Encoder,
     relations: HashMap<u32, Arc<RelationPlan>>,
+    /// Whether events carry computed columns (a sink's `include_transformations`).
+    transformations: bool,
+    /// Filter and transformation counts per table OID since the last [`Assembler::take_counters`].
+    counters: HashMap<u32, TableCounters>,
     /// The key that seals user context messages (see [`crate::context`]).
     context_key: Option<Vec<u8>>,
 }
@@ -168,7 +183,13 @@ pub struct Assembler {
 impl Assembler {
     /// A new assembler for events of `database`.
     pub fn new(database: &str) -> Self {
-        Assembler { encoder: Encoder::new(database), relations: HashMap::new(), context_key: None }
+        Assembler {
+            encoder: Encoder::new(database),
+            relations: HashMap::new(),
+            transformations: true,
+            counters: HashMap::new(),
+            context_key: None,
+        }
     }
 
     /// Sets the key user context messages are sealed with (`None`: contexts are dropped).
@@ -182,6 +203,124 @@ impl Assembler {
             return None;
         }
         context::open(self.context_key.as_deref()?, xid, content).map(Arc::new)
+    }
+
+    /// Whether events carry computed columns (default true; a sink's `include_transformations`).
+    /// Masks and PII redaction apply either way.
+    pub fn set_transformations(&mut self, on: bool) {
+        if self.transformations != on {
+            self.transformations = on;
+            self.relations.clear();
+        }
+    }
+
+    /// The filter and transformation counts gathered since the last call, by table OID (the
+    /// encode pass of a large transaction; [`Assembler::process`] hands each transaction's counts
+    /// over in [`Transaction::counters`]).
+    pub fn take_counters(&mut self) -> HashMap<u32, TableCounters> {
+        std::mem::take(&mut self.counters)
+    }
+
+    /// Applies the table's row filter to a change: `Ok` with the change as published (marked, or
+    /// turned into the DELETE of a row that left the filter), `Err` with it when the filter drops
+    /// it. `count` adds to the table's counters.
+    ///
+    /// INSERT: published when the new row matches. UPDATE: published when the new row matches
+    /// (marked "entered" when the full before image did not); when it does not, published as a
+    /// DELETE of the before image if that one matched ("left"), else dropped — without a full
+    /// before image a row that leaves the filter cannot be told from one that never was in it, so
+    /// it is dropped. DELETE: judged on the full before image; with only the key it is published.
+    fn apply_filter<'a>(&mut self, p: Pending<'a>, count: bool) -> Result<Pending<'a>, Pending<'a>> {
+        let Pending::Row { plan, op, lsn, old, new, ctx, .. } = p else {
+            return Ok(p);
+        };
+        let Some(filter) = plan.filter.as_ref() else {
+            return Ok(Pending::Row { plan, op, lsn, old, new, ctx, mark: FilterMark::None });
+        };
+        let errors_before = filter.errors();
+        let full_old = match &old {
+            Some((OldKind::Full, t)) => Some(t),
+            _ => None,
+        };
+        let new_branch = new.as_ref().and_then(|n| match full_old {
+            // Unchanged TOAST values are only known from a full before image.
+            Some(o) if n.contains(&TupleValue::UnchangedToast) => {
+                let filled: Vec<TupleValue<'_>> = n
+                    .iter()
+                    .zip(o.iter())
+                    .map(|(v, ov)| if *v == TupleValue::UnchangedToast { *ov } else { *v })
+                    .collect();
+                plan.matched_branch(&filled)
+            }
+            _ => plan.matched_branch(n),
+        });
+        let old_matches = full_old.map(|o| filter.filter(o));
+        let (outcome, entered, left) = match (op, new_branch) {
+            (Op::Delete, _) => match full_old {
+                Some(o) => match plan.matched_branch(o) {
+                    Some(b) => (Some(FilterMark::Matched(b)), false, false),
+                    None => (None, false, false),
+                },
+                None => (Some(FilterMark::None), false, false),
+            },
+            (Op::Update, Some(b)) if old_matches == Some(false) => (Some(FilterMark::Entered(b)), true, false),
+            (_, Some(b)) => (Some(FilterMark::Matched(b)), false, false),
+            (Op::Update, None) if old_matches == Some(true) => (Some(FilterMark::Left), false, true),
+            (_, None) => (None, false, false),
+        };
+        if count {
+            let c = self.counters.entry(plan.relation.oid).or_default();
+            c.changes += 1;
+            c.expression_errors += filter.errors() - errors_before;
+            if outcome.is_some() {
+                c.matched += 1;
+            } else {
+                c.excluded += 1;
+            }
+            c.entered += u64::from(entered);
+            c.left += u64::from(left);
+        }
+        match outcome {
+            Some(FilterMark::Left) => {
+                Ok(Pending::Row { plan, op: Op::Delete, lsn, old, new: None, ctx, mark: FilterMark::Left })
+            }
+            Some(mark) => Ok(Pending::Row { plan, op, lsn, old, new, ctx, mark }),
+            None => Err(Pending::Row { plan, op, lsn, old, new, ctx, mark: FilterMark::None }),
+        }
+    }
+
+    /// Counts what the filter saved: the encoded size of a dropped change.
+    fn count_dropped(&mut self, p: &Pending<'_>, txn: &TxnInfo, types: &TypeRegistry) {
+        let Pending::Row { plan, .. } = p else { return };
+        let oid = plan.relation.oid;
+        let mut scratch = Vec::new();
+        self.encode_pending_at(p, txn, types, 0, &mut scratch);
+        let bytes: usize = scratch.iter().map(|e| e.payload.len() + e.key.as_ref().map_or(0, Vec::len)).sum();
+        self.counters.entry(oid).or_default().excluded_bytes += bytes as u64;
+    }
+
+    /// Evaluation errors of a change's computed columns so far (see [`Self::count_published`]).
+    fn computed_errors(p: &Pending<'_>) -> u64 {
+        match p {
+            Pending::Row { plan, .. } => plan.computed.iter().map(|(_, b)| b.errors()).sum(),
+            Pending::Truncate { .. } => 0,
+        }
+    }
+
+    /// Counts the transformations of a published change, once encoded; `errors_before` is
+    /// [`Self::computed_errors`] from before it was encoded.
+    fn count_published(&mut self, p: &Pending<'_>, errors_before: u64) {
+        if let Pending::Row { plan, new, .. } = p {
+            let computed = new.is_some() && !plan.computed.is_empty();
+            let masked = plan.redact.iter().any(Option::is_some);
+            if computed || masked {
+                let errors = Self::computed_errors(p) - errors_before;
+                let c = self.counters.entry(plan.relation.oid).or_default();
+                c.computations += u64::from(computed);
+                c.masks += u64::from(masked);
+                c.expression_errors += errors;
+            }
+        }
     }
 
     /// Sets the key `tokenize` uses (`None`: tables that tokenize stop the sink with an error).
@@ -206,6 +345,7 @@ impl Assembler {
         let mut out = BatchOutput::default();
         let mut open: Option<(u32, usize)> = None; // (xid, index of its Begin frame)
         let mut pending: Vec<Pending<'_>> = Vec::new();
+        let mut dropped: Vec<Pending<'_>> = Vec::new();
         let mut ctx: Option<Arc<UserContext>> = None;
         for (idx, frame) in frames.iter().enumerate() {
             let msg = decode(&frame.data).map_err(|error| PipelineError::Decode { lsn: frame.lsn, error })?;
@@ -217,6 +357,7 @@ impl Assembler {
                     }
                     open = Some((xid, idx));
                     pending.clear();
+                    dropped.clear();
                     ctx = None;
                 }
                 Message::Commit { commit_lsn, end_lsn, commit_time, .. } => {
@@ -227,11 +368,18 @@ impl Assembler {
                     let txn = TxnInfo { xid, commit_lsn, commit_time, event_count: count };
                     let mut events = Vec::with_capacity(count);
                     for p in &pending {
+                        let errors = Self::computed_errors(p);
                         self.encode_pending(p, &txn, types, &mut events);
+                        self.count_published(p, errors);
                     }
                     debug_assert_eq!(events.len(), count);
+                    for p in &dropped {
+                        self.count_dropped(p, &txn, types);
+                    }
                     pending.clear();
-                    out.transactions.push(Transaction { xid, commit_lsn, end_lsn, commit_time, events });
+                    dropped.clear();
+                    let counters = std::mem::take(&mut self.counters);
+                    out.transactions.push(Transaction { xid, commit_lsn, end_lsn, commit_time, events, counters });
                     out.confirm_lsn = Some(end_lsn);
                 }
                 Message::LogicalMessage { transactional, prefix, lsn, content } => {
@@ -247,8 +395,11 @@ impl Assembler {
                     }
                 }
                 msg => {
-                    if let Some(p) = self.change(msg, frame.lsn, open.is_some(), tables)? {
-                        pending.push(p.with_context(&ctx));
+                    if let Some(p) = self.change(msg, frame.lsn, open.is_some(), tables, types)? {
+                        match self.apply_filter(p.with_context(&ctx), true) {
+                            Ok(p) => pending.push(p),
+                            Err(p) => dropped.push(p),
+                        }
                     }
                 }
             }
@@ -266,9 +417,10 @@ impl Assembler {
         &mut self,
         frames: &[RawFrame],
         tables: &SinkTables,
+        types: &TypeRegistry,
         txn: &mut LargeTransaction,
     ) -> Result<Option<usize>, PipelineError> {
-        self.large_pass(frames, tables, txn, None)
+        self.large_pass(frames, tables, types, txn, None)
     }
 
     /// Second pass over the same frames (after [`Assembler::count_large`], or alone when no
@@ -283,15 +435,16 @@ impl Assembler {
         txn: &mut LargeTransaction,
         out: &mut Vec<Event>,
     ) -> Result<Option<usize>, PipelineError> {
-        self.large_pass(frames, tables, txn, Some((types, out)))
+        self.large_pass(frames, tables, types, txn, Some(out))
     }
 
     fn large_pass(
         &mut self,
         frames: &[RawFrame],
         tables: &SinkTables,
+        types: &TypeRegistry,
         txn: &mut LargeTransaction,
-        mut encode: Option<(&TypeRegistry, &mut Vec<Event>)>,
+        mut encode: Option<&mut Vec<Event>>,
     ) -> Result<Option<usize>, PipelineError> {
         for (idx, frame) in frames.iter().enumerate() {
             let msg = decode(&frame.data).map_err(|error| PipelineError::Decode { lsn: frame.lsn, error })?;
@@ -327,15 +480,19 @@ impl Assembler {
                 }
                 Message::LogicalMessage { .. } => {}
                 msg => {
-                    if let Some(p) = self.change(msg, frame.lsn, txn.begun, tables)? {
-                        let p = p.with_context(&txn.ctx);
-                        match encode.as_mut() {
-                            Some((types, out)) => {
-                                let before = out.len();
+                    if let Some(p) = self.change(msg, frame.lsn, txn.begun, tables, types)? {
+                        // Counted once, in the pass that encodes.
+                        let filtered = self.apply_filter(p.with_context(&txn.ctx), encode.is_some());
+                        match (filtered, encode.as_mut()) {
+                            (Ok(p), Some(out)) => {
+                                let (before, errors) = (out.len(), Self::computed_errors(&p));
                                 self.encode_pending_at(&p, &txn.info, types, txn.seen, out);
                                 txn.seen += out.len() - before;
+                                self.count_published(&p, errors);
                             }
-                            None => txn.seen += p.event_count(),
+                            (Ok(p), None) => txn.seen += p.event_count(),
+                            (Err(p), Some(_)) => self.count_dropped(&p, &txn.info, types),
+                            (Err(_), None) => {}
                         }
                     }
                 }
@@ -352,15 +509,22 @@ impl Assembler {
         lsn: Lsn,
         in_transaction: bool,
         tables: &SinkTables,
+        types: &TypeRegistry,
     ) -> Result<Option<Pending<'a>>, PipelineError> {
         let outside = |what: &str| PipelineError::Protocol { lsn, reason: format!("{what} outside a transaction") };
         Ok(match msg {
             Message::Relation(rel) => {
                 if let Some(cfg) = tables.get(&rel.oid) {
-                    let plan = RelationPlan::new(rel, cfg.clone());
+                    let table = format!("{}.{}", rel.namespace, rel.name);
+                    let plan = RelationPlan::new(rel, cfg.clone(), types, self.transformations).map_err(|e| {
+                        PipelineError::Config {
+                            table: table.clone(),
+                            reason: format!("its capture config no longer fits it: {e}"),
+                        }
+                    })?;
                     if plan.needs_token_key() && self.encoder.token_key.is_none() {
                         return Err(PipelineError::Config {
-                            table: format!("{}.{}", plan.relation.namespace, plan.relation.name),
+                            table,
                             reason: format!("its config tokenizes columns, but {}", crate::redact::MissingKey),
                         });
                     }
@@ -381,6 +545,7 @@ impl Assembler {
                     old: None,
                     new: Some(new),
                     ctx: None,
+                    mark: FilterMark::None,
                 })
             }
             Message::Update { relation, old, new } => {
@@ -394,6 +559,7 @@ impl Assembler {
                     old,
                     new: Some(new),
                     ctx: None,
+                    mark: FilterMark::None,
                 })
             }
             Message::Delete { relation, kind, old } => {
@@ -407,6 +573,7 @@ impl Assembler {
                     old: Some((kind, old)),
                     new: None,
                     ctx: None,
+                    mark: FilterMark::None,
                 })
             }
             Message::Truncate { options, relations } => {
@@ -459,19 +626,27 @@ impl Assembler {
         let mut index = done;
         let mut push = |ev: Event| out.push(ev);
         match p {
-            Pending::Row { plan, op, lsn, old, new, ctx } => {
+            Pending::Row { plan, op, lsn, old, new, ctx, mark } => {
                 let ctx = ctx.as_deref();
                 let old_ref = old.as_ref().map(|(k, t)| (*k, t));
                 if let (Op::Update, Some((_, o)), Some(n)) = (op, old, new) {
-                    if key_changed(plan, o, n) {
+                    if retracts(plan, o, n, mark) {
                         // The row left its old key: retract it first, so compacted topics and
                         // upserting consumers drop the old key.
-                        let del = RowChange { plan, op: Op::Delete, lsn: *lsn, old: old_ref, new: None, ctx };
+                        let del = RowChange {
+                            plan,
+                            op: Op::Delete,
+                            lsn: *lsn,
+                            old: old_ref,
+                            new: None,
+                            ctx,
+                            mark: &FilterMark::None,
+                        };
                         index += 1;
                         push(self.encoder.encode_row(types, &del, txn, index));
                     }
                 }
-                let ch = RowChange { plan, op: *op, lsn: *lsn, old: old_ref, new: new.as_ref(), ctx };
+                let ch = RowChange { plan, op: *op, lsn: *lsn, old: old_ref, new: new.as_ref(), ctx, mark };
                 index += 1;
                 push(self.encoder.encode_row(types, &ch, txn, index));
             }

@@ -36,6 +36,82 @@ pub struct DeliveryCounters {
     pub large_transactions: u64,
 }
 
+/// Filter and transformation counts of one table in one sink's pipeline (`cdc_filter_metrics`).
+/// Plain data, so it can live in shared memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct TableCounters {
+    /// Row changes the filter looked at.
+    pub changes: u64,
+    /// Of those, published (the row matched, entered or left the filter).
+    pub matched: u64,
+    /// Of those, dropped by the filter.
+    pub excluded: u64,
+    /// Encoded size (key + value) of the events the filter dropped: what was not sent.
+    pub excluded_bytes: u64,
+    /// UPDATEs that moved a row into the filter.
+    pub entered: u64,
+    /// UPDATEs that moved a row out of it (published as DELETE).
+    pub left: u64,
+    /// Filter or computed-column evaluations that failed (division by zero, overflow, a bad
+    /// cast): the row counts as not matching, the computed value as null.
+    pub expression_errors: u64,
+    /// Events that carried computed columns.
+    pub computations: u64,
+    /// Events with hidden (masked or PII) columns.
+    pub masks: u64,
+}
+
+impl TableCounters {
+    /// Adds `d` to these counts.
+    pub fn add(&mut self, d: &TableCounters) {
+        self.changes += d.changes;
+        self.matched += d.matched;
+        self.excluded += d.excluded;
+        self.excluded_bytes += d.excluded_bytes;
+        self.entered += d.entered;
+        self.left += d.left;
+        self.expression_errors += d.expression_errors;
+        self.computations += d.computations;
+        self.masks += d.masks;
+    }
+}
+
+/// `cdc_filter_metrics(table_name)`: the seed's shape (`filtering`, `transformations`), plus the
+/// counts of each sink. Each sink filters the same changes on its own, so the top level reports
+/// the sink that has gone furthest (most changes seen), not a sum.
+pub fn filter_metrics_json(table: &str, per_sink: &[(String, TableCounters)], counters_since: &str) -> Value {
+    let block = |c: &TableCounters| {
+        let ratio = if c.changes > 0 { Some(c.matched as f64 / c.changes as f64) } else { None };
+        json!({
+            "filtering": {
+                "total_changes": c.changes,
+                "filter_matched": c.matched,
+                "filter_excluded": c.excluded,
+                "filter_ratio": ratio,
+                "entered_filter": c.entered,
+                "left_filter": c.left,
+                "bandwidth_saved_bytes": c.excluded_bytes,
+                "bandwidth_saved_gb": c.excluded_bytes as f64 / 1e9,
+            },
+            "transformations": {
+                // Enrichment is not built yet: nothing applied, no cache to report.
+                "enrichments_applied": 0,
+                "enrichment_cache_hit_rate": null,
+                "computations_performed": c.computations,
+                "masks_applied": c.masks,
+                "expression_errors": c.expression_errors,
+            },
+        })
+    };
+    let top = per_sink.iter().max_by_key(|(_, c)| c.changes).map(|(_, c)| *c).unwrap_or_default();
+    let mut out = block(&top);
+    out["table"] = json!(table);
+    out["sinks"] = per_sink.iter().map(|(name, c)| (name.clone(), block(c))).collect::<serde_json::Map<_, _>>().into();
+    out["counters_since"] = json!(counters_since);
+    out
+}
+
 /// Everything `cdc_delivery_status(sink_name)` reports.
 #[derive(Debug, Clone)]
 pub struct DeliveryStatus<'a> {

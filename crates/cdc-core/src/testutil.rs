@@ -76,6 +76,8 @@ pub fn config(key: &[&str]) -> CaptureConfig {
         compliance: None,
         user_context: false,
         query_text: false,
+        filter: None,
+        computed: vec![],
     }
 }
 

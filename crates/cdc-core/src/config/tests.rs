@@ -1,6 +1,7 @@
 use serde_json::json;
 
 use super::*;
+use crate::types::TypeKind;
 
 fn shape() -> TableShape {
     TableShape {
@@ -10,6 +11,7 @@ fn shape() -> TableShape {
         replica_identity_index: vec![],
         replica_identity: b'd',
         generated_columns: vec!["total_with_tax".into()],
+        column_kinds: vec![TypeKind::Text, TypeKind::Text, TypeKind::Numeric, TypeKind::Text, TypeKind::TimestampTz],
     }
 }
 
@@ -118,8 +120,6 @@ fn tables_without_a_key() {
 #[test]
 fn planned_features_say_so() {
     for cfg in [
-        json!({"filter": "status != 'draft'"}),
-        json!({"transformations": [{"type": "compute", "name": "x", "expression": "1"}]}),
         json!({"transformations": [{"type": "enrich"}]}),
         json!({"schema_evolution": {"enabled": true}}),
         json!({"schema_evolution": {"compatibility_mode": "full"}}),
@@ -218,6 +218,47 @@ fn capture_modes() {
         &shape()
     )
     .is_ok());
+}
+
+#[test]
+fn filters_and_computed_columns_are_checked_against_the_table() {
+    let c = parse_capture_config(
+        &json!({"capture_mode": "filtered", "filter": " status != 'draft' ",
+                "transformations": [{"type": "compute", "name": "total_cents", "expression": "total * 100"}]}),
+        &shape(),
+    )
+    .unwrap();
+    assert_eq!(c.filter.as_deref(), Some("status != 'draft'"));
+    assert_eq!(c.computed, [("total_cents".to_string(), "total * 100".to_string())]);
+    for (cfg, state, text) in [
+        (json!({"filter": "status = 'a' AND"}), "42601", "config.filter: "),
+        (json!({"filter_expression": "x = 1; DROP TABLE orders"}), "42601", "config.filter_expression: "),
+        (json!({"filter": "statuss = 'a'"}), "42703", "statuss"),
+        (json!({"filter": "total > (SELECT 1)"}), "0A000", "subquer"),
+        (json!({"filter": "count(*) > 1"}), "42803", "aggregate"),
+        (json!({"filter": "random() > 0.5"}), "42P17", "immutable"),
+        (json!({"filter": "other.status = 'a'"}), "42P01", "other"),
+        (json!({"filter": "status > 5"}), "42883", "text > integer"),
+        (json!({"filter": "total + 1"}), "42804", "boolean"),
+        (json!({"capture_mode": "full_audit", "filter": "total > 1"}), "22023", "full_audit"),
+        (
+            json!({"transformations": [{"type": "compute", "name": "status", "expression": "1"}]}),
+            "22023",
+            "already a column",
+        ),
+        (json!({"transformations": [{"type": "compute", "name": "x"}]}), "22023", "expression is required"),
+        (json!({"transformations": [{"type": "compute", "name": "x", "expression": "nope + 1"}]}), "42703", "nope"),
+        (
+            json!({"compliance": {"redact_pii": true, "pii_columns": ["customer_id"]},
+                "transformations": [{"type": "compute", "name": "x", "expression": "upper(customer_id)"}]}),
+            "22023",
+            "hidden",
+        ),
+    ] {
+        let e = err(cfg.clone());
+        assert_eq!(e.kind.sqlstate(), state, "{cfg}: {e}");
+        assert!(e.message.contains(text), "{cfg}: {}", e.message);
+    }
 }
 
 #[test]

@@ -285,7 +285,7 @@ fn large_transaction_passes_match_the_buffered_path() {
                 let mut pos = b;
                 let end = loop {
                     let part = &fr[pos..(pos + chunk).min(fr.len())];
-                    if let Some(k) = a.count_large(part, &sink, &mut lt).unwrap() {
+                    if let Some(k) = a.count_large(part, &sink, &t, &mut lt).unwrap() {
                         break pos + k;
                     }
                     pos += chunk;
@@ -320,7 +320,7 @@ fn large_transaction_without_commit_is_not_finished() {
     let b = fr.iter().position(|f| f.data[0] == b'B').unwrap();
     let c = fr.iter().position(|f| f.data[0] == b'C').unwrap();
     let mut lt = LargeTransaction::default();
-    assert_eq!(Assembler::new("db").count_large(&fr[b..c], &sink, &mut lt).unwrap(), None);
+    assert_eq!(Assembler::new("db").count_large(&fr[b..c], &sink, &types("basic"), &mut lt).unwrap(), None);
     assert_eq!(lt.end_lsn(), None);
 }
 
@@ -445,4 +445,126 @@ fn user_context_is_attached_when_genuine_and_asked_for() {
     let plain = run_with(false, false, Some(key));
     assert!(plain[0].1["metadata"].get("user").is_none());
     assert_eq!(plain, events(&run("basic", vec![("orders", orders_config())])), "messages change nothing else");
+}
+
+/// Runs the basic capture with a filter (and optional computed columns) on `orders` and `plain`;
+/// returns the events and the counters of each transaction.
+fn filtered(
+    orders_filter: &str,
+    plain_filter: &str,
+    computed: &[(&str, &str)],
+) -> (Vec<(Option<Value>, Value)>, Vec<Transaction>) {
+    let mut o = orders_config();
+    o.filter = Some(orders_filter.into());
+    o.mode = crate::config::CaptureMode::Filtered;
+    o.computed = computed.iter().map(|(n, e)| (n.to_string(), e.to_string())).collect();
+    let mut p = config(&["id"]);
+    p.filter = Some(plain_filter.into());
+    let txns = run("basic", vec![("orders", o), ("plain", p)]);
+    (events(&txns), txns)
+}
+
+fn summary(ev: &[(Option<Value>, Value)]) -> Vec<String> {
+    ev.iter()
+        .map(|(_, p)| {
+            let md = &p["metadata"];
+            let id = p["after"]["order_id"].as_str().or(p["before"]["order_id"].as_str());
+            let id = id
+                .map(String::from)
+                .or(p["after"]["id"].as_i64().or(p["before"]["id"].as_i64()).map(|i| i.to_string()));
+            format!(
+                "{} {} {}{}",
+                md["table"].as_str().unwrap(),
+                md["operation"].as_str().unwrap(),
+                id.unwrap_or_default(),
+                md["filter_transition"].as_str().map(|t| format!(" {t}")).unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn filter_drops_rows_and_keeps_transactions_consistent() {
+    let (ev, txns) = filtered("status != 'draft'", "v = 'one'", &[]);
+    assert_eq!(
+        summary(&ev),
+        [
+            "orders INSERT ORD-12345",
+            "orders UPDATE ORD-12345",
+            "orders INSERT ORD-2", // ORD-3 (draft) and its key change to ORD-3B (still draft) are dropped
+            "orders DELETE ORD-2",
+            "plain INSERT 1",
+            // UPDATE v = 'uno' and the key change: no before image, so leaving cannot be told; dropped.
+            "plain DELETE 2", // key-only before image: published (the filter cannot judge it)
+            "plain TRUNCATE ",
+            "orders TRUNCATE ",
+        ]
+    );
+    // Positions and sizes count published events only.
+    let multi = &txns[2];
+    assert_eq!(multi.events.len(), 1);
+    let p: Value = serde_json::from_slice(&multi.events[0].payload).unwrap();
+    assert_eq!(p["metadata"]["transaction"]["event_count"], 1);
+    assert_eq!(p["metadata"]["transaction"]["event_index"], 1);
+    assert_eq!(p["metadata"]["filter_matched"], "status != 'draft'");
+    // Counters: what the filter saw, kept, dropped, and the bytes it saved (encoded, not guessed).
+    let oids = relation_oids(&frames("basic"));
+    let mut total = crate::stats::TableCounters::default();
+    for t in &txns {
+        if let Some(c) = t.counters.get(&oids["orders"]) {
+            total.add(c);
+        }
+    }
+    assert_eq!((total.changes, total.matched, total.excluded), (6, 4, 2));
+    assert!(total.excluded_bytes > 400, "two encoded events: {}", total.excluded_bytes);
+}
+
+#[test]
+fn updates_entering_and_leaving_the_filter() {
+    // pending -> confirmed enters "status = 'confirmed'"...
+    let (ev, _) = filtered("status = 'confirmed'", "id > 100", &[]);
+    assert_eq!(summary(&ev)[..1], ["orders UPDATE ORD-12345 entered"]);
+    assert_eq!(ev[0].1["metadata"]["filter_matched"], "status = 'confirmed'");
+    // Its earlier version did not match: no before image, no diff.
+    assert_eq!(ev[0].1["before"], Value::Null);
+    assert!(ev[0].1.get("diff").is_none());
+    // A key change entering the filter does not retract an old key the consumer never had.
+    let (ev, txns) = filtered("order_id = 'ORD-3B'", "id > 100", &[]);
+    assert_eq!(summary(&ev)[..1], ["orders UPDATE ORD-3B entered"]);
+    assert_eq!(txns[2].events.len(), 1);
+    // ...and leaves "status = 'pending'": a DELETE of the before image, never the new row.
+    let (ev, _) = filtered("status = 'pending' OR total > 1000", "id > 100", &[]);
+    let s = summary(&ev);
+    assert_eq!(s[..2], ["orders INSERT ORD-12345", "orders DELETE ORD-12345 left"]);
+    let left = &ev[1].1;
+    assert_eq!(left["before"]["status"], "pending");
+    assert_eq!(left["after"], Value::Null);
+    assert!(left.get("diff").is_none());
+    assert_eq!(ev[1].0.as_ref().unwrap(), &json!({"order_id": "ORD-12345"}));
+    assert_eq!(ev[0].1["metadata"]["filter_matched"], "status = 'pending'", "the branch that matched");
+}
+
+#[test]
+fn computed_columns_follow_the_after_image() {
+    let (ev, txns) = filtered(
+        "TRUE",
+        "TRUE",
+        &[("total_cents", "total * 100"), ("loud", "upper(status) || '!'"), ("bad", "1 / (total - total)")],
+    );
+    let ins = &ev[0].1["after"];
+    assert_eq!(ins["total_cents"], json!(15000));
+    assert_eq!(ins["loud"], "PENDING!");
+    assert_eq!(ins["bad"], Value::Null, "an evaluation error gives null, counted");
+    let raw = String::from_utf8(txns[0].events[0].payload.clone()).unwrap();
+    assert!(raw.contains(r#""customer_region":"us-east","total_cents":15000,"loud":"PENDING!","bad":null}"#), "{raw}");
+    // Deletes have no after image, so nothing is computed.
+    let del = ev.iter().find(|(_, p)| p["metadata"]["operation"] == "DELETE").unwrap();
+    assert_eq!(del.1["after"], Value::Null);
+    let oids = relation_oids(&frames("basic"));
+    let mut total = crate::stats::TableCounters::default();
+    for c in txns.iter().filter_map(|t| t.counters.get(&oids["orders"])) {
+        total.add(c);
+    }
+    assert_eq!(total.computations, 5, "three inserts, two updates: {total:?}");
+    assert_eq!(total.expression_errors, 5, "one division by zero each");
 }

@@ -53,7 +53,7 @@ fn kafka_err(what: &str, e: KafkaError) -> SinkError {
 
 /// Runs `f` with every signal blocked in this thread, so a thread it spawns (rdkafka's admin
 /// client polls on a Rust thread) inherits the mask and never runs PostgreSQL's signal handlers.
-fn with_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
+pub fn with_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
     // SAFETY: plain POSIX calls on stack-allocated signal sets; the old mask is restored.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
@@ -131,7 +131,7 @@ pub struct KafkaSink {
     topic_template: String,
     database: String,
     topics: HashMap<u32, String>,
-    interrupt: Option<Box<dyn Fn() -> bool>>,
+    interrupt: Option<Box<dyn Fn() -> bool + Send>>,
     /// Connection settings without producer keys, for the admin client and the progress reader.
     client_config: ClientConfig,
     transactional: Option<Transactional>,
@@ -323,7 +323,7 @@ impl KafkaSink {
 
     /// Installs a check polled while waiting for the broker; when it returns true, `send` and `flush` give up
     /// with a retryable error (the worker uses it to honour SIGTERM promptly).
-    pub fn set_interrupt(&mut self, f: impl Fn() -> bool + 'static) {
+    pub fn set_interrupt(&mut self, f: impl Fn() -> bool + Send + 'static) {
         self.interrupt = Some(Box::new(f));
     }
 
@@ -445,7 +445,14 @@ mod tests {
                 payload: b"{}".to_vec(),
             })
             .collect();
-        Transaction { xid: 1, commit_lsn: Lsn(10), end_lsn: Lsn(11), commit_time: 0, events }
+        Transaction {
+            xid: 1,
+            commit_lsn: Lsn(10),
+            end_lsn: Lsn(11),
+            commit_time: 0,
+            events,
+            counters: Default::default(),
+        }
     }
 
     fn cp() -> Checkpoint {

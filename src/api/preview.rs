@@ -1,0 +1,180 @@
+//! `cdc_preview`: the event a row would produce under a table's current capture config, computed
+//! by the same code the worker runs, without publishing anything.
+use std::sync::Arc;
+
+use cdc_core::config::parse_stored_capture_config;
+use cdc_core::decode::{Relation, RelationColumn, TupleValue};
+use cdc_core::envelope::{Encoder, FilterMark, Op, RelationPlan, RowChange, TxnInfo};
+use cdc_core::types::TypeRegistry;
+use cdc_core::{CdcError, ErrorKind, Lsn};
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use serde_json::{json, Value};
+
+use super::{required, schema};
+use crate::catalog::{self, str_field};
+use crate::errors::{raise, OrRaise};
+use crate::worker::source::{learn_type_oids, TEXT_FORMAT_SETTINGS};
+
+/// Shows, for rows of a captured table (its first `max_rows` rows, or the one given as `sample`, a
+/// JSON object of column values), whether an INSERT of it would be published under the current config,
+/// the branch of the filter it matches, its message key and its event — filtered, masked,
+/// tokenized and computed exactly as the worker would. Nothing is published.
+///
+/// ```sql
+/// SELECT cdc_preview('orders');
+/// SELECT cdc_preview('orders', sample => '{"order_id": "ORD-1", "status": "draft"}');
+/// ```
+#[pg_extern(sql = r#"
+CREATE FUNCTION cdc_preview(table_name regclass, sample jsonb DEFAULT NULL, max_rows integer DEFAULT 3) RETURNS jsonb
+VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
+"#)]
+fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows: Option<i32>) -> JsonB {
+    let oid = required(table_name, "table_name");
+    let limit = max_rows.unwrap_or(3);
+    if !(0..=1000).contains(&limit) {
+        raise(CdcError::new(ErrorKind::InvalidParameter, format!("max_rows must be between 0 and 1000, not {limit}")));
+    }
+    let schema = schema();
+    let captured = catalog::json(
+        &format!(
+            "SELECT jsonb_build_object('config', config, 'key_columns', to_jsonb(key_columns), 'name', table_name, \
+             'schema', n.nspname::text, 'relname', c.relname::text, 'replident', c.relreplident::text, \
+             'qualified', quote_ident(n.nspname::text) || '.' || quote_ident(c.relname::text), \
+             'columns', (SELECT jsonb_agg(jsonb_build_object('name', a.attname::text, 'type', a.atttypid::bigint, \
+                                          'typmod', a.atttypmod) ORDER BY a.attnum) \
+                           FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
+                            AND a.attgenerated = '')) \
+             FROM {schema}._cdc_publications p JOIN pg_class c ON c.oid = p.table_oid \
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.table_oid = $1"
+        ),
+        &[oid.into()],
+    )
+    .unwrap_or_else(|| {
+        let shown = catalog::select_one::<String>("SELECT $1::regclass::text", &[oid.into()]).unwrap_or_default();
+        raise(
+            CdcError::new(ErrorKind::UndefinedObject, format!("table {shown} is not captured"))
+                .hint("cdc_preview shows events of captured tables; cdc_enable it first."),
+        )
+    });
+    let keys: Vec<String> = serde_json::from_value(captured["key_columns"].clone()).unwrap_or_default();
+    let cfg = Arc::new(parse_stored_capture_config(&captured["config"], keys.clone()).or_raise());
+    let columns: Vec<RelationColumn> = captured["columns"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|c| {
+                    let name = str_field(c, "name").to_string();
+                    RelationColumn {
+                        is_key: keys.contains(&name),
+                        name,
+                        type_oid: c["type"].as_u64().unwrap_or(0) as u32,
+                        type_mod: c["typmod"].as_i64().unwrap_or(-1) as i32,
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut types = TypeRegistry::new();
+    learn_type_oids(&columns.iter().map(|c| c.type_oid).collect::<Vec<_>>(), &mut types);
+    let relation = Relation {
+        oid: oid.to_u32(),
+        namespace: str_field(&captured, "schema").to_string(),
+        name: str_field(&captured, "relname").to_string(),
+        replica_identity: str_field(&captured, "replident").bytes().next().unwrap_or(b'd'),
+        columns,
+    };
+    let plan = RelationPlan::new(relation, cfg, &types, true).unwrap_or_else(|e| {
+        raise(CdcError::new(e.kind, format!("the capture config no longer fits the table: {}", e.message)))
+    });
+    let rows = row_texts(str_field(&captured, "qualified"), &plan.relation.columns, sample, limit);
+
+    let mut encoder =
+        Encoder::new(&catalog::select_one::<String>("SELECT current_database()::text", &[]).unwrap_or_default());
+    let mut key_error = None;
+    if plan.needs_token_key() {
+        match crate::keys::load(&crate::keys::settings()) {
+            Ok(Some(k)) => encoder.token_key = Some(k),
+            Ok(None) => key_error = Some("no tokenization key is configured (cdc.tokenization_key_file)".to_string()),
+            Err(e) => key_error = Some(e),
+        }
+    }
+    let now = catalog::select_one::<i64>("SELECT ((extract(epoch FROM now()) - 946684800) * 1000000)::int8", &[])
+        .unwrap_or(0);
+    let txn = TxnInfo { xid: 0, commit_lsn: Lsn(0), commit_time: now, event_count: 1 };
+    let previews: Vec<Value> = rows
+        .iter()
+        .map(|texts| {
+            let tuple: Vec<TupleValue<'_>> = texts
+                .iter()
+                .map(|t| t.as_deref().map_or(TupleValue::Null, |s| TupleValue::Text(s.as_bytes())))
+                .collect();
+            let as_json: Value = plan
+                .relation
+                .columns
+                .iter()
+                .zip(texts)
+                .map(|(c, t)| (c.name.clone(), t.clone().map_or(Value::Null, Value::String)))
+                .collect::<serde_json::Map<_, _>>()
+                .into();
+            let mark = match &plan.filter {
+                None => Some(FilterMark::None),
+                Some(_) => plan.matched_branch(&tuple).map(FilterMark::Matched),
+            };
+            let Some(mark) = mark else {
+                return json!({"row": as_json, "published": false,
+                              "reason": format!("the filter is not true for this row: {}", plan.config.filter.as_deref().unwrap_or_default())});
+            };
+            if let Some(e) = &key_error {
+                return json!({"row": as_json, "published": false, "reason": e});
+            }
+            let ch = RowChange { plan: &plan, op: Op::Insert, lsn: Lsn(0), old: None, new: Some(&tuple), ctx: None, mark: &mark };
+            let ev = encoder.encode_row(&types, &ch, &txn, 1);
+            let parse = |b: &[u8]| serde_json::from_slice::<Value>(b).unwrap_or(Value::Null);
+            json!({
+                "row": as_json,
+                "published": true,
+                "filter_matched": match &mark { FilterMark::Matched(b) => Some(b.to_string()), _ => None },
+                "key": ev.key.as_deref().map(parse),
+                "event": parse(&ev.payload),
+            })
+        })
+        .collect();
+    JsonB(json!({"table": str_field(&captured, "name"), "operation": "INSERT", "previews": previews}))
+}
+
+/// The text output of each column, under the worker's text format, for the given row or the
+/// table's first rows.
+fn row_texts(qualified: &str, columns: &[RelationColumn], row: Option<JsonB>, limit: i32) -> Vec<Vec<Option<String>>> {
+    let list = columns.iter().map(|c| format!("t.{}::text", quote_ident(&c.name))).collect::<Vec<_>>().join(", ");
+    let (from, arg) = match &row {
+        Some(r) => (format!("jsonb_populate_record(NULL::{qualified}, $1) t"), Some(r.0.clone())),
+        None => (format!("(SELECT * FROM {qualified} LIMIT {limit}) t"), None),
+    };
+    // The worker's text format (dates, floats, bytea), for this statement only.
+    let saved: Vec<(String, String)> = TEXT_FORMAT_SETTINGS
+        .iter()
+        .map(|(n, _)| {
+            (
+                n.to_string(),
+                catalog::select_one::<String>(&format!("SELECT current_setting('{n}')"), &[]).unwrap_or_default(),
+            )
+        })
+        .collect();
+    for (n, v) in TEXT_FORMAT_SETTINGS {
+        catalog::select_one::<String>("SELECT set_config($1, $2, true)", &[(*n).into(), (*v).into()]);
+    }
+    let sql = format!("SELECT coalesce(jsonb_agg(jsonb_build_array({list})), '[]') FROM {from}");
+    let out = match arg {
+        Some(a) => catalog::json(&sql, &[JsonB(a).into()]),
+        None => catalog::json(&sql, &[]),
+    };
+    for (n, v) in &saved {
+        catalog::select_one::<String>("SELECT set_config($1, $2, true)", &[n.as_str().into(), v.as_str().into()]);
+    }
+    out.and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default()
+}
+
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}

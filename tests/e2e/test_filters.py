@@ -1,0 +1,121 @@
+"""Row filters, computed columns and masks through Kafka (seed example 4 and the seed's CDC
+configuration block), cdc_filter_metrics and cdc_preview."""
+from conftest import consume, wait_for
+
+EXAMPLE_4 = """{
+    "capture_mode": "filtered",
+    "filter_expression": "reading_value > threshold OR alert_level = 'critical'",
+    "transformations": [
+        {"type": "compute", "name": "deviation_pct", "expression": "ABS(reading_value - baseline) / baseline * 100"},
+        {"type": "mask", "column": "internal_calibration", "method": "remove"}
+    ],
+    "partition_key": "sensor_id"
+}"""
+
+
+def create_sensor_readings(pg, t):
+    pg.execute(f"""CREATE TABLE {t} (reading_id text PRIMARY KEY, sensor_id text, reading_value numeric(6,1),
+                   threshold numeric(6,1), alert_level text, "timestamp" timestamptz, baseline numeric(6,1),
+                   internal_calibration numeric)""")
+
+
+def test_seed_example_4_filtered_readings_with_computed_and_masked_columns(pg, sinks, unique):
+    t, topic = f"sensor_readings_{unique}", f"iot-critical-readings-{unique}"
+    create_sensor_readings(pg, t)
+    pg.execute("SELECT cdc_enable(table_name => %s, config => %s::jsonb)", (t, EXAMPLE_4))
+    sinks.add(f"kafka_iot_alerts_{unique}", topic, include_transformations=True)
+    pg.execute(f"""INSERT INTO {t} VALUES
+        ('READ-847293', 'SENS-001', 95.5, 80.0, 'warning', '2024-03-15 14:23:45+00', 80.0, 0.997),
+        ('READ-000001', 'SENS-002', 50.0, 80.0, 'normal', '2024-03-15 14:23:46+00', 60.0, 1.002),
+        ('READ-000002', 'SENS-003', 10.0, 80.0, 'critical', '2024-03-15 14:23:47+00', 40.0, 1.000)""")
+    msgs = consume(topic, 2)
+    assert len(msgs) == 2, "the normal reading is filtered out"
+    first, second = msgs[0]["value"], msgs[1]["value"]
+    assert first["metadata"]["operation"] == "INSERT"
+    assert first["metadata"]["filter_matched"] == "reading_value > threshold"
+    assert second["metadata"]["filter_matched"] == "alert_level = 'critical'"
+    assert first["after"] == {
+        "reading_id": "READ-847293", "sensor_id": "SENS-001", "reading_value": 95.5, "threshold": 80.0,
+        "alert_level": "warning", "timestamp": "2024-03-15T14:23:45Z", "baseline": 80.0, "deviation_pct": 19.375,
+    }
+    assert b'"deviation_pct":19.375' in msgs[0]["raw"], "exact decimal, as the seed shows"
+    assert b"internal_calibration" not in msgs[0]["raw"] + msgs[1]["raw"]
+    assert second["after"]["deviation_pct"] == 75
+    assert msgs[0]["key"] == {"sensor_id": "SENS-001"}
+
+    # An UPDATE that moves a reading out of the filter is a DELETE of what the consumer has.
+    pg.execute(f"UPDATE {t} SET alert_level = 'resolved' WHERE reading_id = 'READ-000002'")
+    # ... which needs the before image: without one the change is dropped (documented).
+    pg.execute(f"INSERT INTO {t} VALUES ('READ-000003', 'SENS-004', 99.0, 80.0, 'warning', now(), 90.0, 1)")
+    msgs = consume(topic, 3)
+    assert [m["value"]["after"]["reading_id"] for m in msgs] == ["READ-847293", "READ-000002", "READ-000003"]
+
+    metrics = wait_for(lambda: (m := pg.execute("SELECT cdc_filter_metrics(%s)", (t,)).fetchone()[0])
+                       and m["filtering"]["total_changes"] == 5 and m, what="filter metrics")
+    f, tr = metrics["filtering"], metrics["transformations"]
+    assert metrics["table"] == t
+    assert (f["filter_matched"], f["filter_excluded"]) == (3, 2)
+    assert abs(f["filter_ratio"] - 0.6) < 1e-9
+    # Two dropped events (one INSERT, one UPDATE): their encoded size, not an estimate.
+    assert 400 < f["bandwidth_saved_bytes"] < 4000, f
+    assert (tr["computations_performed"], tr["masks_applied"], tr["expression_errors"]) == (3, 3, 0)
+    assert tr["enrichments_applied"] == 0 and tr["enrichment_cache_hit_rate"] is None
+    assert list(metrics["sinks"]) == [f"kafka_iot_alerts_{unique}"]
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_updates_entering_and_leaving_the_filter_with_before_images(pg, sinks, unique):
+    t, topic = f"orders_{unique}", f"orders-cdc-{unique}"
+    pg.execute(f"""CREATE TABLE {t} (order_id int PRIMARY KEY, customer_id int, total numeric(10,2), status text,
+                   updated_at timestamptz, internal_notes text)""")
+    # The seed's "CDC Configuration" block.
+    pg.execute("""SELECT cdc_enable(table_name => %s, config => '{
+        "capture_mode": "all_changes",
+        "include_columns": ["order_id", "customer_id", "total", "status", "updated_at"],
+        "exclude_columns": ["internal_notes"],
+        "filter": "status != ''draft''",
+        "key_columns": ["order_id"],
+        "before_image": true}')""", (t,))
+    sinks.add(f"kafka_orders_{unique}", topic)
+    pg.execute(f"INSERT INTO {t} VALUES (1, 7, 10.00, 'draft', now(), 'x')")           # dropped
+    pg.execute(f"UPDATE {t} SET status = 'pending' WHERE order_id = 1")                # enters
+    pg.execute(f"UPDATE {t} SET total = 12.50 WHERE order_id = 1")                     # stays in
+    pg.execute(f"UPDATE {t} SET status = 'draft' WHERE order_id = 1")                  # leaves
+    pg.execute(f"UPDATE {t} SET total = 13.00 WHERE order_id = 1")                     # stays out: dropped
+    msgs = consume(topic, 3)
+    got = [(m["value"]["metadata"]["operation"], m["value"]["metadata"].get("filter_transition")) for m in msgs]
+    assert got == [("UPDATE", "entered"), ("UPDATE", None), ("DELETE", "left")]
+    assert msgs[0]["value"]["after"]["status"] == "pending"
+    assert "filter_matched" not in msgs[0]["value"]["metadata"], "filter_matched is for capture_mode filtered"
+    left = msgs[2]["value"]
+    assert left["before"]["status"] == "pending" and left["before"]["total"] == 12.50
+    assert left["after"] is None and msgs[2]["key"] == {"order_id": 1}
+    assert all(b"internal_notes" not in m["raw"] and b'"draft"' not in m["raw"] for m in msgs)
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_preview_shows_the_event_without_publishing(pg, unique):
+    t = f"preview_{unique}"
+    create_sensor_readings(pg, t)
+    pg.execute("SELECT cdc_enable(table_name => %s, config => %s::jsonb)", (t, EXAMPLE_4))
+    pg.execute(f"INSERT INTO {t} VALUES ('R-1', 'S-1', 95.5, 80.0, 'warning', '2024-03-15 14:23:45+00', 80.0, 0.997)")
+    p = pg.execute("SELECT cdc_preview(%s)", (t,)).fetchone()[0]
+    assert p["table"] == t and p["operation"] == "INSERT" and len(p["previews"]) == 1
+    one = p["previews"][0]
+    assert one["published"] is True and one["filter_matched"] == "reading_value > threshold"
+    assert one["key"] == {"sensor_id": "S-1"}
+    assert one["event"]["after"]["deviation_pct"] == 19.375
+    assert "internal_calibration" not in one["event"]["after"]
+    assert one["event"]["metadata"]["table"] == t
+    # A row that is not in the table yet, and one the filter drops.
+    p = pg.execute("SELECT cdc_preview(%s, sample => %s::jsonb)",
+                   (t, '{"reading_id": "R-2", "reading_value": 1, "threshold": 80, "alert_level": "normal"}')).fetchone()[0]
+    assert p["previews"][0]["published"] is False
+    assert "reading_value > threshold OR alert_level = 'critical'" in p["previews"][0]["reason"]
+    # The session's own settings do not change what the worker would send.
+    pg.execute("SET DateStyle = 'German'")
+    p = pg.execute("SELECT cdc_preview(%s)", (t,)).fetchone()[0]
+    assert p["previews"][0]["event"]["after"]["timestamp"] == "2024-03-15T14:23:45Z"
+    assert pg.execute("SHOW DateStyle").fetchone()[0] == "German, DMY", "the caller's setting is left as it was"
+    pg.execute("RESET DateStyle")
+    pg.execute("SELECT cdc_disable(%s)", (t,))
