@@ -30,6 +30,7 @@ import time
 
 import psycopg
 from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -148,6 +149,7 @@ class Faults:
     def __init__(self, rng, txn_id, topic, no_dedup):
         self.rng, self.txn_id, self.topic, self.no_dedup = rng, txn_id, topic, no_dedup
         self.count = collections.Counter()
+        self.nudges = 0  # transactions the failpoint wrote itself (writer 0)
 
     def inject(self, kind):
         log(f"fault: {kind}")
@@ -171,13 +173,19 @@ class Faults:
             sh("scripts/kafka.sh", "start")
         elif kind == "failpoint":
             # Fires at the worker's next Kafka commit. Right after a broker fault that commit can be
-            # a minute away (the producer's commit timeout, then a fresh producer), so wait longer.
+            # a minute away (the producer's commit timeout, then a fresh producer), so wait longer;
+            # and when the writers are done there is nothing to commit: write one transaction of
+            # our own (writer 0, gap-free like the others, checked by the oracle the same way).
             with connect() as c:
                 old = wait_worker()
                 c.execute("ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit'")
                 c.execute("SELECT pg_reload_conf()")
-                deadline = time.time() + 180
+                deadline, nudge_at = time.time() + 180, time.time() + 30
                 while time.time() < deadline and worker_pid(c) in (None, old):
+                    if time.time() > nudge_at:
+                        self.nudges += 1
+                        c.execute("INSERT INTO chaos_txn VALUES (0, %s)", (self.nudges,))
+                        nudge_at = time.time() + 30
                     time.sleep(0.1)
                 c.execute("ALTER SYSTEM RESET cdc.test_failpoint")
                 c.execute("SELECT pg_reload_conf()")
@@ -374,11 +382,20 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
         records = read_topic(topic)
         result = oracle(records, c)
         state = c.execute("SELECT state, last_error FROM _cdc_sinks WHERE sink_name = %s", (sink,)).fetchone()
+        slot = c.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (sink,)).fetchone()[0]
         c.execute("SELECT cdc_drop_sink(%s)", (sink,))
+    # The run's topics go: the broker every run shares stays small, and its restarts quick.
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    for f in admin.delete_topics([topic, "pg_cdc.progress." + slot.removeprefix("_cdc_")], operation_timeout=10).values():
+        try:
+            f.result(15)
+        except Exception:  # noqa: BLE001 - best effort
+            pass
     result.update({
         "seed": a.seed, "transactions": sum(w.seq for w in writers), "aborted_transactions": sum(w.aborted for w in writers),
         "commits_resolved_by_reading_back": sum(w.unknown_resolved for w in writers),
-        "faults": dict(faults.count), "seconds": round(time.time() - started), "dedup": not a.control_no_dedup,
+        "faults": dict(faults.count), "failpoint_nudges": faults.nudges,
+        "seconds": round(time.time() - started), "dedup": not a.control_no_dedup,
         "sink_state": state[0] if state else None, "errors": errors,
         "duplicate_events_skipped_by_worker": dedup_logged(sink, log_since),
     })

@@ -11,6 +11,7 @@ import uuid
 import psycopg
 import pytest
 from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
 
 PG_DSN = "host={} port={} user={} dbname={}".format(
     os.environ.get("PGHOST", "127.0.0.1"),
@@ -42,19 +43,39 @@ class Sinks:
     def __init__(self, conn):
         self.conn = conn
         self.names = []
+        self.topics = []
 
     def add(self, name, topic, **extra):
         cfg = {"bootstrap_servers": BOOTSTRAP, "topic": topic, "format": "json", **extra}
         self.conn.execute("SELECT cdc_add_sink(sink_name => %s, sink_type => 'kafka', config => %s::jsonb)",
                           (name, json.dumps(cfg)))
         self.names.append(name)
+        if "{" not in topic:
+            self.topics.append(topic)
         return name
 
     def drop_all(self):
         # A fresh connection: the test may have crashed the server under the fixture's one.
         with connect() as conn:
             for n in self.names:
+                slot = conn.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (n,)).fetchone()
+                if slot:
+                    self.topics.append("pg_cdc.progress." + slot[0].removeprefix("_cdc_"))
                 conn.execute("SELECT cdc_drop_sink(%s) FROM _cdc_sinks WHERE sink_name = %s", (n, n))
+        delete_topics(self.topics)
+
+
+def delete_topics(topics):
+    """Deletes test topics, so the broker the tests share stays small (its restarts in the chaos run
+    load every partition). Best effort: a topic that was never created is fine."""
+    if not topics:
+        return
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    for f in admin.delete_topics(topics, operation_timeout=10).values():
+        try:
+            f.result(15)
+        except Exception:  # noqa: BLE001 - never created, or already gone
+            pass
 
 
 @pytest.fixture
