@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 
-.PHONY: demo test deps install up down restart psql unit lint regress e2e chaos chaos-long golden clean logs
+.PHONY: demo test deps install up down restart psql unit lint regress e2e chaos chaos-long golden bench clean logs
 
 ## demo: install what is missing, build + install the extension, start PostgreSQL and Kafka, run the demo
 demo: up
@@ -62,6 +62,10 @@ chaos-long:
 	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 7 --transactions 100000 --min-faults 20 \
 		--fault-count broker_outage=3 --rate 80 \
 		--out tests/chaos/results/long.json
+
+## bench: benchmarks, never part of `make test`; prints figures and writes bench/results/
+bench: deps
+	cargo run --release -q -p cdc-core --example pipeline_bench -- --out bench/results
 
 ## golden: re-capture the pgoutput golden files from the running PostgreSQL
 golden:

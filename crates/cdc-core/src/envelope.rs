@@ -73,6 +73,11 @@ pub struct RelationPlan {
     /// Computed columns, bound to this relation version (empty when the sink leaves
     /// transformations out).
     pub computed: Vec<(String, Bound)>,
+    /// Each column's `"name":`, escaped once.
+    col_keys: Vec<Vec<u8>>,
+    /// Schema and table names, shared by every event of the relation.
+    schema: Arc<str>,
+    table: Arc<str>,
 }
 
 impl RelationPlan {
@@ -137,7 +142,31 @@ impl RelationPlan {
             }
             out
         });
-        Ok(RelationPlan { relation, config, included, key, partition, redact, compliance, filter, branches, computed })
+        let col_keys = relation
+            .columns
+            .iter()
+            .map(|c| {
+                let mut k = Vec::with_capacity(c.name.len() + 3);
+                write_key(&mut k, &c.name);
+                k
+            })
+            .collect();
+        let (schema, table) = (Arc::from(relation.namespace.as_str()), Arc::from(relation.name.as_str()));
+        Ok(RelationPlan {
+            relation,
+            config,
+            included,
+            key,
+            partition,
+            redact,
+            compliance,
+            filter,
+            branches,
+            computed,
+            col_keys,
+            schema,
+            table,
+        })
     }
 
     /// The branch of the filter a row matched (for `metadata.filter_matched`).
@@ -419,7 +448,7 @@ impl Encoder {
                     out.push(b',');
                 }
                 first = false;
-                write_key(&mut out, &cols[i].name);
+                out.extend_from_slice(&plan.col_keys[i]);
                 out.extend_from_slice(b"{\"from\":");
                 self.write_cell(&mut out, types, plan, i, o);
                 out.extend_from_slice(b",\"to\":");
@@ -470,8 +499,8 @@ impl Encoder {
         };
         Event {
             table_oid: rel.oid,
-            schema: Arc::from(rel.namespace.as_str()),
-            table: Arc::from(rel.name.as_str()),
+            schema: plan.schema.clone(),
+            table: plan.table.clone(),
             op: ch.op,
             lsn: ch.lsn,
             key,
@@ -492,7 +521,7 @@ impl Encoder {
             if n > 0 {
                 out.push(b',');
             }
-            write_key(out, &plan.relation.columns[i].name);
+            out.extend_from_slice(&plan.col_keys[i]);
             self.write_cell(out, types, plan, i, value(i));
         }
         out.push(b'}');
@@ -530,8 +559,8 @@ impl Encoder {
         out.extend_from_slice(b"}},\"before\":null,\"after\":null}");
         Event {
             table_oid: rel.oid,
-            schema: Arc::from(rel.namespace.as_str()),
-            table: Arc::from(rel.name.as_str()),
+            schema: plan.schema.clone(),
+            table: plan.table.clone(),
             op: Op::Truncate,
             lsn,
             key: None,

@@ -15,10 +15,28 @@ pub fn write_str(out: &mut Vec<u8>, s: &[u8]) {
     out.push(b'"');
 }
 
+/// Bytes that need escaping in a JSON string: control characters, `"` and `\`.
+const NEEDS_ESCAPE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        t[i] = true;
+        i += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
+
 fn escape_into(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
+    // Most values need no escaping at all: one scan, one copy.
+    let Some(first) = bytes.iter().position(|&b| NEEDS_ESCAPE[b as usize]) else {
+        out.extend_from_slice(bytes);
+        return;
+    };
     let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
+    for (i, &b) in bytes.iter().enumerate().skip(first) {
         let esc: &[u8] = match b {
             b'"' => b"\\\"",
             b'\\' => b"\\\\",
@@ -49,8 +67,18 @@ pub fn write_key(out: &mut Vec<u8>, key: &str) {
 }
 
 /// Appends an unsigned integer.
-pub fn write_u64(out: &mut Vec<u8>, v: u64) {
-    out.extend_from_slice(v.to_string().as_bytes());
+pub fn write_u64(out: &mut Vec<u8>, mut v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
 }
 
 #[cfg(test)]
@@ -64,6 +92,11 @@ mod tests {
             write_str(&mut out, s.as_bytes());
             let back: String = serde_json::from_slice(&out).unwrap();
             assert_eq!(back, s);
+        }
+        for v in [0, 7, 10, 1_234_567_890, u64::MAX] {
+            let mut out = Vec::new();
+            write_u64(&mut out, v);
+            assert_eq!(out, v.to_string().as_bytes());
         }
         let mut out = Vec::new();
         write_str(&mut out, b"bad\xff");
