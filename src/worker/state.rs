@@ -123,6 +123,8 @@ pub struct Worker {
     token_key: Option<TokenKey>,
     /// The key user context messages are sealed with (made on first use).
     context_key: Option<Vec<u8>>,
+    /// When loading it last failed (tried again a minute later, not every tick).
+    context_key_failed: Option<Instant>,
 }
 
 impl Worker {
@@ -137,6 +139,7 @@ impl Worker {
             token_settings: None,
             token_key: None,
             context_key: None,
+            context_key_failed: None,
         }
     }
 
@@ -201,7 +204,7 @@ impl Worker {
     /// Loads the tokenization key again when its settings changed (after a SIGHUP), and hands it
     /// to every sink's assembler.
     fn refresh_token_key(&mut self) {
-        if self.context_key.is_none() {
+        if self.context_key.is_none() && self.context_key_failed.is_none_or(|t| t.elapsed().as_secs() >= 60) {
             match keys::context_key() {
                 Ok(k) => {
                     self.context_key = Some(k);
@@ -209,7 +212,10 @@ impl Worker {
                         run.assembler.set_context_key(self.context_key.clone());
                     }
                 }
-                Err(e) => pgrx::warning!("pg_cdc worker: {e}; user context is left out of events"),
+                Err(e) => {
+                    self.context_key_failed = Some(Instant::now());
+                    pgrx::warning!("pg_cdc worker: {e}; user context is left out of events (trying again in a minute)")
+                }
             }
         }
         let settings = keys::settings();

@@ -568,3 +568,22 @@ fn computed_columns_follow_the_after_image() {
     assert_eq!(total.computations, 5, "three inserts, two updates: {total:?}");
     assert_eq!(total.expression_errors, 5, "one division by zero each");
 }
+
+#[test]
+fn a_sink_without_transformations_gets_no_computed_columns_but_keeps_masks() {
+    use crate::redact::{hash, Method};
+    let mut c = orders_config();
+    c.computed = vec![("total_cents".into(), "total * 100".into())];
+    c.redactions = vec![("customer_id".into(), Method::Hash)];
+    let fr = frames("basic");
+    let oids = relation_oids(&fr);
+    let sink: SinkTables = [(oids["orders"], Arc::new(c))].into_iter().collect();
+    let mut a = Assembler::new("golden");
+    a.set_transformations(false);
+    let ev = events(&a.process(&fr, &sink, &types("basic")).unwrap().transactions);
+    assert!(ev[0].1["after"].get("total_cents").is_none());
+    assert_eq!(ev[0].1["after"]["customer_id"], json!(hash(b"CUST-789")), "masks are not optional");
+    a.set_transformations(true);
+    let ev = events(&a.process(&fr, &sink, &types("basic")).unwrap().transactions);
+    assert_eq!(ev[0].1["after"]["total_cents"], json!(15000));
+}
