@@ -51,7 +51,8 @@ regress:
 e2e:
 	@$(ENV) "$$PG_CDC_VENV/bin/python" -m pytest -q tests/e2e
 
-## chaos: the short seeded fault-injection run (2,000 transactions, 2 of every fault kind), then the
+## chaos: the short seeded fault-injection run (at least 2,000 transactions, writes flowing through every
+## fault, 2 of every fault kind), then the
 ## control that must see duplicates with deduplication switched off
 chaos:
 	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2 --rate 25

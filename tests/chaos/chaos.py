@@ -95,7 +95,9 @@ class Writer(threading.Thread):
         conn = connect()
         next_at = time.time()
         try:
-            while self.seq < self.target and not self.stop_ev.is_set():
+            # At least `target` transactions, and on until the last fault is done, so every fault
+            # lands while transactions are being committed.
+            while self.seq < self.target or not self.stop_ev.is_set():
                 if self.interval:
                     next_at += self.interval
                     time.sleep(max(0.0, next_at - time.time()))
@@ -363,6 +365,7 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
             faults.inject(kind)
             if faults.count[kind] > before or not any(w.is_alive() for w in writers):
                 break
+    stop.set()
     for w in writers:
         w.join()
     errors = [w.error for w in writers if w.error]
