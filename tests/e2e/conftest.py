@@ -3,6 +3,7 @@
 Events are read back with an independent client (confluent-kafka, read_committed), never from the
 worker's own state. Each test uses its own tables and topics, and drops its sinks afterwards.
 """
+import contextlib
 import json
 import os
 import time
@@ -166,3 +167,30 @@ def sink_state(conn, name):
 def delivery_status(conn, name):
     """cdc_delivery_status(name) as a dict."""
     return conn.execute("SELECT cdc_delivery_status(%s)", (name,)).fetchone()[0]
+
+
+@contextlib.contextmanager
+def server_settings(settings):
+    """ALTER SYSTEM SET each setting and reload; RESET them all on the way out, on a fresh connection
+    (the test may have restarted the server under its own)."""
+    with connect() as c:
+        for name, value in settings.items():
+            c.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+        c.execute("SELECT pg_reload_conf()")
+    try:
+        yield
+    finally:
+        with connect() as c:
+            for name in settings:
+                c.execute(f"ALTER SYSTEM RESET {name}")
+            c.execute("SELECT pg_reload_conf()")
+
+
+def crash_at_failpoint(pg, write):
+    """Arms the after_kafka_commit failpoint, runs `write`, waits until the worker exits at it (after
+    the Kafka commit, before the slot moves), and disarms it. The postmaster restarts the worker."""
+    old = wait_for(lambda: worker_pid(pg), what="worker running")
+    with server_settings({"cdc.test_failpoint": "after_kafka_commit"}):
+        time.sleep(1.0)  # the worker re-reads its settings at its next tick
+        write()
+        wait_for(lambda: worker_pid(pg) not in (None, old), timeout=30, what="worker exited at the failpoint")

@@ -1,4 +1,5 @@
 """Seed example 2 (financial audit stream): full_audit, PII tokenization, user context, through Kafka."""
+import contextlib
 import datetime
 import hashlib
 import hmac
@@ -8,7 +9,7 @@ import subprocess
 import psycopg
 import pytest
 
-from conftest import PG_DSN, consume, sink_state, wait_for
+from conftest import PG_DSN, consume, server_log, server_settings, sink_state, wait_for
 
 KEY = b"e2e tokenization key: 0123456789abcdef0123456789abcdef"
 
@@ -17,22 +18,30 @@ def token(value, key=KEY):
     return "tok_" + hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:32]
 
 
-@pytest.fixture
-def token_key(pg):
-    """A tokenization key file the server can read (mode 0600, owned by its OS user)."""
-    path = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), "e2e-token.key")
+@contextlib.contextmanager
+def key_file(name, contents=KEY + b"\n", mode=0o600, version=None):
+    """A tokenization key file owned by the server's OS user, named by cdc.tokenization_key_file
+    (and `version` by cdc.tokenization_key_version) while the block runs."""
+    path = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), name)
     with open(path, "wb") as f:
-        f.write(KEY + b"\n")
-    os.chmod(path, 0o600)
+        f.write(contents)
+    os.chmod(path, mode)
     subprocess.run(["chown", "postgres", path], check=False)
-    pg.execute(f"ALTER SYSTEM SET cdc.tokenization_key_file = '{path}'")
-    pg.execute("ALTER SYSTEM SET cdc.tokenization_key_version = 7")
-    pg.execute("SELECT pg_reload_conf()")
-    yield path
-    pg.execute("ALTER SYSTEM RESET cdc.tokenization_key_file")
-    pg.execute("ALTER SYSTEM RESET cdc.tokenization_key_version")
-    pg.execute("SELECT pg_reload_conf()")
-    os.remove(path)
+    settings = {"cdc.tokenization_key_file": path}
+    if version is not None:
+        settings["cdc.tokenization_key_version"] = version
+    try:
+        with server_settings(settings):
+            yield path
+    finally:
+        os.remove(path)
+
+
+@pytest.fixture
+def token_key():
+    """A tokenization key file the server can read (mode 0600), key version 7."""
+    with key_file("e2e-token.key", version=7) as path:
+        yield path
 
 
 SEED_CONFIG = """{
@@ -142,44 +151,22 @@ def test_tokenize_without_a_key_stops_the_sink_and_sends_nothing_in_the_clear(pg
     state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, what="error state")
     assert "tokenization key" in state[1] and "123-45-6789" not in state[1], state[1]
     # Once the DBA configures a key, the sink recovers on its own and delivers the row tokenized.
-    path = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), f"late-{unique}.key")
-    with open(path, "wb") as f:
-        f.write(KEY)
-    os.chmod(path, 0o600)
-    subprocess.run(["chown", "postgres", path], check=False)
-    try:
-        pg.execute(f"ALTER SYSTEM SET cdc.tokenization_key_file = '{path}'")
-        pg.execute("SELECT pg_reload_conf()")
+    with key_file(f"late-{unique}.key", KEY):
         msg = consume(topic, 1, timeout=60)[0]
         assert msg["value"]["after"] == {"id": 1, "ssn": token("123-45-6789")}
         assert b"123-45-6789" not in msg["raw"]
-    finally:
-        pg.execute("ALTER SYSTEM RESET cdc.tokenization_key_file")
-        pg.execute("SELECT pg_reload_conf()")
-        os.remove(path)
     pg.execute("SELECT cdc_disable(%s)", (t,))
 
 
 def test_key_file_readable_by_others_is_refused(pg, sinks, unique):
     t, name = f"perm_{unique}", f"perm_{unique}"
-    path = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), f"open-{unique}.key")
-    with open(path, "wb") as f:
-        f.write(KEY)
-    os.chmod(path, 0o644)
     pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, ssn text)")
     pg.execute("SELECT cdc_enable(%s, '{\"transformations\": [{\"type\": \"mask\", \"column\": \"ssn\", \"method\": \"tokenize\"}]}')", (t,))
-    try:
-        pg.execute(f"ALTER SYSTEM SET cdc.tokenization_key_file = '{path}'")
-        pg.execute("SELECT pg_reload_conf()")
+    with key_file(f"open-{unique}.key", KEY, mode=0o644):
         sinks.add(name, f"perm-{unique}")
         pg.execute(f"INSERT INTO {t} VALUES (1, '123-45-6789')")
         state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, what="error state")
         assert "tokenization key" in state[1]
-        from conftest import server_log
         assert "can be read by group or others" in server_log()
         assert KEY.decode() not in server_log(), "the key never reaches the log"
-    finally:
-        pg.execute("ALTER SYSTEM RESET cdc.tokenization_key_file")
-        pg.execute("SELECT pg_reload_conf()")
-        os.remove(path)
     pg.execute("SELECT cdc_disable(%s)", (t,))

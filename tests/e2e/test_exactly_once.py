@@ -6,8 +6,8 @@ import time
 
 from confluent_kafka import Producer
 
-from conftest import (BOOTSTRAP, connect, consume, delivery_status, restart_worker, server_log, sink_state, wait_for,
-                      worker_pid)
+from conftest import (BOOTSTRAP, connect, consume, crash_at_failpoint, delivery_status, restart_worker, server_log,
+                      server_settings, sink_state, wait_for, worker_pid)
 
 
 def ids_of(msgs):
@@ -53,24 +53,20 @@ def test_worker_killed_repeatedly_no_loss_no_duplicates(pg, sinks, unique):
     pg.execute("SELECT cdc_disable(%s)", (t,))
 
 
+def insert_ten(pg, t):
+    """One transaction of rows 1..10."""
+    with pg.transaction():
+        for i in range(1, 11):
+            pg.execute(f"INSERT INTO {t} VALUES (%s, 'x')", (i,))
+
+
 def test_crash_between_kafka_commit_and_slot_advance_is_deduplicated(pg, sinks, unique):
     """The failpoint makes the worker exit right after the Kafka commit: the slot still holds the
     transaction, the restarted worker reads it again and must skip it."""
     t, topic, name = setup(pg, sinks, unique, "eofp")
     pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")
     consume(topic, 1)
-    old = worker_pid(pg)
-    pg.execute("ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit'")
-    pg.execute("SELECT pg_reload_conf()")
-    try:
-        time.sleep(1.0)  # the worker re-reads its settings at its next tick
-        with pg.transaction():
-            for i in range(1, 11):
-                pg.execute(f"INSERT INTO {t} VALUES (%s, 'x')", (i,))
-        wait_for(lambda: worker_pid(pg) not in (None, old), timeout=30, what="worker exited at the failpoint")
-    finally:
-        pg.execute("ALTER SYSTEM RESET cdc.test_failpoint")
-        pg.execute("SELECT pg_reload_conf()")
+    crash_at_failpoint(pg, lambda: insert_ten(pg, t))
     pg.execute(f"INSERT INTO {t} VALUES (11, 'after')")
     msgs = consume(topic, 12, timeout=60)
     assert_exactly_once(msgs, range(12))
@@ -95,25 +91,10 @@ def test_control_without_dedup_the_same_crash_duplicates(pg, sinks, unique):
     t, topic, name = setup(pg, sinks, unique, "eonodedup")
     pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")
     consume(topic, 1)
-    old = worker_pid(pg)
-    pg.execute("ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit'")
-    pg.execute("ALTER SYSTEM SET cdc.test_skip_dedup = on")
-    pg.execute("SELECT pg_reload_conf()")
-    try:
-        time.sleep(1.0)
-        with pg.transaction():
-            for i in range(1, 11):
-                pg.execute(f"INSERT INTO {t} VALUES (%s, 'x')", (i,))
-        wait_for(lambda: worker_pid(pg) not in (None, old), timeout=30, what="worker exited at the failpoint")
-        pg.execute("ALTER SYSTEM RESET cdc.test_failpoint")
-        pg.execute("SELECT pg_reload_conf()")
+    with server_settings({"cdc.test_skip_dedup": "on"}):
+        crash_at_failpoint(pg, lambda: insert_ten(pg, t))
         msgs = consume(topic, 21, timeout=60)
         status = delivery_status(pg, name)
-    finally:
-        with connect() as c:
-            c.execute("ALTER SYSTEM RESET cdc.test_failpoint")
-            c.execute("ALTER SYSTEM RESET cdc.test_skip_dedup")
-            c.execute("SELECT pg_reload_conf()")
     counts = collections.Counter(ids_of(msgs))
     assert all(counts[i] >= 2 for i in range(1, 11)), counts
     assert status["deduplication"]["duplicate_events_detected"] >= 10

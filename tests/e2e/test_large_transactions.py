@@ -7,7 +7,8 @@ import uuid
 
 from confluent_kafka import Consumer
 
-from conftest import BOOTSTRAP, connect, consume, delivery_status, restart_worker, wait_for, worker_pid
+from conftest import (BOOTSTRAP, consume, crash_at_failpoint, delivery_status, restart_worker, server_settings, wait_for,
+                      worker_pid)
 
 
 def private_kib(pid):
@@ -106,23 +107,10 @@ def test_large_transaction_reread_after_a_crash_is_deduplicated(pg, sinks, uniqu
     sinks.add(name, topic)
     pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")
     consume(topic, 1)
-    old = worker_pid(pg)
-    pg.execute("ALTER SYSTEM SET cdc.batch_changes = 100")
-    pg.execute("ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit'")
-    pg.execute("SELECT pg_reload_conf()")
-    try:
-        time.sleep(1.0)
-        pg.execute(f"INSERT INTO {t} SELECT g, 'x' FROM generate_series(1, 2000) g")
-        wait_for(lambda: worker_pid(pg) not in (None, old), timeout=30, what="worker exited at the failpoint")
-        pg.execute("ALTER SYSTEM RESET cdc.test_failpoint")
-        pg.execute("SELECT pg_reload_conf()")
+    with server_settings({"cdc.batch_changes": 100}):
+        crash_at_failpoint(pg, lambda: pg.execute(f"INSERT INTO {t} SELECT g, 'x' FROM generate_series(1, 2000) g"))
         pg.execute(f"INSERT INTO {t} VALUES (2001, 'after')")
         msgs = consume(topic, 2002, timeout=90)
-    finally:
-        with connect() as c:
-            c.execute("ALTER SYSTEM RESET cdc.batch_changes")
-            c.execute("ALTER SYSTEM RESET cdc.test_failpoint")
-            c.execute("SELECT pg_reload_conf()")
     ids = [m["value"]["after"]["id"] for m in msgs]
     assert sorted(ids) == list(range(2002)), f"{len(ids)} events for 2002 rows"
     big = [m for m in msgs if 1 <= m["value"]["after"]["id"] <= 2000]

@@ -4,7 +4,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import connect, consume, restart_worker, sink_state, wait_for
+from conftest import connect, consume, restart_worker, server_settings, sink_state, wait_for
 
 
 def slot_of(pg, sink):
@@ -93,9 +93,7 @@ def test_slot_dropped_by_hand_is_an_error_not_a_resync(pg, sinks, unique):
 
 def test_idle_sink_moves_its_slot_over_uncaptured_writes(pg, sinks, unique):
     """Heartbeat: writes to a table nobody captures must not pin WAL forever."""
-    pg.execute("ALTER SYSTEM SET cdc.heartbeat_interval_ms = 500")
-    pg.execute("SELECT pg_reload_conf()")
-    try:
+    with server_settings({"cdc.heartbeat_interval_ms": 500}):
         name = sinks.add(f"hb_{unique}", f"hb-{unique}")
         slot = slot_of(pg, name)
         wait_for(lambda: sink_state(pg, name)[0] == "running", what="sink running")
@@ -104,9 +102,6 @@ def test_idle_sink_moves_its_slot_over_uncaptured_writes(pg, sinks, unique):
         target = pg.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
         wait_for(lambda: pg.execute("SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
                                     (target, slot)).fetchone()[0], timeout=20, what="slot past the uncaptured writes")
-    finally:
-        pg.execute("ALTER SYSTEM RESET cdc.heartbeat_interval_ms")
-        pg.execute("SELECT pg_reload_conf()")
 
 
 @pytest.mark.slow
@@ -170,9 +165,7 @@ def test_invalidated_slot_is_an_error_not_a_resync(pg, sinks, unique):
     slot = slot_of(pg, name)
     pg.execute(f"INSERT INTO {t} VALUES (0, 'x')")
     wait_for(lambda: sink_state(pg, name)[0] == "retrying", timeout=60, what="retrying")
-    pg.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
-    pg.execute("SELECT pg_reload_conf()")
-    try:
+    with server_settings({"max_slot_wal_keep_size": "1MB"}):
         def lost():
             pg.execute(f"INSERT INTO {t} SELECT g, repeat('x', 500) FROM generate_series(1, 2000) g "
                        f"ON CONFLICT (id) DO UPDATE SET pad = excluded.pad")
@@ -180,9 +173,6 @@ def test_invalidated_slot_is_an_error_not_a_resync(pg, sinks, unique):
             pg.execute("CHECKPOINT")
             return pg.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0] == "lost"
         wait_for(lost, timeout=60, what="slot invalidated")
-    finally:
-        pg.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
-        pg.execute("SELECT pg_reload_conf()")
     state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, timeout=60, what="error state")
     assert "invalidated" in state[1] and "re-add" in state[1], state[1]
     assert pg.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0] == 1, \

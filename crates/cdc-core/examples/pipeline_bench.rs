@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cdc_core::config::{CaptureConfig, CaptureMode, Operations};
+use cdc_core::config::{CaptureConfig, CaptureMode};
 use cdc_core::pipeline::{Assembler, RawFrame, SinkTables};
 use cdc_core::redact::Method;
 use cdc_core::types::TypeRegistry;
@@ -103,22 +103,7 @@ fn transaction(base: u64, first_id: u64, n: u64, with_relation: bool) -> Vec<Raw
 }
 
 fn config() -> CaptureConfig {
-    CaptureConfig {
-        operations: Operations::ALL,
-        include_columns: None,
-        exclude_columns: vec![],
-        key_columns: vec!["id".into()],
-        before_image: false,
-        include_transaction_info: false,
-        partition_key: None,
-        mode: CaptureMode::AllChanges,
-        redactions: vec![],
-        compliance: None,
-        user_context: false,
-        query_text: false,
-        filter: None,
-        computed: vec![],
-    }
+    CaptureConfig::with_key(vec!["id".into()])
 }
 
 struct Scenario {

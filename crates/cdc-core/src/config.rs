@@ -96,6 +96,27 @@ pub struct CaptureConfig {
 }
 
 impl CaptureConfig {
+    /// What `{}` gives for a table keyed by `key_columns`: every column and operation, nothing
+    /// filtered, hidden or added.
+    pub fn with_key(key_columns: Vec<String>) -> Self {
+        CaptureConfig {
+            operations: Operations::ALL,
+            include_columns: None,
+            exclude_columns: vec![],
+            key_columns,
+            before_image: false,
+            include_transaction_info: false,
+            partition_key: None,
+            mode: CaptureMode::AllChanges,
+            redactions: vec![],
+            compliance: None,
+            user_context: false,
+            query_text: false,
+            filter: None,
+            computed: vec![],
+        }
+    }
+
     /// Whether changes of the table need the context trigger.
     pub fn needs_context(&self) -> bool {
         self.user_context || self.query_text

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::{CaptureConfig, Operations};
+use crate::config::CaptureConfig;
 use crate::decode::{decode, Message};
 use crate::lsn::Lsn;
 use crate::pipeline::{Assembler, RawFrame, SinkTables, Transaction};
@@ -63,22 +63,7 @@ pub fn relation_oids(frames: &[RawFrame]) -> HashMap<String, u32> {
 
 /// A capture config with every column, every operation, and the given key columns.
 pub fn config(key: &[&str]) -> CaptureConfig {
-    CaptureConfig {
-        operations: Operations::ALL,
-        include_columns: None,
-        exclude_columns: vec![],
-        key_columns: key.iter().map(|s| s.to_string()).collect(),
-        before_image: false,
-        include_transaction_info: false,
-        partition_key: None,
-        mode: crate::config::CaptureMode::AllChanges,
-        redactions: vec![],
-        compliance: None,
-        user_context: false,
-        query_text: false,
-        filter: None,
-        computed: vec![],
-    }
+    CaptureConfig::with_key(key.iter().map(|s| s.to_string()).collect())
 }
 
 /// Runs a capture through one sink that captures the named tables.
