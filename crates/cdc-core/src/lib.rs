@@ -18,6 +18,7 @@ pub mod error;
 pub mod expr;
 pub mod json;
 pub mod lsn;
+pub mod metrics;
 pub mod pipeline;
 pub mod redact;
 pub mod stats;
