@@ -6,7 +6,8 @@
 #   3. runs the rest (the changes), then peeks the slot with the worker's session settings,
 #   4. writes <name>.frames ("<lsn>\t<hex of the pgoutput message>" per line) and <name>.types.json
 #      (the pg_type rows of every column type, as the worker reads them).
-# The files are generated, never edited by hand. Run with `make golden` after `make up`.
+# The files are generated, never edited by hand. Run with `make golden` after `make up`;
+# `scripts/capture-golden.sh enrich` captures only the named workloads.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=env.sh source-path=SCRIPTDIR
@@ -16,7 +17,12 @@ db=pg_cdc_golden
 export PGOPTIONS="-c client_min_messages=warning"
 settings="SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'iso_8601'; SET TimeZone = 'UTC'; SET extra_float_digits = 1; SET bytea_output = 'hex';"
 
-for sql in "$dir"/*.sql; do
+workloads=("$dir"/*.sql)
+if [ "$#" -gt 0 ]; then
+  workloads=()
+  for name in "$@"; do workloads+=("$dir/$name.sql"); done
+fi
+for sql in "${workloads[@]}"; do
   name="$(basename "$sql" .sql)"
   echo "[golden] $name"
   psql -qX -d postgres -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'pg_cdc_golden'" >/dev/null

@@ -9,6 +9,7 @@ CREATE TABLE _cdc_publications (
     status           varchar(20) NOT NULL DEFAULT 'active',
     table_oid        oid NOT NULL UNIQUE,
     key_columns      text[] NOT NULL DEFAULT '{}',
+    lookup_oids      oid[] NOT NULL DEFAULT '{}',
     previous_replica_identity "char",
     previous_replica_identity_index oid
 );
@@ -17,6 +18,7 @@ COMMENT ON COLUMN _cdc_publications.table_name IS 'the table as regclass::text p
 COMMENT ON COLUMN _cdc_publications.config IS 'the capture config as given to cdc_enable (validated)';
 COMMENT ON COLUMN _cdc_publications.table_oid IS 'the captured table; internal lookups use this, so renames are harmless';
 COMMENT ON COLUMN _cdc_publications.key_columns IS 'resolved message key: key_columns, else the primary key, else the replica identity index';
+COMMENT ON COLUMN _cdc_publications.lookup_oids IS 'the lookup table of each enrich transformation, in config order';
 COMMENT ON COLUMN _cdc_publications.previous_replica_identity IS 'relreplident before include_before_image set FULL; cdc_disable restores it';
 
 CREATE TABLE _cdc_sinks (
@@ -52,8 +54,39 @@ COMMENT ON COLUMN _cdc_offsets.last_lsn IS 'commit LSN of the last delivered tra
 COMMENT ON COLUMN _cdc_offsets.last_timestamp IS 'commit time of that transaction';
 COMMENT ON COLUMN _cdc_offsets.events_published IS 'events delivered for this table, acknowledged by the broker';
 
--- Catalog rows hold sink configs that may carry credentials: nobody but the owner reads them.
-REVOKE ALL ON _cdc_publications, _cdc_sinks, _cdc_offsets FROM PUBLIC;
+-- Each sink's own copy of the lookup tables its `enrich` transformations read, as of a WAL
+-- position: cdc_enable / cdc_add_sink copy the table, the worker moves the copy forward with the
+-- lookup table's changes from the sink's slot, so events get the lookup rows as of their commit.
+CREATE TABLE _cdc_lookups (
+    sink_id          uuid NOT NULL REFERENCES _cdc_sinks ON DELETE CASCADE,
+    table_oid        oid NOT NULL,
+    position         int NOT NULL,
+    lookup_oid       oid NOT NULL,
+    lookup_column    text NOT NULL,
+    add_columns      text[] NOT NULL,
+    add_types        oid[] NOT NULL,
+    as_of_lsn        pg_lsn NOT NULL,
+    PRIMARY KEY (sink_id, table_oid, position)
+);
+COMMENT ON TABLE _cdc_lookups IS 'pg_cdc: per sink, the copy of each lookup table an enrich transformation reads';
+COMMENT ON COLUMN _cdc_lookups.table_oid IS 'the captured table whose events are enriched';
+COMMENT ON COLUMN _cdc_lookups.position IS 'which of its enrich transformations (0-based, config order)';
+COMMENT ON COLUMN _cdc_lookups.as_of_lsn IS 'the copy holds every change of the lookup table committed before this position';
+
+CREATE TABLE _cdc_lookup_rows (
+    sink_id          uuid NOT NULL,
+    table_oid        oid NOT NULL,
+    position         int NOT NULL,
+    lookup_key       text NOT NULL,
+    vals             text[] NOT NULL,
+    PRIMARY KEY (sink_id, table_oid, position, lookup_key),
+    FOREIGN KEY (sink_id, table_oid, position) REFERENCES _cdc_lookups ON DELETE CASCADE
+);
+COMMENT ON TABLE _cdc_lookup_rows IS 'pg_cdc: the rows of each copy in _cdc_lookups: key and added columns, as text';
+
+-- Catalog rows hold sink configs that may carry credentials, and copies of lookup tables: nobody
+-- but the owner reads them.
+REVOKE ALL ON _cdc_publications, _cdc_sinks, _cdc_offsets, _cdc_lookups, _cdc_lookup_rows FROM PUBLIC;
 
 -- The publication every sink's slot reads. It must exist before any slot is created, because
 -- pgoutput looks it up as of the WAL position being decoded. A leftover from an earlier install is

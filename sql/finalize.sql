@@ -29,6 +29,9 @@ BEGIN
     END IF;
     DELETE FROM @extschema@._cdc_offsets o USING pg_event_trigger_dropped_objects() d
      WHERE d.classid = 'pg_class'::regclass AND d.objid = o.table_oid;
+    -- Copies of a dropped lookup table, and of the lookups of a dropped captured table.
+    DELETE FROM @extschema@._cdc_lookups l USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objid IN (l.table_oid, l.lookup_oid);
     DELETE FROM @extschema@._cdc_publications p USING pg_event_trigger_dropped_objects() d
      WHERE d.classid = 'pg_class'::regclass AND d.objid = p.table_oid;
 END $$;

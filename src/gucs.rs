@@ -23,6 +23,8 @@ pub static KAFKA_BOOTSTRAP_SERVERS: GucSetting<Option<CString>> =
 pub static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
 /// `cdc.batch_changes`.
 pub static BATCH_CHANGES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+/// `cdc.enrich_cache_rows`.
+pub static ENRICH_CACHE_ROWS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 /// `cdc.heartbeat_interval_ms`.
 pub static HEARTBEAT_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 /// `cdc.max_retry_backoff_ms`.
@@ -110,6 +112,17 @@ pub fn init() {
         &BATCH_CHANGES,
         1,
         10_000_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"cdc.enrich_cache_rows",
+        c"Rows of each lookup table a sink keeps in the worker's memory for enrich transformations.",
+        c"Lookups of other rows read the sink's copy in _cdc_lookup_rows (cdc_filter_metrics reports the hit rate). \
+          Rows changed since the last confirmed batch are kept beyond this.",
+        &ENRICH_CACHE_ROWS,
+        1,
+        100_000_000,
         GucContext::Sighup,
         GucFlags::default(),
     );

@@ -8,6 +8,7 @@
 //! - [`gucs`]: every `cdc.*` setting;
 //! - [`stats`]: per-sink delivery counters in shared memory;
 //! - [`keys`]: the tokenization key and the context key, both in files;
+//! - [`lookups`]: each sink's copies of the lookup tables `enrich` reads;
 //! - [`errors`]: `CdcError` to `ereport(ERROR)` with its SQLSTATE.
 use pgrx::prelude::*;
 
@@ -16,6 +17,7 @@ pub mod catalog;
 pub mod errors;
 pub mod gucs;
 pub mod keys;
+pub mod lookups;
 pub mod stats;
 pub mod worker;
 

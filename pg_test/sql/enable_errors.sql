@@ -65,9 +65,38 @@ SELECT cdc_enable('orders', '{"before_image": false, "include_before_image": tru
 SELECT cdc_enable('orders', '{"filter": "amount > 0", "filter_expression": "amount > 0"}'); \echo SQLSTATE :SQLSTATE
 
 -- Planned features: 0A000 (feature_not_supported) rather than silently doing less.
-SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "lookup_table": "t"}]}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"schema_evolution": {"enabled": true}}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"schema_evolution": {"compatibility_mode": "full"}}'); \echo SQLSTATE :SQLSTATE
+
+-- Enrichment: the lookup table must exist, be keyed by the lookup column (its replica identity),
+-- have the added columns, and match the source column's type; the name is never spliced into SQL.
+CREATE TABLE customers (cid text PRIMARY KEY, segment text, region text);
+CREATE TABLE customers_nokey (cid text, segment text);
+CREATE TABLE customers_int (cid int PRIMARY KEY, segment text);
+CREATE TABLE customers_ins (cid text PRIMARY KEY, segment text);
+SELECT cdc_enable('customers_ins', '{"operations": ["INSERT"]}') IS NOT NULL AS insert_only;
+SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "lookup_table": "customers"}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "source_column": "customer", "lookup_table": "nope", "lookup_column": "cid", "add_columns": ["segment"]}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "source_column": "customer", "lookup_table": "customers; DROP TABLE orders", "lookup_column": "cid", "add_columns": ["segment"]}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "source_column": "custmer", "lookup_table": "customers", "lookup_column": "cid", "add_columns": ["segment"]}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "source_column": "customer", "lookup_table": "customers", "lookup_column": "cid", "add_columns": ["segmnt"]}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "source_column": "customer", "lookup_table": "customers", "lookup_column": "segment", "add_columns": ["region"]}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "source_column": "customer", "lookup_table": "customers_nokey", "lookup_column": "cid", "add_columns": ["segment"]}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "source_column": "customer", "lookup_table": "customers_int", "lookup_column": "cid", "add_columns": ["segment"]}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "source_column": "customer", "lookup_table": "customers_ins", "lookup_column": "cid", "add_columns": ["segment"]}]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "source_column": "customer", "lookup_table": "customers", "lookup_column": "cid", "add_columns": ["amount"]}]}'); \echo SQLSTATE :SQLSTATE
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "source_column": "customer", "lookup_table": "customers", "lookup_column": "cid", "add_columns": ["segment"]}]}'); \echo SQLSTATE :SQLSTATE
+ROLLBACK;
+-- None of them recorded anything or touched the publications.
+SELECT table_name FROM _cdc_publications ORDER BY 1;
+SELECT tablename FROM pg_publication_tables WHERE pubname LIKE '\_cdc%' ORDER BY 1;
+-- A valid one puts the lookup table in the publication with every change; cdc_disable takes it out.
+SELECT cdc_enable('orders', '{"transformations": [{"type": "enrich", "source_column": "customer", "lookup_table": "customers", "lookup_column": "cid", "add_columns": ["segment"]}], "partition_key": "segment"}') IS NOT NULL AS enabled;
+SELECT pubname, tablename FROM pg_publication_tables WHERE pubname LIKE '\_cdc%' ORDER BY 2;
+SELECT cdc_disable('orders');
+SELECT cdc_disable('customers_ins');
+SELECT pubname, tablename FROM pg_publication_tables WHERE pubname LIKE '\_cdc%' ORDER BY 2;
 
 -- Filters and computed columns: parsed by a SQL parser and checked against the table; nothing
 -- in them is ever run by PostgreSQL.

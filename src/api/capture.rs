@@ -147,21 +147,29 @@ fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
         prev_index = None;
     }
 
-    // Insert-only tables go into the publication that publishes no updates or deletes.
-    let target = if cfg.operations.update || cfg.operations.delete { PUBLICATION } else { PUBLICATION_INSERTS };
+    let lookup_oids = resolve_lookups(oid, &cfg, &config.0);
+    // Insert-only tables go into the publication that publishes no updates or deletes, unless a
+    // captured table enriches from them (its copy needs every change).
+    let is_lookup = lookup_oids.contains(&oid.to_u32()) || used_as_lookup(&schema, oid.to_u32(), Some(oid.to_u32()));
+    let target =
+        if cfg.operations.update || cfg.operations.delete || is_lookup { PUBLICATION } else { PUBLICATION_INSERTS };
     set_publication(&info, &qualified, Some(target));
     super::context::set_trigger(&qualified, &schema, cfg.needs_context().then_some(cfg.query_text));
 
     let key_columns = cfg.key_columns.clone();
+    let previous_lookups = previous_lookup_oids(&schema, oid.to_u32());
+    let config_value = config.0.clone();
     let id = Spi::get_one_with_args::<Uuid>(
         &format!(
             "INSERT INTO {schema}._cdc_publications AS p
-                 (table_name, config, table_oid, key_columns, previous_replica_identity, previous_replica_identity_index)
-             VALUES ($1, $2, $3, $4, $5::\"char\", $6::bigint::oid)
+                 (table_name, config, table_oid, key_columns, previous_replica_identity, previous_replica_identity_index,
+                  lookup_oids)
+             VALUES ($1, $2, $3, $4, $5::\"char\", $6::bigint::oid, $7::bigint[]::oid[])
              ON CONFLICT (table_oid) DO UPDATE
                 SET table_name = EXCLUDED.table_name, config = EXCLUDED.config, key_columns = EXCLUDED.key_columns,
                     previous_replica_identity = EXCLUDED.previous_replica_identity,
-                    previous_replica_identity_index = EXCLUDED.previous_replica_identity_index, status = 'active'
+                    previous_replica_identity_index = EXCLUDED.previous_replica_identity_index, status = 'active',
+                    lookup_oids = EXCLUDED.lookup_oids
              RETURNING publication_id"
         ),
         &[
@@ -171,14 +179,145 @@ fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
             key_columns.into(),
             prev_ri.into(),
             prev_index.into(),
+            lookup_oids.iter().map(|&o| i64::from(o)).collect::<Vec<i64>>().into(),
         ],
     )
     .unwrap_or_else(|e| pgrx::error!("pg_cdc: cannot record the captured table: {e}"))
     .unwrap_or_else(|| pgrx::error!("pg_cdc: INSERT returned no row"));
+    // Every sink that captures the table gets a fresh copy of each lookup table, as of now.
+    catalog::run(&format!("DELETE FROM {schema}._cdc_lookups WHERE table_oid = $1"), &[oid.into()]);
+    let specs = crate::lookups::specs_of_config(oid.to_u32(), &config_value, &lookup_oids);
+    if !specs.is_empty() {
+        for sink in crate::lookups::sinks_of_table(&schema, oid.to_u32()) {
+            for spec in &specs {
+                crate::lookups::seed(&schema, &sink, spec);
+            }
+        }
+    }
+    for l in previous_lookups.iter().chain(&lookup_oids) {
+        sync_lookup_publication(&schema, *l);
+    }
     if existing.is_some() {
         pgrx::notice!("capture config of {} replaced", shape.display_name);
     }
     id
+}
+
+/// Resolves and checks the lookup table of each `enrich` transformation: an ordinary table whose
+/// replica identity key is the lookup column, of the source column's type, whose updates and
+/// deletes can be published. Returns their OIDs in config order.
+fn resolve_lookups(table: pg_sys::Oid, cfg: &cdc_core::config::CaptureConfig, raw: &Value) -> Vec<u32> {
+    if cfg.enrich.is_empty() {
+        return Vec::new();
+    }
+    let isolation =
+        catalog::select_one::<String>("SELECT current_setting('transaction_isolation')", &[]).unwrap_or_default();
+    if isolation != "read committed" {
+        raise(
+            CdcError::new(
+                ErrorKind::PrerequisiteState,
+                format!(
+                    "an enrich transformation copies its lookup table, which needs READ COMMITTED, not {isolation}"
+                ),
+            )
+            .detail("The copy must hold every change committed before it, and this transaction's snapshot is older.")
+            .hint("Run cdc_enable in its own READ COMMITTED transaction."),
+        );
+    }
+    // Each enrich transformation's index in the config, for messages.
+    let at: Vec<usize> = raw["transformations"]
+        .as_array()
+        .map(|a| (0..a.len()).filter(|&i| a[i]["type"] == "enrich").collect())
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for (i, e) in cfg.enrich.iter().enumerate() {
+        let path = format!("config.transformations[{}]", at.get(i).copied().unwrap_or(i));
+        let loid = catalog::select_one::<pg_sys::Oid>("SELECT to_regclass($1)::oid", &[e.lookup_table.as_str().into()])
+            .unwrap_or_else(|| {
+                raise(CdcError::new(
+                    ErrorKind::UndefinedTable,
+                    format!("{path}.lookup_table: relation \"{}\" does not exist", e.lookup_table),
+                ))
+            });
+        let (linfo, lshape) = table_shape(loid);
+        cdc_core::config::check_lookup(&path, e, &lshape).or_raise();
+        if strings_field(&linfo, "publications").iter().any(|p| p == PUBLICATION_INSERTS) {
+            raise(
+                CdcError::new(
+                    ErrorKind::PrerequisiteState,
+                    format!("{path}.lookup_table: {} is captured for inserts only, so its updates and deletes are not in the WAL stream", lshape.display_name),
+                )
+                .hint("Capture it with updates and deletes too, or not at all, to use it as a lookup table."),
+            );
+        }
+        let types = catalog::json(
+            "SELECT jsonb_build_array(format_type(s.atttypid, NULL), format_type(l.atttypid, NULL), s.atttypid = l.atttypid)
+               FROM pg_attribute s, pg_attribute l
+              WHERE s.attrelid = $1 AND s.attname = $2 AND l.attrelid = $3 AND l.attname = $4",
+            &[table.into(), e.source_column.as_str().into(), loid.into(), e.lookup_column.as_str().into()],
+        )
+        .unwrap_or_default();
+        if types.get(2) == Some(&Value::Bool(false)) {
+            raise(
+                CdcError::new(
+                    ErrorKind::DatatypeMismatch,
+                    format!(
+                        "{path}: source_column \"{}\" is {} but lookup_column \"{}\" is {}",
+                        e.source_column,
+                        types[0].as_str().unwrap_or("?"),
+                        e.lookup_column,
+                        types[1].as_str().unwrap_or("?")
+                    ),
+                )
+                .hint("Keys are matched by their text; use columns of the same type."),
+            );
+        }
+        out.push(loid.to_u32());
+    }
+    out
+}
+
+/// Whether a captured table other than `except` enriches from `oid`.
+fn used_as_lookup(schema: &str, oid: u32, except: Option<u32>) -> bool {
+    catalog::select_one::<bool>(
+        &format!(
+            "SELECT EXISTS (SELECT 1 FROM {schema}._cdc_publications
+                             WHERE $1::bigint::oid = ANY (lookup_oids) AND table_oid IS DISTINCT FROM $2::bigint::oid)"
+        ),
+        &[i64::from(oid).into(), except.map(i64::from).into()],
+    )
+    .unwrap_or(false)
+}
+
+/// The lookup tables of a table's current config (before it is replaced or removed).
+fn previous_lookup_oids(schema: &str, oid: u32) -> Vec<u32> {
+    catalog::json(
+        &format!(
+            "SELECT to_jsonb(lookup_oids::bigint[]) FROM {schema}._cdc_publications WHERE table_oid = $1::bigint::oid"
+        ),
+        &[i64::from(oid).into()],
+    )
+    .and_then(|v| serde_json::from_value(v).ok())
+    .unwrap_or_default()
+}
+
+/// Puts a lookup table in the publication that publishes every change while a captured table
+/// enriches from it, and takes it out once none does (unless it is captured itself).
+fn sync_lookup_publication(schema: &str, oid: u32) {
+    let Some(info) = catalog::json(catalog::TABLE_SHAPE_SQL, &[pg_sys::Oid::from(oid).into()]) else {
+        return; // dropped
+    };
+    let qualified = str_field(&info, "qualified").to_string();
+    let captured = catalog::select_one::<bool>(
+        &format!("SELECT EXISTS (SELECT 1 FROM {schema}._cdc_publications WHERE table_oid = $1::bigint::oid)"),
+        &[i64::from(oid).into()],
+    )
+    .unwrap_or(false);
+    if used_as_lookup(schema, oid, None) {
+        set_publication(&info, &qualified, Some(PUBLICATION));
+    } else if !captured {
+        set_publication(&info, &qualified, None);
+    }
 }
 
 /// Puts the table in exactly the `target` pg_cdc publication (or in none). ONLY: inheritance
@@ -228,6 +367,7 @@ VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 fn cdc_disable(table_name: Option<pg_sys::Oid>) {
     let oid = required(table_name, "table_name");
     let schema = schema();
+    let previous_lookups = previous_lookup_oids(&schema, oid.to_u32());
     let Some(row) = catalog::json_write(
         &format!(
             "DELETE FROM {schema}._cdc_publications WHERE table_oid = $1 \
@@ -240,7 +380,9 @@ fn cdc_disable(table_name: Option<pg_sys::Oid>) {
     };
     let (info, _) = table_shape(oid);
     let qualified = str_field(&info, "qualified");
-    set_publication(&info, qualified, None);
+    // A table another captured table enriches from stays where its copies see every change.
+    let target = used_as_lookup(&schema, oid.to_u32(), None).then_some(PUBLICATION);
+    set_publication(&info, qualified, target);
     super::context::set_trigger(qualified, &schema, None);
     if let Some(prev) = row.get("prev").and_then(Value::as_str) {
         if str_field(&info, "replident") == "f" {
@@ -248,4 +390,8 @@ fn cdc_disable(table_name: Option<pg_sys::Oid>) {
         }
     }
     catalog::run(&format!("DELETE FROM {schema}._cdc_offsets WHERE table_oid = $1"), &[oid.into()]);
+    catalog::run(&format!("DELETE FROM {schema}._cdc_lookups WHERE table_oid = $1"), &[oid.into()]);
+    for l in previous_lookups {
+        sync_lookup_publication(&schema, l);
+    }
 }

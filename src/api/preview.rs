@@ -5,6 +5,7 @@ use std::sync::Arc;
 use cdc_core::config::parse_stored_capture_config;
 use cdc_core::decode::{Relation, RelationColumn, TupleValue};
 use cdc_core::envelope::{Encoder, FilterMark, Op, RelationPlan, RowChange, TxnInfo};
+use cdc_core::lookup::{LookupBinding, LookupId, LookupRow, LookupSource, Lookups};
 use cdc_core::types::TypeRegistry;
 use cdc_core::{CdcError, ErrorKind, Lsn};
 use pgrx::prelude::*;
@@ -14,12 +15,14 @@ use serde_json::{json, Value};
 use super::{required, schema};
 use crate::catalog::{self, str_field};
 use crate::errors::{raise, OrRaise};
-use crate::worker::source::{learn_type_oids, TEXT_FORMAT_SETTINGS};
+use crate::lookups::{quote_ident, with_text_format};
+use crate::worker::source::learn_type_oids;
 
 /// Shows, for rows of a captured table (its first `max_rows` rows, or the one given as `sample`, a
 /// JSON object of column values), whether an INSERT of it would be published under the current config,
 /// the branch of the filter it matches, its message key and its event — filtered, masked,
-/// tokenized and computed exactly as the worker would. Nothing is published.
+/// tokenized, computed and enriched exactly as the worker would (enriched from the lookup tables'
+/// current rows, as a change committed now would be). Nothing is published.
 ///
 /// ```sql
 /// SELECT cdc_preview('orders');
@@ -39,6 +42,7 @@ fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows:
     let captured = catalog::json(
         &format!(
             "SELECT jsonb_build_object('config', config, 'key_columns', to_jsonb(key_columns), 'name', table_name, \
+             'lookup_oids', lookup_oids::bigint[], \
              'schema', n.nspname::text, 'relname', c.relname::text, 'replident', c.relreplident::text, \
              'qualified', quote_ident(n.nspname::text) || '.' || quote_ident(c.relname::text), \
              'columns', (SELECT jsonb_agg(jsonb_build_object('name', a.attname::text, 'type', a.atttypid::bigint, \
@@ -84,9 +88,17 @@ fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows:
         replica_identity: str_field(&captured, "replident").bytes().next().unwrap_or(b'd'),
         columns,
     };
-    let plan = RelationPlan::new(relation, cfg, &types, true).unwrap_or_else(|e| {
+    let lookup_oids: Vec<u32> = serde_json::from_value(captured["lookup_oids"].clone()).unwrap_or_default();
+    let mut lookups = live_lookups(oid.to_u32(), &captured["config"], &lookup_oids);
+    for b in
+        (0..cfg.enrich.len()).filter_map(|i| lookups.binding(LookupId { table_oid: oid.to_u32(), position: i as u32 }))
+    {
+        learn_type_oids(&b.add_types, &mut types);
+    }
+    let mut plan = RelationPlan::new(relation, cfg, &types, true).unwrap_or_else(|e| {
         raise(CdcError::new(e.kind, format!("the capture config no longer fits the table: {}", e.message)))
     });
+    plan.bind_lookups(&lookups).or_raise();
     let rows = row_texts(str_field(&captured, "qualified"), &plan.relation.columns, sample, limit);
 
     let mut encoder =
@@ -128,7 +140,23 @@ fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows:
             if let Some(e) = &key_error {
                 return json!({"row": as_json, "published": false, "reason": e});
             }
-            let ch = RowChange { plan: &plan, op: Op::Insert, lsn: Lsn(0), old: None, new: Some(&tuple), ctx: None, mark: &mark };
+            let enriched: Vec<Option<LookupRow>> = (0..plan.enrich.len())
+                .map(|i| {
+                    let key = plan.lookup_key(i, &tuple)?;
+                    let key = std::str::from_utf8(key).ok()?;
+                    lookups.lookup(plan.enrich[i].id, key).ok().and_then(|(row, _)| row)
+                })
+                .collect();
+            let ch = RowChange {
+                plan: &plan,
+                op: Op::Insert,
+                lsn: Lsn(0),
+                old: None,
+                new: Some(&tuple),
+                ctx: None,
+                mark: &mark,
+                enriched: &enriched,
+            };
             let ev = encoder.encode_row(&types, &ch, &txn, 1);
             let parse = |b: &[u8]| serde_json::from_slice::<Value>(b).unwrap_or(Value::Null);
             json!({
@@ -151,30 +179,59 @@ fn row_texts(qualified: &str, columns: &[RelationColumn], row: Option<JsonB>, li
         Some(r) => (format!("jsonb_populate_record(NULL::{qualified}, $1) t"), Some(r.0.clone())),
         None => (format!("(SELECT * FROM {qualified} LIMIT {limit}) t"), None),
     };
-    // The worker's text format (dates, floats, bytea), for this statement only.
-    let saved: Vec<(String, String)> = TEXT_FORMAT_SETTINGS
-        .iter()
-        .map(|(n, _)| {
-            (
-                n.to_string(),
-                catalog::select_one::<String>(&format!("SELECT current_setting('{n}')"), &[]).unwrap_or_default(),
-            )
-        })
-        .collect();
-    for (n, v) in TEXT_FORMAT_SETTINGS {
-        catalog::select_one::<String>("SELECT set_config($1, $2, true)", &[(*n).into(), (*v).into()]);
-    }
     let sql = format!("SELECT coalesce(jsonb_agg(jsonb_build_array({list})), '[]') FROM {from}");
-    let out = match arg {
+    let out = with_text_format(|| match arg {
         Some(a) => catalog::json(&sql, &[JsonB(a).into()]),
         None => catalog::json(&sql, &[]),
-    };
-    for (n, v) in &saved {
-        catalog::select_one::<String>("SELECT set_config($1, $2, true)", &[n.as_str().into(), v.as_str().into()]);
-    }
+    });
     out.and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default()
 }
 
-fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
+/// The lookups of a table's enrich transformations, answered from the lookup tables themselves.
+fn live_lookups(table_oid: u32, config: &Value, lookup_oids: &[u32]) -> Lookups {
+    let specs = crate::lookups::specs_of_config(table_oid, config, lookup_oids);
+    let bindings: Vec<LookupBinding> = specs
+        .iter()
+        .map(|s| LookupBinding {
+            id: LookupId { table_oid, position: s.position },
+            lookup_oid: s.lookup_oid,
+            lookup_column: s.lookup_column.clone(),
+            add_columns: s.add_columns.clone(),
+            add_types: catalog::json(
+                "SELECT coalesce(jsonb_agg(a.atttypid::bigint ORDER BY u.ord), '[]')
+                   FROM unnest($2::text[]) WITH ORDINALITY u(name, ord)
+                   JOIN pg_attribute a ON a.attrelid = $1::bigint::oid AND a.attname = u.name",
+                &[i64::from(s.lookup_oid).into(), s.add_columns.clone().into()],
+            )
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default(),
+            as_of: Lsn(0),
+        })
+        .collect();
+    let mut lookups = Lookups::default();
+    lookups.set_source(Box::new(Live { specs }));
+    lookups.set_bindings(&bindings);
+    lookups
+}
+
+/// Reads lookup rows from the lookup tables as they are now.
+struct Live {
+    specs: Vec<crate::lookups::Spec>,
+}
+
+impl LookupSource for Live {
+    fn fetch(&mut self, id: LookupId, key: &str) -> Result<Option<LookupRow>, String> {
+        let Some(s) = self.specs.iter().find(|s| s.position == id.position) else {
+            return Ok(None);
+        };
+        let list = s.add_columns.iter().map(|c| format!("t.{}::text", quote_ident(c))).collect::<Vec<_>>().join(", ");
+        let sql = format!(
+            "SELECT ARRAY[{list}]::text[] FROM {} t WHERE t.{}::text = $1 LIMIT 1",
+            catalog::select_one::<String>("SELECT $1::bigint::oid::regclass::text", &[i64::from(s.lookup_oid).into()])
+                .ok_or("the lookup table no longer exists")?,
+            quote_ident(&s.lookup_column)
+        );
+        let vals = with_text_format(|| catalog::select_one::<Vec<Option<String>>>(&sql, &[key.into()]));
+        Ok(vals.map(|v| v.into_iter().map(|s| s.map(Box::from)).collect()))
+    }
 }

@@ -117,11 +117,21 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
             sink_type.into(),
             config.into(),
             slot.as_str().into(),
-            table_oids.into(),
+            table_oids.clone().into(),
             (if slot_created { "starting" } else { "creating_slot" }).into(),
             (if cfg.exactly_once { "exactly_once" } else { "at_least_once" }).into(),
         ],
     );
+    if slot_created {
+        // Copies of the lookup tables its captured tables enrich from, as of now (the slot starts
+        // just before: changes committed in between are in both, and the copy's position says so).
+        // A slot the worker creates later gets its copies from the worker.
+        let oids: Option<Vec<u32>> = table_oids.as_ref().map(|v| v.iter().map(|o| o.to_u32()).collect());
+        let sink = id.to_string();
+        for spec in crate::lookups::specs_for_sink(&schema, oids.as_deref()) {
+            crate::lookups::seed(&schema, &sink, &spec);
+        }
+    }
     if catalog::json(&format!("SELECT to_jsonb(count(*)) FROM {schema}._cdc_publications"), &[])
         == Some(serde_json::json!(0))
     {

@@ -199,7 +199,9 @@ fn send_large(
     };
     peek.seek(begin);
     let duplicate = inputs.delivered(commit_lsn);
-    let needs_count = inputs.tables.values().any(|c| c.include_transaction_info);
+    // Lookup changes are applied in the counting pass, so the encode pass sees the lookup rows as
+    // of the commit (see `Assembler::count_large`).
+    let needs_count = inputs.tables.values().any(|c| c.include_transaction_info) || run.assembler.has_lookups();
     let mut lt = LargeTransaction::default();
     if needs_count || duplicate {
         loop {

@@ -18,7 +18,7 @@ use super::batch::{self, Batch, Failure, Inputs};
 use super::source::{self, Catalog, Peek, SinkRow};
 use super::{retry_at, run_tx, stop_requested, OrphanSightings};
 use crate::catalog::PUBLICATION_NAMES;
-use crate::{gucs, keys};
+use crate::{gucs, keys, lookups};
 
 /// Runtime state of one sink.
 pub struct SinkRun {
@@ -244,6 +244,10 @@ impl Worker {
                 }
                 assembler.set_token_key(self.token_key.clone());
                 assembler.set_context_key(self.context_key.clone());
+                if let Some(schema) = &self.schema {
+                    let copy = lookups::Copy { schema: schema.clone(), sink_id: row.id.clone() };
+                    assembler.lookups_mut().set_source(Box::new(copy));
+                }
                 self.sinks.insert(
                     row.id.clone(),
                     SinkRun {
@@ -272,6 +276,65 @@ impl Worker {
             .filter(|(oid, _)| row.tables.as_ref().is_none_or(|t| t.contains(oid)))
             .map(|(oid, (_, cfg))| (*oid, cfg.clone()))
             .collect()
+    }
+
+    /// Gives a sink's assembler the lookup copies its tables' `enrich` transformations read,
+    /// copying the lookup tables it has none of yet (a sink whose slot the worker created).
+    /// Returns false when the sink cannot read this time.
+    fn bind_lookups(&mut self, id: &str, row: &SinkRow, tables: &SinkTables) -> bool {
+        let Some(schema) = self.schema.clone() else {
+            return false;
+        };
+        let Some(run) = self.sinks.get_mut(id) else {
+            return false;
+        };
+        if tables.values().all(|c| c.enrich.is_empty()) {
+            if run.assembler.has_lookups() {
+                run.assembler.lookups_mut().set_bindings(&[]);
+            }
+            return true;
+        }
+        let load = || lookups::bindings(&schema, id);
+        let mut bindings = match run_tx(load) {
+            Ok(b) => b,
+            Err(e) => {
+                self.fail(id, "retrying", format!("cannot read the lookup copies: {e}"));
+                return false;
+            }
+        };
+        let has = |b: &[cdc_core::lookup::LookupBinding], oid: u32, i: usize| {
+            b.iter().any(|b| b.id.table_oid == oid && b.id.position as usize == i)
+        };
+        let missing = tables.iter().any(|(oid, c)| (0..c.enrich.len()).any(|i| !has(&bindings, *oid, i)));
+        if missing {
+            let covered = row.tables.clone();
+            let seeded = run_tx(|| {
+                let current = lookups::bindings(&schema, id);
+                for spec in lookups::specs_for_sink(&schema, covered.as_deref()) {
+                    if !has(&current, spec.table_oid, spec.position as usize) {
+                        lookups::seed(&schema, id, &spec);
+                    }
+                }
+                lookups::bindings(&schema, id)
+            });
+            match seeded {
+                Ok(b) => {
+                    pgrx::log!("pg_cdc sink \"{}\": copied its lookup tables", row.name);
+                    bindings = b;
+                }
+                Err(e) => {
+                    self.fail(id, "retrying", format!("cannot copy the lookup tables: {e}"));
+                    return false;
+                }
+            }
+        }
+        let Some(run) = self.sinks.get_mut(id) else {
+            return false;
+        };
+        let l = run.assembler.lookups_mut();
+        l.set_capacity(gucs::ENRICH_CACHE_ROWS.get().max(1) as usize);
+        l.set_bindings(&bindings);
+        true
     }
 
     /// Records a state change in the catalog (only when it differs from what was written).
@@ -387,6 +450,9 @@ impl Worker {
 
         // Read and send, inside one transaction (the peek's cursor lives in it).
         let tables = self.tables_for(&row);
+        if !self.bind_lookups(id, &row, &tables) {
+            return false;
+        }
         let batch_changes = gucs::BATCH_CHANGES.get();
         let dedup = !gucs::TEST_SKIP_DEDUP.get();
         let mut types = std::mem::take(&mut self.types);
@@ -497,6 +563,15 @@ impl Worker {
             self.maybe_heartbeat(id, confirmed, cat);
         }
         if let Some(lsn) = target {
+            // The lookup copies first: after a crash between the two they are ahead of the slot,
+            // which they know (their position) and skip; behind it they would miss changes.
+            let flush = self.sinks.get_mut(id).map(|r| r.assembler.lookups_mut().take_flush()).unwrap_or_default();
+            if !flush.is_empty() {
+                if let Err(e) = run_tx(|| lookups::write(&schema, &row.id, &flush)) {
+                    self.fail(id, "error", format!("cannot save the lookup copies of sink \"{}\": {e}", row.name));
+                    return false;
+                }
+            }
             let (name, slot_name) = (row.name.clone(), row.slot.clone());
             if let Err(e) = run_tx(|| source::confirm(&schema, &name, &slot_name, lsn, &batch.progress)) {
                 self.fail(id, "error", format!("cannot confirm replication slot {}: {e}", row.slot));

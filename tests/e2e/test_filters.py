@@ -1,28 +1,44 @@
-"""Row filters, computed columns and masks through Kafka (seed example 4 and the seed's CDC
-configuration block), cdc_filter_metrics and cdc_preview."""
-from conftest import consume, wait_for
+"""Row filters, computed columns, masks and enrichment through Kafka (seed example 4 and the
+seed's CDC configuration block), cdc_filter_metrics and cdc_preview."""
+import json
+import time
 
-EXAMPLE_4 = """{
-    "capture_mode": "filtered",
-    "filter_expression": "reading_value > threshold OR alert_level = 'critical'",
-    "transformations": [
-        {"type": "compute", "name": "deviation_pct", "expression": "ABS(reading_value - baseline) / baseline * 100"},
-        {"type": "mask", "column": "internal_calibration", "method": "remove"}
-    ],
-    "partition_key": "sensor_id"
-}"""
+from conftest import connect, consume, restart_worker, server_settings, wait_for, worker_pid
+
+
+def example_4(sensors):
+    """Seed example 4's config, its lookup table named `sensors`."""
+    return json.dumps({
+        "capture_mode": "filtered",
+        "filter_expression": "reading_value > threshold OR alert_level = 'critical'",
+        "transformations": [
+            {"type": "enrich", "source_column": "sensor_id", "lookup_table": sensors,
+             "lookup_column": "sensor_id", "add_columns": ["location", "sensor_type", "owner"]},
+            {"type": "compute", "name": "deviation_pct",
+             "expression": "ABS(reading_value - baseline) / baseline * 100"},
+            {"type": "mask", "column": "internal_calibration", "method": "remove"},
+        ],
+        "partition_key": "sensor_type",
+    })
 
 
 def create_sensor_readings(pg, t):
+    """The readings table `t` and its lookup table `t`_sensors (returned), with three sensors."""
     pg.execute(f"""CREATE TABLE {t} (reading_id text PRIMARY KEY, sensor_id text, reading_value numeric(6,1),
                    threshold numeric(6,1), alert_level text, "timestamp" timestamptz, baseline numeric(6,1),
                    internal_calibration numeric)""")
+    s = f"{t}_sensors"
+    pg.execute(f"CREATE TABLE {s} (sensor_id text PRIMARY KEY, location text, sensor_type text, owner text)")
+    pg.execute(f"""INSERT INTO {s} VALUES ('SENS-001', 'Building A, Floor 3', 'temperature', 'Facilities Team'),
+                   ('SENS-002', 'Building B', 'humidity', 'Facilities Team'),
+                   ('SENS-003', 'Roof', 'pressure', 'Operations')""")
+    return s
 
 
 def test_seed_example_4_filtered_readings_with_computed_and_masked_columns(pg, sinks, unique):
     t, topic = f"sensor_readings_{unique}", f"iot-critical-readings-{unique}"
-    create_sensor_readings(pg, t)
-    pg.execute("SELECT cdc_enable(table_name => %s, config => %s::jsonb)", (t, EXAMPLE_4))
+    s = create_sensor_readings(pg, t)
+    pg.execute("SELECT cdc_enable(table_name => %s, config => %s::jsonb)", (t, example_4(s)))
     sinks.add(f"kafka_iot_alerts_{unique}", topic, include_transformations=True)
     pg.execute(f"""INSERT INTO {t} VALUES
         ('READ-847293', 'SENS-001', 95.5, 80.0, 'warning', '2024-03-15 14:23:45+00', 80.0, 0.997),
@@ -34,14 +50,18 @@ def test_seed_example_4_filtered_readings_with_computed_and_masked_columns(pg, s
     assert first["metadata"]["operation"] == "INSERT"
     assert first["metadata"]["filter_matched"] == "reading_value > threshold"
     assert second["metadata"]["filter_matched"] == "alert_level = 'critical'"
+    # The seed's sample event, field by field: the row, the enriched fields, the computed one.
     assert first["after"] == {
         "reading_id": "READ-847293", "sensor_id": "SENS-001", "reading_value": 95.5, "threshold": 80.0,
-        "alert_level": "warning", "timestamp": "2024-03-15T14:23:45Z", "baseline": 80.0, "deviation_pct": 19.375,
+        "alert_level": "warning", "timestamp": "2024-03-15T14:23:45Z", "baseline": 80.0,
+        "location": "Building A, Floor 3", "sensor_type": "temperature", "owner": "Facilities Team",
+        "deviation_pct": 19.375,
     }
     assert b'"deviation_pct":19.375' in msgs[0]["raw"], "exact decimal, as the seed shows"
     assert b"internal_calibration" not in msgs[0]["raw"] + msgs[1]["raw"]
     assert second["after"]["deviation_pct"] == 75
-    assert msgs[0]["key"] == {"sensor_id": "SENS-001"}
+    assert second["after"]["sensor_type"] == "pressure" and second["after"]["owner"] == "Operations"
+    assert msgs[0]["key"] == {"sensor_type": "temperature"}, "partition_key names an enriched column"
 
     # An UPDATE that moves a reading out of the filter is a DELETE of what the consumer has.
     pg.execute(f"UPDATE {t} SET alert_level = 'resolved' WHERE reading_id = 'READ-000002'")
@@ -49,6 +69,9 @@ def test_seed_example_4_filtered_readings_with_computed_and_masked_columns(pg, s
     pg.execute(f"INSERT INTO {t} VALUES ('READ-000003', 'SENS-004', 99.0, 80.0, 'warning', now(), 90.0, 1)")
     msgs = consume(topic, 3)
     assert [m["value"]["after"]["reading_id"] for m in msgs] == ["READ-847293", "READ-000002", "READ-000003"]
+    unknown = msgs[2]["value"]["after"]
+    assert (unknown["location"], unknown["sensor_type"], unknown["owner"]) == (None, None, None), "no such sensor"
+    assert msgs[2]["key"] == {"sensor_type": None}
 
     metrics = wait_for(lambda: (m := pg.execute("SELECT cdc_filter_metrics(%s)", (t,)).fetchone()[0])
                        and m["filtering"]["total_changes"] == 5 and m, what="filter metrics")
@@ -59,8 +82,71 @@ def test_seed_example_4_filtered_readings_with_computed_and_masked_columns(pg, s
     # Two dropped events (one INSERT, one UPDATE): their encoded size, not an estimate.
     assert 400 < f["bandwidth_saved_bytes"] < 4000, f
     assert (tr["computations_performed"], tr["masks_applied"], tr["expression_errors"]) == (3, 3, 0)
-    assert tr["enrichments_applied"] == 0 and tr["enrichment_cache_hit_rate"] is None
+    assert (tr["enrichments_applied"], tr["enrichment_lookups"]) == (3, 3)
+    # The worker's memory starts empty: three different sensors, three reads of the sink's copy.
+    assert tr["enrichment_cache_hits"] == 0 and tr["enrichment_cache_hit_rate"] == 0, tr
     assert list(metrics["sinks"]) == [f"kafka_iot_alerts_{unique}"]
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_enrichment_uses_the_lookup_row_as_of_the_commit(pg, sinks, unique):
+    t, topic = f"sensor_readings_{unique}", f"iot-asof-{unique}"
+    s = create_sensor_readings(pg, t)
+    name = sinks.add(f"kafka_asof_{unique}", topic)
+    pg.execute("SELECT cdc_enable(table_name => %s, config => %s::jsonb)", (t, example_4(s)))
+    reading = f"INSERT INTO {t} VALUES (%s, 'SENS-001', 95.5, 80.0, 'warning', now(), 80.0, 1)"
+    pg.execute(reading, ("R-0",))
+    assert consume(topic, 1)[0]["value"]["after"]["owner"] == "Facilities Team"
+
+    # Hold the worker at its next catalog read, so both changes below commit before it reads either.
+    with connect() as holder:
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE _cdc_sinks IN ACCESS EXCLUSIVE MODE")
+        wait_for(lambda: pg.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                                    (worker_pid(pg),)).fetchone() == ("Lock",), what="worker waiting")
+        pg.execute(reading, ("R-1",))
+        pg.execute(f"UPDATE {s} SET owner = 'Night Shift', location = 'Building C' WHERE sensor_id = 'SENS-001'")
+        holder.execute("COMMIT")
+    got = consume(topic, 2)[1]["value"]["after"]
+    assert (got["reading_id"], got["owner"], got["location"]) == ("R-1", "Facilities Team", "Building A, Floor 3"), \
+        "the values in force when the reading committed, not when the worker read it"
+    pg.execute(reading, ("R-2",))
+    assert consume(topic, 3)[2]["value"]["after"]["owner"] == "Night Shift"
+
+    # A restarted worker starts with empty memory and reads the sink's copy, which has the update.
+    wait_for(lambda: pg.execute("SELECT events_published FROM _cdc_offsets WHERE sink_name = %s",
+                                (name,)).fetchone() == (3,), what="R-2 confirmed")
+    restart_worker(pg)
+    pg.execute(reading, ("R-3",))
+    got = consume(topic, 4)[3]["value"]["after"]
+    assert (got["reading_id"], got["owner"], got["location"]) == ("R-3", "Night Shift", "Building C")
+    tr = wait_for(lambda: (m := pg.execute("SELECT cdc_filter_metrics(%s)", (t,)).fetchone()[0]["transformations"])
+                  and m["enrichment_lookups"] == 4 and m, what="lookups counted")
+    # R-0 read the copy; R-1 hit; R-2 hit the row the update put in memory; R-3 read the copy again.
+    assert (tr["enrichments_applied"], tr["enrichment_cache_hits"], tr["enrichment_cache_hit_rate"]) == (4, 2, 0.5)
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_a_small_enrichment_cache_answers_from_the_copy(pg, sinks, unique):
+    t, topic = f"sensor_readings_{unique}", f"iot-small-cache-{unique}"
+    s = create_sensor_readings(pg, t)
+    pg.execute(f"INSERT INTO {s} SELECT 'S-' || i, 'Hall ' || i, 'temperature', 'Team ' || i FROM generate_series(1, 300) i")
+    pg.execute("SELECT cdc_enable(table_name => %s, config => %s::jsonb)", (t, example_4(s)))
+    sinks.add(f"kafka_small_cache_{unique}", topic)
+    with server_settings({"cdc.enrich_cache_rows": "10"}):
+        time.sleep(1.0)  # the worker re-reads its settings at its next tick
+        # Every sensor twice, in two rounds: far more sensors than the worker keeps in memory.
+        pg.execute(f"""INSERT INTO {t} SELECT 'R-' || r || '-' || i, 'S-' || i, 95.5, 80.0, 'warning', now(), 80.0, 1
+                       FROM generate_series(1, 2) r, generate_series(1, 300) i""")
+        msgs = consume(topic, 600, timeout=60)
+    assert len(msgs) == 600
+    for m in msgs:
+        after = m["value"]["after"]
+        i = after["sensor_id"].removeprefix("S-")
+        assert (after["location"], after["owner"]) == (f"Hall {i}", f"Team {i}"), after
+    tr = pg.execute("SELECT cdc_filter_metrics(%s)", (t,)).fetchone()[0]["transformations"]
+    assert tr["enrichment_lookups"] == 600
+    assert tr["enrichment_cache_hits"] < 300, "most lookups went to the copy: the cache is bounded"
     pg.execute("SELECT cdc_disable(%s)", (t,))
 
 
@@ -96,15 +182,16 @@ def test_updates_entering_and_leaving_the_filter_with_before_images(pg, sinks, u
 
 def test_preview_shows_the_event_without_publishing(pg, unique):
     t = f"preview_{unique}"
-    create_sensor_readings(pg, t)
-    pg.execute("SELECT cdc_enable(table_name => %s, config => %s::jsonb)", (t, EXAMPLE_4))
-    pg.execute(f"INSERT INTO {t} VALUES ('R-1', 'S-1', 95.5, 80.0, 'warning', '2024-03-15 14:23:45+00', 80.0, 0.997)")
+    s = create_sensor_readings(pg, t)
+    pg.execute("SELECT cdc_enable(table_name => %s, config => %s::jsonb)", (t, example_4(s)))
+    pg.execute(f"INSERT INTO {t} VALUES ('R-1', 'SENS-002', 95.5, 80.0, 'warning', '2024-03-15 14:23:45+00', 80.0, 0.997)")
     p = pg.execute("SELECT cdc_preview(%s)", (t,)).fetchone()[0]
     assert p["table"] == t and p["operation"] == "INSERT" and len(p["previews"]) == 1
     one = p["previews"][0]
     assert one["published"] is True and one["filter_matched"] == "reading_value > threshold"
-    assert one["key"] == {"sensor_id": "S-1"}
+    assert one["key"] == {"sensor_type": "humidity"}
     assert one["event"]["after"]["deviation_pct"] == 19.375
+    assert one["event"]["after"]["location"] == "Building B", "enriched from the lookup table as it is now"
     assert "internal_calibration" not in one["event"]["after"]
     assert one["event"]["metadata"]["table"] == t
     # A row that is not in the table yet, and one the filter drops.

@@ -93,6 +93,59 @@ pub struct CaptureConfig {
     pub filter: Option<String>,
     /// `compute` transformations, in config order: (field name, expression).
     pub computed: Vec<(String, String)>,
+    /// `enrich` transformations, in config order.
+    pub enrich: Vec<Enrich>,
+}
+
+/// One `enrich` transformation: columns added to the event from the row of a lookup table whose
+/// `lookup_column` equals the change's `source_column`, as that row was when the change
+/// committed (see [`crate::lookup`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enrich {
+    /// Column of the captured table holding the lookup key.
+    pub source_column: String,
+    /// The lookup table, as the config names it (resolved to an OID by `cdc_enable`).
+    pub lookup_table: String,
+    /// Column of the lookup table the key is matched against (its replica identity key).
+    pub lookup_column: String,
+    /// Columns of the lookup table added to the event, in this order.
+    pub add_columns: Vec<String>,
+}
+
+/// Checks an `enrich` transformation against its lookup table: the lookup column exists and is
+/// the table's whole replica identity key (so every update and delete of a lookup row names the
+/// row it changes, and a key names at most one row), and the added columns exist and are
+/// published. `path` is the transformation's config path.
+pub fn check_lookup(path: &str, e: &Enrich, lookup: &TableShape) -> CdcResult<()> {
+    check_column(lookup, &format!("{path}.lookup_column"), &e.lookup_column)?;
+    for (i, c) in e.add_columns.iter().enumerate() {
+        check_column(lookup, &format!("{path}.add_columns[{i}]"), c)?;
+    }
+    let key = std::slice::from_ref(&e.lookup_column);
+    let identified = match lookup.replica_identity {
+        b'd' | b'f' => lookup.primary_key == key,
+        b'i' => lookup.replica_identity_index == key,
+        _ => false,
+    };
+    if !identified {
+        return Err(CdcError::new(
+            ErrorKind::PrerequisiteState,
+            format!(
+                "{path}.lookup_column: \"{}\" is not the replica identity key of lookup table {}",
+                e.lookup_column, lookup.display_name
+            ),
+        )
+        .detail(
+            "pg_cdc keeps its own copy of the lookup table from its changes in the WAL; that needs every update and \
+             delete of a lookup row to name the row by this column alone.",
+        )
+        .hint(format!(
+            "Make it the primary key (ALTER TABLE {0} ADD PRIMARY KEY ({1})), or the replica identity \
+             (ALTER TABLE {0} REPLICA IDENTITY USING INDEX <unique index on {1}>).",
+            lookup.display_name, e.lookup_column
+        )));
+    }
+    Ok(())
 }
 
 impl CaptureConfig {
@@ -114,6 +167,7 @@ impl CaptureConfig {
             query_text: false,
             filter: None,
             computed: vec![],
+            enrich: vec![],
         }
     }
 
@@ -459,10 +513,8 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
     let user_context = o.bool("include_user_context")?.unwrap_or(false);
     let query_text = o.bool("include_query_text")?.unwrap_or(false);
 
+    // Checked once the transformations are known: it may name an enriched column.
     let partition_key = o.string("partition_key")?.map(str::to_string);
-    if let Some(p) = &partition_key {
-        check_column("config.partition_key", p)?;
-    }
 
     let key_columns = match o.strings("key_columns")? {
         Some(cols) => {
@@ -551,6 +603,13 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
     }
     let mut computed: Vec<(String, String)> = Vec::new();
     let mut computed_at = Vec::new();
+    let mut enrich: Vec<Enrich> = Vec::new();
+    // Names the event already has: the table's columns, then the added ones.
+    let taken = |name: &str, computed: &[(String, String)], enrich: &[Enrich]| {
+        shape.is_some_and(|s| s.columns.iter().any(|c| c == name))
+            || computed.iter().any(|(n, _)| n == name)
+            || enrich.iter().any(|e| e.add_columns.iter().any(|c| c == name))
+    };
     match o.get("transformations") {
         None => {}
         Some(Value::Array(items)) => {
@@ -582,9 +641,7 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
                         let text = t
                             .string("expression")?
                             .ok_or_else(|| invalid(format!("{}.expression is required", t.path)))?;
-                        let taken = shape.is_some_and(|s| s.columns.iter().any(|c| c == name))
-                            || computed.iter().any(|(n, _)| n == name);
-                        if taken {
+                        if taken(name, &computed, &enrich) {
                             return Err(invalid(format!(
                                 "{}.name: \"{name}\" is already a column of the event",
                                 t.path
@@ -594,7 +651,40 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
                         computed_at.push((t.child_path("expression"), expr::parse_computed(text)));
                         computed.push((name.to_string(), text.trim().to_string()));
                     }
-                    Some("enrich") => return Err(planned(&t.path, "enrichment from a lookup table")),
+                    Some("enrich") => {
+                        t.check_keys(&["type", "source_column", "lookup_table", "lookup_column", "add_columns"])?;
+                        let required = |key: &str| {
+                            t.string(key)?
+                                .map(str::to_string)
+                                .ok_or_else(|| invalid(format!("{}.{key} is required", t.path)))
+                        };
+                        let source_column = required("source_column")?;
+                        check_column(&t.child_path("source_column"), &source_column)?;
+                        let lookup_table = required("lookup_table")?;
+                        if !is_qualified_name(&lookup_table) {
+                            return Err(CdcError::new(
+                                ErrorKind::InvalidName,
+                                format!("{}.lookup_table: \"{lookup_table}\" is not a valid table name", t.path),
+                            )
+                            .hint("Write it as in SQL: sensors, iot.sensors, or \"Mixed Case\"."));
+                        }
+                        let lookup_column = required("lookup_column")?;
+                        let add_columns = t.strings("add_columns")?.unwrap_or_default();
+                        if add_columns.is_empty() {
+                            return Err(invalid(format!("{}.add_columns must list at least one column", t.path))
+                                .hint("Name the lookup table's columns to add, e.g. [\"location\", \"owner\"]."));
+                        }
+                        for (j, c) in add_columns.iter().enumerate() {
+                            if taken(c, &computed, &enrich) || add_columns[..j].contains(c) {
+                                return Err(invalid(format!(
+                                    "{}.add_columns[{j}]: \"{c}\" is already a column of the event",
+                                    t.path
+                                ))
+                                .hint("Each added column needs a name the event does not have yet."));
+                            }
+                        }
+                        enrich.push(Enrich { source_column, lookup_table, lookup_column, add_columns });
+                    }
                     Some(other) => {
                         return Err(invalid(format!("{}.type: unknown transformation \"{other}\"", t.path))
                             .hint("Valid types: enrich, compute, mask."))
@@ -604,6 +694,11 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
             }
         }
         Some(v) => return Err(wrong_type("config.transformations", "an array", v)),
+    }
+    if let Some(p) = &partition_key {
+        if !enrich.iter().any(|e| e.add_columns.contains(p)) {
+            check_column("config.partition_key", p)?;
+        }
     }
     // A computed column over a hidden one would publish what the config hides.
     let hidden: Vec<&str> = redactions.iter().map(|(c, _)| c.as_str()).collect();
@@ -637,6 +732,7 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         query_text,
         filter,
         computed,
+        enrich,
     })
 }
 

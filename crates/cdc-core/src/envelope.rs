@@ -17,6 +17,7 @@ use crate::decode::{OldKind, Relation, Tuple, TupleValue};
 use crate::error::CdcError;
 use crate::expr::{self, Bound, ColumnInfo};
 use crate::json::{write_key, write_str, write_u64};
+use crate::lookup::{LookupId, LookupRow, Lookups};
 use crate::lsn::Lsn;
 use crate::redact::{self, Method, TokenKey};
 use crate::time::{format_pg_date_plus_days, format_pg_timestamp_ms};
@@ -61,6 +62,10 @@ pub struct RelationPlan {
     pub key: Vec<usize>,
     /// Index of the `partition_key` column.
     pub partition: Option<usize>,
+    /// The `partition_key` when it names an enriched column: (enrich index, column index).
+    pub partition_enriched: Option<(usize, usize)>,
+    /// The `enrich` transformations (empty when the sink leaves transformations out).
+    pub enrich: Vec<EnrichPlan>,
     /// Per column, in relation order: how its values are hidden (compliance and mask).
     pub redact: Vec<Option<Method>>,
     /// The static part of the `compliance` object (the hidden columns by method), when the config
@@ -158,6 +163,8 @@ impl RelationPlan {
             included,
             key,
             partition,
+            partition_enriched: None,
+            enrich: Vec::new(),
             redact,
             compliance,
             filter,
@@ -178,6 +185,68 @@ impl RelationPlan {
     /// Whether encoding this relation needs the tokenization key.
     pub fn needs_token_key(&self) -> bool {
         self.redact.contains(&Some(Method::Tokenize))
+    }
+}
+
+/// One `enrich` transformation bound to a relation version and the sink's lookup copy.
+#[derive(Debug)]
+pub struct EnrichPlan {
+    /// Which lookup.
+    pub id: LookupId,
+    /// Index of the source column in the relation (`None`: dropped since `cdc_enable`; nothing
+    /// is looked up and the added columns are null).
+    pub source: Option<usize>,
+    /// Each added column's `"name":`, escaped once.
+    keys: Vec<Vec<u8>>,
+    /// Their type OIDs.
+    types: Vec<u32>,
+}
+
+impl RelationPlan {
+    /// Binds the config's `enrich` transformations to the sink's lookups (their column types);
+    /// an error when a lookup is not set up for the sink.
+    pub fn bind_lookups(&mut self, lookups: &Lookups) -> Result<(), CdcError> {
+        let oid = self.relation.oid;
+        let mut plans = Vec::with_capacity(self.config.enrich.len());
+        for (i, e) in self.config.enrich.iter().enumerate() {
+            let id = LookupId { table_oid: oid, position: i as u32 };
+            let b = lookups.binding(id).ok_or_else(|| {
+                CdcError::new(
+                    crate::ErrorKind::PrerequisiteState,
+                    format!("the copy of lookup table {} for enrich transformation {i} is not set up", e.lookup_table),
+                )
+            })?;
+            let keys = b
+                .add_columns
+                .iter()
+                .map(|c| {
+                    let mut k = Vec::with_capacity(c.len() + 3);
+                    write_key(&mut k, c);
+                    k
+                })
+                .collect();
+            let source = self.relation.columns.iter().position(|c| c.name == e.source_column);
+            plans.push(EnrichPlan { id, source, keys, types: b.add_types.clone() });
+        }
+        self.partition_enriched = match (&self.config.partition_key, self.partition) {
+            (Some(p), None) => self
+                .config
+                .enrich
+                .iter()
+                .enumerate()
+                .find_map(|(i, e)| e.add_columns.iter().position(|c| c == p).map(|j| (i, j))),
+            _ => None,
+        };
+        self.enrich = plans;
+        Ok(())
+    }
+
+    /// The lookup key of enrich transformation `i` in a row image (`None`: null or not there).
+    pub fn lookup_key<'t>(&self, i: usize, image: &'t [TupleValue<'_>]) -> Option<&'t [u8]> {
+        match image.get(self.enrich[i].source?) {
+            Some(TupleValue::Text(t)) => Some(t),
+            _ => None,
+        }
     }
 }
 
@@ -229,6 +298,9 @@ pub struct RowChange<'a, 'p> {
     pub ctx: Option<&'p UserContext>,
     /// What the row filter said.
     pub mark: &'p FilterMark,
+    /// Per `enrich` transformation of the plan, the lookup row for the enriched image (`after`,
+    /// or `before` for a DELETE); empty when the plan has none or they are left out.
+    pub enriched: &'p [Option<LookupRow>],
 }
 
 /// What the row filter said about a change that is published.
@@ -410,10 +482,14 @@ impl Encoder {
                 self.write_image(&mut out, types, plan, &key_cols, old_value)
             }
         }
+        if ch.new.is_none() && ch.old.is_some() && !entered {
+            write_enriched(&mut out, types, plan, ch.enriched);
+        }
         out.extend_from_slice(b",\"after\":");
         if let Some(new) = ch.new {
             let present: Vec<usize> = plan.included.iter().copied().filter(|i| !unchanged.contains(i)).collect();
             self.write_image(&mut out, types, plan, &present, new_value);
+            write_enriched(&mut out, types, plan, ch.enriched);
             if !plan.computed.is_empty() {
                 // Computed columns read the row with unchanged TOAST filled in where it is known.
                 let filled: Vec<TupleValue<'_>>;
@@ -490,7 +566,20 @@ impl Encoder {
             Some(p) => vec![p],
             None => plan.key.clone(),
         };
-        let key = if key_cols.is_empty() {
+        let enriched_key = plan.partition_enriched.filter(|(i, _)| *i < ch.enriched.len());
+        let key = if let Some((i, j)) = enriched_key {
+            let mut k = Vec::with_capacity(32);
+            k.push(b'{');
+            k.extend_from_slice(&plan.enrich[i].keys[j]);
+            write_lookup_value(
+                &mut k,
+                types,
+                plan.enrich[i].types[j],
+                ch.enriched[i].as_ref().and_then(|r| r[j].as_deref()),
+            );
+            k.push(b'}');
+            Some(k)
+        } else if key_cols.is_empty() {
             None
         } else {
             let mut k = Vec::with_capacity(32);
@@ -566,6 +655,31 @@ impl Encoder {
             key: None,
             payload: out,
         }
+    }
+}
+
+/// Appends the enriched columns to the image just written (its closing brace is at the end).
+fn write_enriched(out: &mut Vec<u8>, types: &TypeRegistry, plan: &RelationPlan, enriched: &[Option<LookupRow>]) {
+    if enriched.is_empty() || out.last() != Some(&b'}') {
+        return;
+    }
+    out.pop();
+    for (e, row) in plan.enrich.iter().zip(enriched) {
+        for (j, key) in e.keys.iter().enumerate() {
+            if out.last() != Some(&b'{') {
+                out.push(b',');
+            }
+            out.extend_from_slice(key);
+            write_lookup_value(out, types, e.types[j], row.as_ref().and_then(|r| r[j].as_deref()));
+        }
+    }
+    out.push(b'}');
+}
+
+fn write_lookup_value(out: &mut Vec<u8>, types: &TypeRegistry, type_oid: u32, v: Option<&str>) {
+    match v {
+        Some(t) => write_value(out, types, type_oid, t.as_bytes()),
+        None => out.extend_from_slice(b"null"),
     }
 }
 

@@ -17,6 +17,7 @@ pub mod envelope;
 pub mod error;
 pub mod expr;
 pub mod json;
+pub mod lookup;
 pub mod lsn;
 pub mod metrics;
 pub mod pipeline;

@@ -20,6 +20,7 @@ use crate::context::{self, UserContext};
 use crate::decode::TupleValue;
 use crate::decode::{decode, DecodeError, Message, OldKind, Tuple};
 use crate::envelope::{Encoder, Event, FilterMark, Op, RelationPlan, RowChange, TxnInfo};
+use crate::lookup::{Answer, LookupChange, LookupRow, Lookups};
 use crate::lsn::Lsn;
 use crate::stats::TableCounters;
 use crate::types::TypeRegistry;
@@ -178,6 +179,8 @@ pub struct Assembler {
     counters: HashMap<u32, TableCounters>,
     /// The key that seals user context messages (see [`crate::context`]).
     context_key: Option<Vec<u8>>,
+    /// The sink's copies of the lookup tables `enrich` reads.
+    lookups: Lookups,
 }
 
 impl Assembler {
@@ -189,7 +192,70 @@ impl Assembler {
             transformations: true,
             counters: HashMap::new(),
             context_key: None,
+            lookups: Lookups::default(),
         }
+    }
+
+    /// The sink's lookup copies (the worker sets their bindings, source and capacity, and
+    /// flushes them before confirming the slot).
+    pub fn lookups_mut(&mut self) -> &mut Lookups {
+        &mut self.lookups
+    }
+
+    /// Whether the sink enriches from any lookup table.
+    pub fn has_lookups(&self) -> bool {
+        !self.lookups.is_empty()
+    }
+
+    /// The change a lookup table's message makes to the sink's copies, if it is one.
+    fn lookup_change<'a>(&self, msg: &Message<'a>) -> Option<LookupChange<'a>> {
+        match msg {
+            Message::Insert { relation, new } if self.lookups.is_lookup_table(*relation) => {
+                Some(LookupChange::Upsert { oid: *relation, old: None, new: new.clone() })
+            }
+            Message::Update { relation, old, new } if self.lookups.is_lookup_table(*relation) => {
+                Some(LookupChange::Upsert {
+                    oid: *relation,
+                    old: old.as_ref().map(|(_, t)| t.clone()),
+                    new: new.clone(),
+                })
+            }
+            Message::Delete { relation, old, .. } if self.lookups.is_lookup_table(*relation) => {
+                Some(LookupChange::Delete { oid: *relation, old: old.clone() })
+            }
+            Message::Truncate { relations, .. } if relations.iter().any(|r| self.lookups.is_lookup_table(*r)) => {
+                Some(LookupChange::Truncate(relations.clone()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Looks up the rows a change's image is enriched with (one per `enrich` transformation),
+    /// counting lookups and hits for the table.
+    fn enrich_rows(
+        &mut self,
+        plan: &RelationPlan,
+        image: Option<&Tuple<'_>>,
+        lsn: Lsn,
+    ) -> Result<Vec<Option<LookupRow>>, PipelineError> {
+        let mut rows = Vec::with_capacity(plan.enrich.len());
+        for (i, e) in plan.enrich.iter().enumerate() {
+            let Some(key) = image.and_then(|t| plan.lookup_key(i, t)) else {
+                rows.push(None);
+                continue;
+            };
+            let key = std::str::from_utf8(key)
+                .map_err(|_| PipelineError::Protocol { lsn, reason: "a lookup key is not UTF-8".into() })?;
+            let (row, answer) = self
+                .lookups
+                .lookup(e.id, key)
+                .map_err(|reason| PipelineError::Protocol { lsn, reason: format!("enrich: {reason}") })?;
+            let c = self.counters.entry(plan.relation.oid).or_default();
+            c.lookups += 1;
+            c.lookup_hits += u64::from(answer == Answer::Hit);
+            rows.push(row);
+        }
+        Ok(rows)
     }
 
     /// Sets the key user context messages are sealed with (`None`: contexts are dropped).
@@ -289,14 +355,16 @@ impl Assembler {
         }
     }
 
-    /// Counts what the filter saved: the encoded size of a dropped change.
-    fn count_dropped(&mut self, p: &Pending<'_>, txn: &TxnInfo, types: &TypeRegistry) {
-        let Pending::Row { plan, .. } = p else { return };
+    /// Counts what the filter saved: the encoded size of a dropped change (without its enriched
+    /// columns: looking them up only to count them would cost lookups nobody needs).
+    fn count_dropped(&mut self, p: &Pending<'_>, txn: &TxnInfo, types: &TypeRegistry) -> Result<(), PipelineError> {
+        let Pending::Row { plan, .. } = p else { return Ok(()) };
         let oid = plan.relation.oid;
         let mut scratch = Vec::new();
-        self.encode_pending_at(p, txn, types, 0, &mut scratch);
+        self.encode_pending_at(p, txn, types, 0, false, &mut scratch)?;
         let bytes: usize = scratch.iter().map(|e| e.payload.len() + e.key.as_ref().map_or(0, Vec::len)).sum();
         self.counters.entry(oid).or_default().excluded_bytes += bytes as u64;
+        Ok(())
     }
 
     /// Evaluation errors of a change's computed columns so far (see [`Self::count_published`]).
@@ -328,11 +396,13 @@ impl Assembler {
         self.encoder.token_key = key;
     }
 
-    /// Forgets relation descriptions (after the capture config changed, they are re-planned when
-    /// the next Relation message arrives; pgoutput sends one before the first change of each
-    /// relation in every peek).
+    /// Forgets relation descriptions and the lookup copies in memory, after a failed delivery:
+    /// the slot is read again from where it was confirmed (pgoutput describes each relation again
+    /// before its first change in every peek, and the lookups start again from their persisted
+    /// copies).
     pub fn reset(&mut self) {
         self.relations.clear();
+        self.lookups.reset();
     }
 
     /// Processes one batch of frames in LSN order.
@@ -346,6 +416,7 @@ impl Assembler {
         let mut open: Option<(u32, usize)> = None; // (xid, index of its Begin frame)
         let mut pending: Vec<Pending<'_>> = Vec::new();
         let mut dropped: Vec<Pending<'_>> = Vec::new();
+        let mut lookup_changes: Vec<LookupChange<'_>> = Vec::new();
         let mut ctx: Option<Arc<UserContext>> = None;
         for (idx, frame) in frames.iter().enumerate() {
             let msg = decode(&frame.data).map_err(|error| PipelineError::Decode { lsn: frame.lsn, error })?;
@@ -358,23 +429,33 @@ impl Assembler {
                     open = Some((xid, idx));
                     pending.clear();
                     dropped.clear();
+                    lookup_changes.clear();
                     ctx = None;
                 }
                 Message::Commit { commit_lsn, end_lsn, commit_time, .. } => {
                     let Some((xid, _)) = open.take() else {
                         return Err(proto("Commit without Begin".into()));
                     };
+                    if !self.lookups.is_empty() {
+                        // The transaction's own lookup changes first: its events see the lookup
+                        // rows as they were when it committed.
+                        self.lookups
+                            .commit(commit_lsn, end_lsn, &lookup_changes)
+                            .map_err(|r| proto(format!("enrich: {r}")))?;
+                        lookup_changes.clear();
+                    }
                     let count: usize = pending.iter().map(Pending::event_count).sum();
                     let txn = TxnInfo { xid, commit_lsn, commit_time, event_count: count };
                     let mut events = Vec::with_capacity(count);
                     for p in &pending {
                         let errors = Self::computed_errors(p);
-                        self.encode_pending(p, &txn, types, &mut events);
+                        let done = events.len();
+                        self.encode_pending_at(p, &txn, types, done, true, &mut events)?;
                         self.count_published(p, errors);
                     }
                     debug_assert_eq!(events.len(), count);
                     for p in &dropped {
-                        self.count_dropped(p, &txn, types);
+                        self.count_dropped(p, &txn, types)?;
                     }
                     pending.clear();
                     dropped.clear();
@@ -395,6 +476,9 @@ impl Assembler {
                     }
                 }
                 msg => {
+                    if let Some(lc) = self.lookup_change(&msg) {
+                        lookup_changes.push(lc);
+                    }
                     if let Some(p) = self.change(msg, frame.lsn, open.is_some(), tables, types)? {
                         match self.apply_filter(p.with_context(&ctx), true) {
                             Ok(p) => pending.push(p),
@@ -468,6 +552,9 @@ impl Assembler {
                     txn.info.commit_time = commit_time;
                     txn.end_lsn = Some(end_lsn);
                     txn.begun = false;
+                    // Its lookup changes were applied as they came (see below); from now on
+                    // they are part of the copy, so the encode pass does not apply them again.
+                    self.lookups.advance(commit_lsn, end_lsn);
                     if encode.is_none() {
                         txn.counted = txn.seen;
                     }
@@ -480,18 +567,24 @@ impl Assembler {
                 }
                 Message::LogicalMessage { .. } => {}
                 msg => {
+                    // A sink with lookups always counts first (see `needs_count_pass`), so by
+                    // the time the encode pass runs, the whole transaction's lookup changes are in.
+                    if let Some(lc) = self.lookup_change(&msg) {
+                        let at = txn.info.commit_lsn;
+                        self.lookups.apply(at, &[lc]).map_err(|r| proto(format!("enrich: {r}")))?;
+                    }
                     if let Some(p) = self.change(msg, frame.lsn, txn.begun, tables, types)? {
                         // Counted once, in the pass that encodes.
                         let filtered = self.apply_filter(p.with_context(&txn.ctx), encode.is_some());
                         match (filtered, encode.as_mut()) {
                             (Ok(p), Some(out)) => {
                                 let (before, errors) = (out.len(), Self::computed_errors(&p));
-                                self.encode_pending_at(&p, &txn.info, types, txn.seen, out);
+                                self.encode_pending_at(&p, &txn.info, types, txn.seen, true, out)?;
                                 txn.seen += out.len() - before;
                                 self.count_published(&p, errors);
                             }
                             (Ok(p), None) => txn.seen += p.event_count(),
-                            (Err(p), Some(_)) => self.count_dropped(&p, &txn.info, types),
+                            (Err(p), Some(_)) => self.count_dropped(&p, &txn.info, types)?,
                             (Err(_), None) => {}
                         }
                     }
@@ -514,14 +607,19 @@ impl Assembler {
         let outside = |what: &str| PipelineError::Protocol { lsn, reason: format!("{what} outside a transaction") };
         Ok(match msg {
             Message::Relation(rel) => {
+                self.lookups.relation(&rel);
                 if let Some(cfg) = tables.get(&rel.oid) {
                     let table = format!("{}.{}", rel.namespace, rel.name);
-                    let plan = RelationPlan::new(rel, cfg.clone(), types, self.transformations).map_err(|e| {
+                    let mut plan = RelationPlan::new(rel, cfg.clone(), types, self.transformations).map_err(|e| {
                         PipelineError::Config {
                             table: table.clone(),
                             reason: format!("its capture config no longer fits it: {e}"),
                         }
                     })?;
+                    if self.transformations && !cfg.enrich.is_empty() {
+                        plan.bind_lookups(&self.lookups)
+                            .map_err(|e| PipelineError::Config { table: table.clone(), reason: e.message })?;
+                    }
                     if plan.needs_token_key() && self.encoder.token_key.is_none() {
                         return Err(PipelineError::Config {
                             table,
@@ -608,31 +706,29 @@ impl Assembler {
         self.relations.get(&oid).cloned()
     }
 
-    /// Encodes one change (an UPDATE that changes the key also retracts the old key) and appends
-    /// its events; positions continue from `out`'s length.
-    fn encode_pending(&self, p: &Pending<'_>, txn: &TxnInfo, types: &TypeRegistry, out: &mut Vec<Event>) {
-        self.encode_pending_at(p, txn, types, out.len(), out);
-    }
-
-    /// Like [`Self::encode_pending`], for a change after the first `done` events of its transaction.
+    /// Encodes one change (an UPDATE that changes the key also retracts the old key) after the
+    /// first `done` events of its transaction and appends its events; `enrich` looks up its
+    /// enriched columns (else they are left out).
     fn encode_pending_at(
-        &self,
+        &mut self,
         p: &Pending<'_>,
         txn: &TxnInfo,
         types: &TypeRegistry,
         done: usize,
+        enrich: bool,
         out: &mut Vec<Event>,
-    ) {
+    ) -> Result<(), PipelineError> {
         let mut index = done;
-        let mut push = |ev: Event| out.push(ev);
         match p {
             Pending::Row { plan, op, lsn, old, new, ctx, mark } => {
                 let ctx = ctx.as_deref();
                 let old_ref = old.as_ref().map(|(k, t)| (*k, t));
+                let enrich = enrich && !plan.enrich.is_empty();
                 if let (Op::Update, Some((_, o)), Some(n)) = (op, old, new) {
                     if retracts(plan, o, n, mark) {
                         // The row left its old key: retract it first, so compacted topics and
                         // upserting consumers drop the old key.
+                        let enriched = if enrich { self.enrich_rows(plan, Some(o), *lsn)? } else { Vec::new() };
                         let del = RowChange {
                             plan,
                             op: Op::Delete,
@@ -641,22 +737,39 @@ impl Assembler {
                             new: None,
                             ctx,
                             mark: &FilterMark::None,
+                            enriched: &enriched,
                         };
                         index += 1;
-                        push(self.encoder.encode_row(types, &del, txn, index));
+                        out.push(self.encoder.encode_row(types, &del, txn, index));
                     }
                 }
-                let ch = RowChange { plan, op: *op, lsn: *lsn, old: old_ref, new: new.as_ref(), ctx, mark };
+                // The image that carries the enriched columns: after, or before for a DELETE.
+                let image = new.as_ref().or(old.as_ref().map(|(_, t)| t));
+                let enriched = if enrich { self.enrich_rows(plan, image, *lsn)? } else { Vec::new() };
+                if !enriched.is_empty() {
+                    self.counters.entry(plan.relation.oid).or_default().enrichments += 1;
+                }
+                let ch = RowChange {
+                    plan,
+                    op: *op,
+                    lsn: *lsn,
+                    old: old_ref,
+                    new: new.as_ref(),
+                    ctx,
+                    mark,
+                    enriched: &enriched,
+                };
                 index += 1;
-                push(self.encoder.encode_row(types, &ch, txn, index));
+                out.push(self.encoder.encode_row(types, &ch, txn, index));
             }
             Pending::Truncate { plans, options, lsn, ctx } => {
                 for plan in plans {
                     index += 1;
-                    push(self.encoder.encode_truncate(plan, *options, *lsn, txn, index, ctx.as_deref()));
+                    out.push(self.encoder.encode_truncate(plan, *options, *lsn, txn, index, ctx.as_deref()));
                 }
             }
         }
+        Ok(())
     }
 }
 

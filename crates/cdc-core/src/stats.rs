@@ -60,6 +60,12 @@ pub struct TableCounters {
     pub computations: u64,
     /// Events with hidden (masked or PII) columns.
     pub masks: u64,
+    /// Events that carried enriched columns.
+    pub enrichments: u64,
+    /// Lookups made for them (one per `enrich` transformation and event with a key).
+    pub lookups: u64,
+    /// Of those, answered from the worker's memory (the rest read its persisted copy).
+    pub lookup_hits: u64,
 }
 
 impl TableCounters {
@@ -74,6 +80,9 @@ impl TableCounters {
         self.expression_errors += d.expression_errors;
         self.computations += d.computations;
         self.masks += d.masks;
+        self.enrichments += d.enrichments;
+        self.lookups += d.lookups;
+        self.lookup_hits += d.lookup_hits;
     }
 }
 
@@ -83,6 +92,7 @@ impl TableCounters {
 pub fn filter_metrics_json(table: &str, per_sink: &[(String, TableCounters)], counters_since: &str) -> Value {
     let block = |c: &TableCounters| {
         let ratio = if c.changes > 0 { Some(c.matched as f64 / c.changes as f64) } else { None };
+        let hit_rate = if c.lookups > 0 { Some(c.lookup_hits as f64 / c.lookups as f64) } else { None };
         json!({
             "filtering": {
                 "total_changes": c.changes,
@@ -95,9 +105,11 @@ pub fn filter_metrics_json(table: &str, per_sink: &[(String, TableCounters)], co
                 "bandwidth_saved_gb": c.excluded_bytes as f64 / 1e9,
             },
             "transformations": {
-                // Enrichment is not built yet: nothing applied, no cache to report.
-                "enrichments_applied": 0,
-                "enrichment_cache_hit_rate": null,
+                "enrichments_applied": c.enrichments,
+                // Lookups answered from the worker's memory / all lookups (null before the first).
+                "enrichment_cache_hit_rate": hit_rate,
+                "enrichment_lookups": c.lookups,
+                "enrichment_cache_hits": c.lookup_hits,
                 "computations_performed": c.computations,
                 "masks_applied": c.masks,
                 "expression_errors": c.expression_errors,

@@ -118,12 +118,66 @@ fn tables_without_a_key() {
 }
 
 #[test]
+fn enrich_is_checked_against_the_table_and_the_lookup() {
+    let e = |extra: Value| {
+        let mut t = json!({"type": "enrich", "source_column": "customer_id", "lookup_table": "customers",
+                           "lookup_column": "id", "add_columns": ["segment"]});
+        for (k, v) in extra.as_object().unwrap() {
+            t[k] = v.clone();
+        }
+        json!({"transformations": [t], "partition_key": "segment"})
+    };
+    let cfg = parse_capture_config(&e(json!({})), &shape()).unwrap();
+    assert_eq!(
+        cfg.enrich,
+        [Enrich {
+            source_column: "customer_id".into(),
+            lookup_table: "customers".into(),
+            lookup_column: "id".into(),
+            add_columns: vec!["segment".into()]
+        }]
+    );
+    assert_eq!(cfg.partition_key.as_deref(), Some("segment"), "partition_key may name an added column");
+    assert_eq!(err(e(json!({"source_column": "nope"}))).kind.sqlstate(), "42703");
+    assert_eq!(err(e(json!({"add_columns": []}))).kind.sqlstate(), "22023");
+    assert_eq!(err(e(json!({"add_columns": ["status"]}))).kind.sqlstate(), "22023", "collides with a column");
+    assert_eq!(err(e(json!({"add_columns": ["a", "a"]}))).kind.sqlstate(), "22023");
+    assert_eq!(err(e(json!({"lookup_table": "x; DROP TABLE y"}))).kind.sqlstate(), "42602");
+    assert_eq!(err(e(json!({"cache": true}))).kind.sqlstate(), "22023");
+    let mut missing = e(json!({}));
+    missing["transformations"][0].as_object_mut().unwrap().remove("lookup_column");
+    assert_eq!(err(missing).kind.sqlstate(), "22023");
+
+    // The lookup side: the key must be the lookup table's whole replica identity key.
+    let spec = &cfg.enrich[0];
+    let mut lookup = TableShape {
+        display_name: "customers".into(),
+        columns: vec!["id".into(), "segment".into()],
+        primary_key: vec!["id".into()],
+        replica_identity_index: vec![],
+        replica_identity: b'd',
+        generated_columns: vec![],
+        column_kinds: vec![],
+    };
+    check_lookup("t", spec, &lookup).unwrap();
+    lookup.primary_key = vec!["id".into(), "segment".into()];
+    assert_eq!(check_lookup("t", spec, &lookup).unwrap_err().kind.sqlstate(), "55000");
+    lookup.replica_identity = b'i';
+    lookup.replica_identity_index = vec!["id".into()];
+    check_lookup("t", spec, &lookup).unwrap();
+    lookup.replica_identity = b'n';
+    assert_eq!(check_lookup("t", spec, &lookup).unwrap_err().kind.sqlstate(), "55000");
+    lookup.replica_identity = b'd';
+    lookup.primary_key = vec!["id".into()];
+    lookup.columns.pop();
+    assert_eq!(check_lookup("t", spec, &lookup).unwrap_err().kind.sqlstate(), "42703");
+}
+
+#[test]
 fn planned_features_say_so() {
-    for cfg in [
-        json!({"transformations": [{"type": "enrich"}]}),
-        json!({"schema_evolution": {"enabled": true}}),
-        json!({"schema_evolution": {"compatibility_mode": "full"}}),
-    ] {
+    for cfg in
+        [json!({"schema_evolution": {"enabled": true}}), json!({"schema_evolution": {"compatibility_mode": "full"}})]
+    {
         assert_eq!(err(cfg.clone()).kind.sqlstate(), "0A000", "{cfg}");
     }
     // Their "off" values are accepted.

@@ -587,3 +587,101 @@ fn a_sink_without_transformations_gets_no_computed_columns_but_keeps_masks() {
     let ev = events(&a.process(&fr, &sink, &types("basic")).unwrap().transactions);
     assert_eq!(ev[0].1["after"]["total_cents"], json!(15000));
 }
+
+/// Seed example 4's readings, enriched from `sensors` as of each reading's commit.
+fn enrich_sink(fr: &[RawFrame]) -> (SinkTables, Assembler) {
+    use crate::config::Enrich;
+    use crate::lookup::{LookupBinding, LookupId, LookupRow, LookupSource};
+    use crate::redact::Method;
+    /// The persisted copy: empty, as `cdc_enable` seeded it before the first sensor existed.
+    struct Empty;
+    impl LookupSource for Empty {
+        fn fetch(&mut self, _: LookupId, _: &str) -> Result<Option<LookupRow>, String> {
+            Ok(None)
+        }
+    }
+    let oids = relation_oids(fr);
+    let mut c = config(&["reading_id"]);
+    c.enrich = vec![Enrich {
+        source_column: "sensor_id".into(),
+        lookup_table: "sensors".into(),
+        lookup_column: "sensor_id".into(),
+        add_columns: ["location", "sensor_type", "owner"].map(String::from).to_vec(),
+    }];
+    c.partition_key = Some("sensor_type".into());
+    c.redactions = vec![("internal_calibration".into(), Method::Remove)];
+    c.computed = vec![("deviation_pct".into(), "ABS(reading_value - baseline) / baseline * 100".into())];
+    let readings = oids["sensor_readings"];
+    let sink: SinkTables = [(readings, Arc::new(c))].into_iter().collect();
+    let mut a = Assembler::new("db");
+    let l = a.lookups_mut();
+    l.set_source(Box::new(Empty));
+    l.set_bindings(&[LookupBinding {
+        id: LookupId { table_oid: readings, position: 0 },
+        lookup_oid: oids["sensors"],
+        lookup_column: "sensor_id".into(),
+        add_columns: ["location", "sensor_type", "owner"].map(String::from).to_vec(),
+        add_types: vec![25, 25, 25],
+        as_of: Lsn(0),
+    }]);
+    (sink, a)
+}
+
+#[test]
+fn enrichment_sees_the_lookup_row_as_of_each_commit() {
+    let fr = frames("enrich");
+    let (sink, mut a) = enrich_sink(&fr);
+    let txns = a.process(&fr, &sink, &types("enrich")).unwrap().transactions;
+    let ev = events(&txns);
+    let row = |i: usize| {
+        let p = &ev[i].1;
+        let img = if p["after"].is_null() { &p["before"] } else { &p["after"] };
+        (img["location"].clone(), img["owner"].clone(), ev[i].0.clone().unwrap())
+    };
+    // The seed's sample: enriched, computed, internal_calibration removed, keyed by sensor_type.
+    let first = &ev[0].1["after"];
+    assert_eq!(
+        *first,
+        json!({"reading_id": 1, "sensor_id": "TEMP-001", "reading_value": 95.5, "threshold": 90, "baseline": 80,
+               "alert_level": "warning", "location": "Building A, Floor 3", "sensor_type": "temperature",
+               "owner": "Facilities Team", "deviation_pct": 19.375})
+    );
+    assert_eq!(ev[0].0, Some(json!({"sensor_type": "temperature"})));
+    // The sensor changed after reading 1 committed: reading 2 sees the new owner.
+    assert_eq!(row(1).1, "Operations");
+    // Reading 3 was inserted before the location change of its own transaction: as of commit.
+    assert_eq!(row(2).0, "Building B");
+    // The sensor was renamed: TEMP-001 no longer exists, TEMP-002 does.
+    assert_eq!(row(3), (Value::Null, Value::Null, json!({"sensor_type": null})));
+    assert_eq!(row(4).1, "Operations");
+    // A DELETE without a before image has no sensor_id to look up.
+    assert_eq!(ev[5].1["metadata"]["operation"], "DELETE");
+    assert_eq!(row(5).0, Value::Null);
+    // After TRUNCATE sensors nothing is found.
+    assert_eq!(row(6).1, Value::Null);
+    assert_eq!(ev.len(), 7);
+    let mut total = crate::stats::TableCounters::default();
+    for c in txns.iter().filter_map(|t| t.counters.get(&relation_oids(&fr)["sensor_readings"])) {
+        total.add(c);
+    }
+    assert_eq!((total.enrichments, total.lookups, total.lookup_hits), (7, 6, 6), "{total:?}");
+}
+
+#[test]
+fn enrichment_in_two_passes_matches_the_buffered_path() {
+    let fr = frames("enrich");
+    let t = types("enrich");
+    let (sink, mut whole) = enrich_sink(&fr);
+    let whole = whole.process(&fr, &sink, &t).unwrap();
+    let (_, mut a) = enrich_sink(&fr);
+    let begins: Vec<usize> = fr.iter().enumerate().filter(|(_, f)| f.data[0] == b'B').map(|(i, _)| i).collect();
+    // Relation messages come inside transactions in this capture; feed each transaction twice.
+    for (n, &b) in begins.iter().enumerate() {
+        let end = b + fr[b..].iter().position(|f| f.data[0] == b'C').unwrap() + 1;
+        let mut lt = LargeTransaction::default();
+        assert_eq!(a.count_large(&fr[b..end], &sink, &t, &mut lt).unwrap(), Some(end - b));
+        let mut events = Vec::new();
+        assert_eq!(a.encode_large(&fr[b..end], &sink, &t, &mut lt, &mut events).unwrap(), Some(end - b));
+        assert_eq!(events, whole.transactions[n].events, "transaction {n}");
+    }
+}

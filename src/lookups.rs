@@ -1,0 +1,252 @@
+//! Each sink's copies of the lookup tables its `enrich` transformations read (`_cdc_lookups`,
+//! `_cdc_lookup_rows`; the design is in [`cdc_core::lookup`]).
+//!
+//! - [`seed`] copies a lookup table for one sink under a SHARE lock, as of the WAL insert position
+//!   (called by `cdc_enable`, `cdc_add_sink`, and the worker for a sink whose slot it created);
+//! - [`bindings`] / [`Copy`] / [`write`] are the worker's side: what it has, where its misses go,
+//!   and how its changes are written before the slot moves.
+use cdc_core::lookup::{LookupBinding, LookupFlush, LookupId, LookupRow, LookupSource};
+use cdc_core::Lsn;
+use pgrx::JsonB;
+use serde_json::{json, Value};
+
+use crate::catalog;
+use crate::worker::source::TEXT_FORMAT_SETTINGS;
+
+/// One `enrich` transformation as resolved by `cdc_enable`.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// The captured table.
+    pub table_oid: u32,
+    /// Which of its enrich transformations (config order).
+    pub position: u32,
+    /// The lookup table.
+    pub lookup_oid: u32,
+    /// Its key column.
+    pub lookup_column: String,
+    /// Its columns added to events.
+    pub add_columns: Vec<String>,
+}
+
+/// `name` quoted as an SQL identifier.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Runs `f` with the worker's text format for values (dates, floats, bytea) in force for this
+/// transaction's statements, then puts the caller's settings back: copies and previews must show
+/// values exactly as pgoutput sends them to the worker.
+pub fn with_text_format<T>(f: impl FnOnce() -> T) -> T {
+    let saved: Vec<(String, String)> = TEXT_FORMAT_SETTINGS
+        .iter()
+        .map(|(n, _)| {
+            let v = catalog::select_one::<String>("SELECT current_setting($1)", &[(*n).into()]).unwrap_or_default();
+            (n.to_string(), v)
+        })
+        .collect();
+    for (n, v) in TEXT_FORMAT_SETTINGS {
+        catalog::select_one::<String>("SELECT set_config($1, $2, true)", &[(*n).into(), (*v).into()]);
+    }
+    let out = f();
+    for (n, v) in &saved {
+        catalog::select_one::<String>("SELECT set_config($1, $2, true)", &[n.as_str().into(), v.as_str().into()]);
+    }
+    out
+}
+
+/// Copies a lookup table for a sink, replacing any earlier copy. The SHARE lock waits for the
+/// table's writers and holds new ones off until the calling transaction ends, so the copy holds
+/// exactly the changes committed before its position and the slot delivers exactly those after.
+pub fn seed(schema: &str, sink_id: &str, spec: &Spec) {
+    let lookup =
+        catalog::select_one::<String>("SELECT $1::bigint::oid::regclass::text", &[i64::from(spec.lookup_oid).into()])
+            .unwrap_or_else(|| pgrx::error!("pg_cdc: lookup table OID {} does not exist", spec.lookup_oid));
+    catalog::run(&format!("LOCK TABLE {lookup} IN SHARE MODE"), &[]);
+    let ids = |extra: &str| format!("sink_id = $1::uuid AND table_oid = $2::bigint::oid AND position = $3{extra}");
+    let (sink, table, position) = (sink_id, i64::from(spec.table_oid), spec.position as i32);
+    catalog::run(
+        &format!("DELETE FROM {schema}._cdc_lookups WHERE {}", ids("")),
+        &[sink.into(), table.into(), position.into()],
+    );
+    catalog::run(
+        &format!(
+            "INSERT INTO {schema}._cdc_lookups
+                 (sink_id, table_oid, position, lookup_oid, lookup_column, add_columns, add_types, as_of_lsn)
+             SELECT $1::uuid, $2::bigint::oid, $3, $4::bigint::oid, $5, $6,
+                    (SELECT array_agg(a.atttypid ORDER BY u.ord)
+                       FROM unnest($6::text[]) WITH ORDINALITY u(name, ord)
+                       JOIN pg_attribute a ON a.attrelid = $4::bigint::oid AND a.attname = u.name),
+                    pg_current_wal_insert_lsn()"
+        ),
+        &[
+            sink.into(),
+            table.into(),
+            position.into(),
+            i64::from(spec.lookup_oid).into(),
+            spec.lookup_column.as_str().into(),
+            spec.add_columns.clone().into(),
+        ],
+    );
+    let values: Vec<String> = spec.add_columns.iter().map(|c| format!("t.{}::text", quote_ident(c))).collect();
+    let key = quote_ident(&spec.lookup_column);
+    with_text_format(|| {
+        catalog::run(
+            &format!(
+                "INSERT INTO {schema}._cdc_lookup_rows (sink_id, table_oid, position, lookup_key, vals)
+                 SELECT $1::uuid, $2::bigint::oid, $3, t.{key}::text, ARRAY[{}]::text[] FROM {lookup} t
+                  WHERE t.{key} IS NOT NULL",
+                values.join(", ")
+            ),
+            &[sink.into(), table.into(), position.into()],
+        )
+    });
+}
+
+/// The sinks that capture a table (their ids).
+pub fn sinks_of_table(schema: &str, table_oid: u32) -> Vec<String> {
+    let v = catalog::json(
+        &format!(
+            "SELECT coalesce(jsonb_agg(sink_id::text ORDER BY created_at), '[]') FROM {schema}._cdc_sinks
+              WHERE table_oids IS NULL OR $1::bigint::oid = ANY (table_oids)"
+        ),
+        &[i64::from(table_oid).into()],
+    );
+    v.and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default()
+}
+
+/// The enrich transformations of the captured tables a sink covers (`tables`: its table OIDs,
+/// `None` for all), resolved as `cdc_enable` stored them.
+pub fn specs_for_sink(schema: &str, tables: Option<&[u32]>) -> Vec<Spec> {
+    let rows = catalog::json(
+        &format!(
+            "SELECT coalesce(jsonb_agg(jsonb_build_object('oid', table_oid::bigint, 'config', config,
+                                                          'lookup_oids', lookup_oids::bigint[])), '[]')
+               FROM {schema}._cdc_publications WHERE cardinality(lookup_oids) > 0"
+        ),
+        &[],
+    )
+    .unwrap_or_default();
+    let mut out = Vec::new();
+    for r in rows.as_array().into_iter().flatten() {
+        let oid = r["oid"].as_u64().unwrap_or(0) as u32;
+        if tables.is_some_and(|t| !t.contains(&oid)) {
+            continue;
+        }
+        let lookup_oids: Vec<u32> = serde_json::from_value(r["lookup_oids"].clone()).unwrap_or_default();
+        out.extend(specs_of_config(oid, &r["config"], &lookup_oids));
+    }
+    out
+}
+
+/// The enrich transformations of one stored capture config, with their resolved lookup tables.
+pub fn specs_of_config(table_oid: u32, config: &Value, lookup_oids: &[u32]) -> Vec<Spec> {
+    let Ok(cfg) = cdc_core::config::parse_stored_capture_config(config, Vec::new()) else {
+        return Vec::new();
+    };
+    cfg.enrich
+        .iter()
+        .zip(lookup_oids)
+        .enumerate()
+        .map(|(i, (e, &lookup_oid))| Spec {
+            table_oid,
+            position: i as u32,
+            lookup_oid,
+            lookup_column: e.lookup_column.clone(),
+            add_columns: e.add_columns.clone(),
+        })
+        .collect()
+}
+
+/// The copies a sink has, as the worker binds them.
+pub fn bindings(schema: &str, sink_id: &str) -> Vec<LookupBinding> {
+    let rows = catalog::json(
+        &format!(
+            "SELECT coalesce(jsonb_agg(jsonb_build_object('table_oid', table_oid::bigint, 'position', position,
+                        'lookup_oid', lookup_oid::bigint, 'lookup_column', lookup_column, 'add_columns', add_columns,
+                        'add_types', add_types::bigint[], 'as_of', as_of_lsn::text)), '[]')
+               FROM {schema}._cdc_lookups WHERE sink_id = $1::uuid"
+        ),
+        &[sink_id.into()],
+    )
+    .unwrap_or_default();
+    rows.as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| LookupBinding {
+            id: LookupId {
+                table_oid: r["table_oid"].as_u64().unwrap_or(0) as u32,
+                position: r["position"].as_u64().unwrap_or(0) as u32,
+            },
+            lookup_oid: r["lookup_oid"].as_u64().unwrap_or(0) as u32,
+            lookup_column: r["lookup_column"].as_str().unwrap_or_default().to_string(),
+            add_columns: serde_json::from_value(r["add_columns"].clone()).unwrap_or_default(),
+            add_types: serde_json::from_value(r["add_types"].clone()).unwrap_or_default(),
+            as_of: r["as_of"].as_str().and_then(|s| s.parse().ok()).unwrap_or(Lsn(0)),
+        })
+        .collect()
+}
+
+/// A sink's persisted copies, where the worker's cache misses go (inside the read transaction).
+pub struct Copy {
+    /// The extension's schema, quoted.
+    pub schema: String,
+    /// The sink (uuid text).
+    pub sink_id: String,
+}
+
+impl LookupSource for Copy {
+    fn fetch(&mut self, id: LookupId, key: &str) -> Result<Option<LookupRow>, String> {
+        let vals = catalog::select_one::<Vec<Option<String>>>(
+            &format!(
+                "SELECT vals FROM {}._cdc_lookup_rows
+                  WHERE sink_id = $1::uuid AND table_oid = $2::bigint::oid AND position = $3 AND lookup_key = $4",
+                self.schema
+            ),
+            &[self.sink_id.as_str().into(), i64::from(id.table_oid).into(), (id.position as i32).into(), key.into()],
+        );
+        Ok(vals.map(|v| v.into_iter().map(|s| s.map(Box::from)).collect()))
+    }
+}
+
+/// Writes what the worker's copies changed (call before confirming the slot, in a transaction of
+/// its own, so the persisted copy is never behind the slot).
+pub fn write(schema: &str, sink_id: &str, flushes: &[LookupFlush]) {
+    for f in flushes {
+        let (table, position) = (i64::from(f.id.table_oid), f.id.position as i32);
+        let ids = || vec![sink_id.into(), table.into(), position.into()];
+        let which = "sink_id = $1::uuid AND table_oid = $2::bigint::oid AND position = $3";
+        if f.truncate {
+            catalog::run(&format!("DELETE FROM {schema}._cdc_lookup_rows WHERE {which}"), &ids());
+        }
+        let (set, gone): (Vec<_>, Vec<_>) = f.rows.iter().partition(|(_, row)| row.is_some());
+        if !gone.is_empty() {
+            let keys: Vec<String> = gone.iter().map(|(k, _)| k.clone()).collect();
+            let mut args = ids();
+            args.push(keys.into());
+            catalog::run(
+                &format!("DELETE FROM {schema}._cdc_lookup_rows WHERE {which} AND lookup_key = ANY ($4::text[])"),
+                &args,
+            );
+        }
+        if !set.is_empty() {
+            let rows: Value = set
+                .iter()
+                .map(|(k, row)| json!([k, row.as_ref().map(|r| r.iter().map(|v| v.as_deref()).collect::<Vec<_>>())]))
+                .collect();
+            let mut args = ids();
+            args.push(JsonB(rows).into());
+            catalog::run(
+                &format!(
+                    "INSERT INTO {schema}._cdc_lookup_rows AS r (sink_id, table_oid, position, lookup_key, vals)
+                     SELECT $1::uuid, $2::bigint::oid, $3, e->>0, ARRAY(SELECT jsonb_array_elements_text(e->1))
+                       FROM jsonb_array_elements($4) e
+                     ON CONFLICT (sink_id, table_oid, position, lookup_key) DO UPDATE SET vals = EXCLUDED.vals"
+                ),
+                &args,
+            );
+        }
+        let mut args = ids();
+        args.push(f.as_of.to_string().into());
+        catalog::run(&format!("UPDATE {schema}._cdc_lookups SET as_of_lsn = $4::pg_lsn WHERE {which}"), &args);
+    }
+}
