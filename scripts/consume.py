@@ -42,6 +42,7 @@ def main():
     p.add_argument("--timeout", type=float, default=30.0, help="give up after this many seconds")
     p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
     p.add_argument("--compact", action="store_true", help="one line per event")
+    p.add_argument("--quiet", action="store_true", help="print only how many arrived")
     a = p.parse_args()
     c = Consumer({
         "bootstrap.servers": a.bootstrap,
@@ -61,6 +62,8 @@ def main():
             got += 1
             key = m.key().decode() if m.key() else None
             where = f"{m.topic()}[{m.partition()}]@{m.offset()}"
+            if a.quiet:
+                continue
             if a.compact:
                 print(f"{where} key={key} {m.value().decode()}")
             else:
@@ -69,6 +72,8 @@ def main():
                 print(render(value))
     finally:
         c.close()
+    if a.quiet:
+        print(f"{got} events read back from {a.topic}")
     if got < a.count:
         print(f"only {got} of {a.count} messages arrived on {a.topic} within {a.timeout}s", file=sys.stderr)
         sys.exit(1)

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The short demo `make demo` runs after `make up`: capture a table, add a Kafka sink, change rows,
-# then read the events back from Kafka with an independent client (not the worker's own state).
+# then read the events back from Kafka with an independent client (not the worker's own state), and
+# ask PostgreSQL how capture is doing (cdc_metrics, cdc_status, the _cdc_offsets lag query).
+# The demo's table is `orders`, as in the product description; an `orders` table the demo did not
+# create is left alone (the demo stops).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=env.sh source-path=SCRIPTDIR
@@ -14,13 +17,21 @@ q <<SQL
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS pg_cdc;
 SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = 'demo_kafka';
-SELECT cdc_disable(table_name::regclass) FROM _cdc_publications WHERE table_name = 'demo_orders';
-DROP TABLE IF EXISTS demo_orders;
-CREATE TABLE demo_orders (order_id text PRIMARY KEY, customer_id text, total numeric(10,2),
-                          status text, updated_at timestamptz DEFAULT now(), internal_notes text);
+DO \$\$
+BEGIN
+    IF to_regclass('public.orders') IS NOT NULL
+       AND obj_description(to_regclass('public.orders'), 'pg_class') IS DISTINCT FROM 'pg_cdc demo' THEN
+        RAISE EXCEPTION 'a table public.orders exists that the demo did not create; the demo leaves it alone';
+    END IF;
+END \$\$;
+SELECT cdc_disable(table_name::regclass) FROM _cdc_publications WHERE table_name = 'orders';
+DROP TABLE IF EXISTS public.orders;
+CREATE TABLE public.orders (order_id text PRIMARY KEY, customer_id text, total numeric(10,2),
+                            status text, updated_at timestamptz DEFAULT now(), internal_notes text);
+COMMENT ON TABLE public.orders IS 'pg_cdc demo';
 RESET client_min_messages;
 \o
-SELECT cdc_enable(table_name => 'demo_orders', config => '{
+SELECT cdc_enable(table_name => 'orders', config => '{
     "include_columns": ["order_id", "customer_id", "total", "status", "updated_at"],
     "key_columns": ["order_id"], "include_before_image": true, "include_transaction_info": true}'::jsonb) AS publication_id;
 SELECT cdc_add_sink(sink_name => 'demo_kafka', sink_type => 'kafka', config => '{
@@ -29,19 +40,34 @@ SQL
 
 echo "== change rows"
 q -e <<'SQL'
-INSERT INTO demo_orders (order_id, customer_id, total, status, internal_notes)
+INSERT INTO orders (order_id, customer_id, total, status, internal_notes)
      VALUES ('ORD-12345', 'CUST-789', 150.00, 'pending', 'never published');
-UPDATE demo_orders SET status = 'confirmed' WHERE order_id = 'ORD-12345';
-DELETE FROM demo_orders WHERE order_id = 'ORD-12345';
+UPDATE orders SET status = 'confirmed' WHERE order_id = 'ORD-12345';
+DELETE FROM orders WHERE order_id = 'ORD-12345';
 SQL
 
 echo "== events read back from Kafka (confluent-kafka, isolation.level=read_committed)"
 "$PG_CDC_VENV/bin/python" "$here/consume.py" --topic "$topic" --count 3 --timeout 60
 
-echo "== delivery progress, from SQL"
+echo "== a workload: 200 transactions of 10 orders"
+for i in $(seq 1 200); do
+  echo "INSERT INTO orders (order_id, customer_id, total, status)
+        SELECT 'ORD-$i-' || n, 'CUST-' || n, n * 1.5, 'pending' FROM generate_series(1, 10) n;"
+done | q
+"$PG_CDC_VENV/bin/python" "$here/consume.py" --topic "$topic" --count 2003 --timeout 120 --quiet
+
+echo "== how capture is doing, from SQL (all measured by the worker)"
+# Wait until the slot is confirmed past the workload, so the figures cover all of it.
+for _ in $(seq 1 60); do
+  [ "$(q -At -c "SELECT events_published FROM _cdc_offsets WHERE table_name = 'orders'")" = "2003" ] && break
+  sleep 0.5
+done
 q <<'SQL'
+SELECT jsonb_pretty(cdc_metrics('orders')) AS cdc_metrics;
+\x on
+SELECT * FROM cdc_status();
+\x off
 SELECT sink_name, events_published, last_timestamp, NOW() - last_timestamp AS lag
-  FROM _cdc_offsets WHERE table_name = 'demo_orders';
-SELECT sink_name, state, last_error FROM _cdc_sinks WHERE sink_name = 'demo_kafka';
+  FROM _cdc_offsets WHERE table_name = 'orders';
 SQL
 echo "== demo done: psql with 'make psql'; stop everything with 'make down'"

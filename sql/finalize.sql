@@ -37,3 +37,31 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION _cdc_forget_dropped_tables() FROM PUBLIC;
 CREATE EVENT TRIGGER _cdc_forget_dropped_tables ON sql_drop EXECUTE FUNCTION _cdc_forget_dropped_tables();
+
+-- One overview row per sink (pipeline): state, slot health, lag, delivery and end-to-end latency.
+-- SECURITY DEFINER, and granted to pg_monitor: monitoring roles see figures and states, never the
+-- sink configs (they may hold credentials).
+CREATE FUNCTION cdc_status() RETURNS TABLE (
+    sink_name text, sink_type text, delivery_mode text, state text, last_error text, since timestamptz,
+    slot_name text, wal_status text, retained_wal_bytes bigint, safe_wal_size bigint, lag_bytes bigint,
+    last_delivered_at timestamptz, events_published bigint,
+    end_to_end_p50_ms double precision, end_to_end_p99_ms double precision, end_to_end_p999_ms double precision)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT s.sink_name, s.sink_type, s.delivery_mode, s.state, s.last_error, s.state_since,
+           s.slot_name::text, r.wal_status,
+           (pg_current_wal_lsn() - r.restart_lsn)::bigint, r.safe_wal_size,
+           (pg_current_wal_lsn() - r.confirmed_flush_lsn)::bigint,
+           o.last_delivered_at, coalesce(o.events, 0)::bigint,
+           (l.v ->> 'p50_ms')::float8, (l.v ->> 'p99_ms')::float8, (l.v ->> 'p999_ms')::float8
+      FROM @extschema@._cdc_sinks s
+      LEFT JOIN pg_replication_slots r ON r.slot_name = s.slot_name
+      LEFT JOIN LATERAL (SELECT max(last_timestamp) AS last_delivered_at, sum(events_published) AS events
+                           FROM @extschema@._cdc_offsets WHERE sink_name = s.sink_name) o ON true
+      CROSS JOIN LATERAL (SELECT @extschema@._cdc_sink_latency(s.sink_id::text) AS v) l
+     ORDER BY s.sink_name
+$$;
+REVOKE EXECUTE ON FUNCTION cdc_status() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION _cdc_sink_latency(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_metrics(regclass) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_prometheus_metrics() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION cdc_status(), cdc_metrics(regclass), cdc_prometheus_metrics() TO pg_monitor;

@@ -23,6 +23,8 @@ pub static KAFKA_BOOTSTRAP_SERVERS: GucSetting<Option<CString>> =
 pub static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
 /// `cdc.batch_changes`.
 pub static BATCH_CHANGES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+/// `cdc.wal_warning_bytes` (0: off).
+pub static WAL_WARNING_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024);
 /// `cdc.enrich_cache_rows`.
 pub static ENRICH_CACHE_ROWS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 /// `cdc.heartbeat_interval_ms`.
@@ -114,6 +116,16 @@ pub fn init() {
         10_000_000,
         GucContext::Sighup,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"cdc.wal_warning_bytes",
+        c"Retained WAL (MB) past which the worker logs a WARNING for a sink's slot; 0 turns it off.",
+        c"Repeated every 5 minutes while the slot stays above it. cdc_status() shows retained_wal_bytes and safe_wal_size.",
+        &WAL_WARNING_BYTES,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
     );
     GucRegistry::define_int_guc(
         c"cdc.enrich_cache_rows",

@@ -2,6 +2,7 @@
 //! answers a mistake with a SQLSTATE, the JSON path and a HINT (see `errors`).
 pub mod capture;
 pub mod context;
+pub mod monitor;
 pub mod preview;
 pub mod sinks;
 pub mod status;

@@ -54,7 +54,7 @@ fn cdc_delivery_status(sink_name: Option<&str>) -> JsonB {
 }
 
 /// When the shared-memory counters started, ISO-8601 UTC.
-fn counters_since() -> String {
+pub(crate) fn counters_since() -> String {
     crate::stats::since_unix_micros()
         .and_then(|us| {
             crate::catalog::select_one::<String>(

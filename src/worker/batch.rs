@@ -73,6 +73,25 @@ pub struct Batch {
     pub tables: HashMap<u32, TableCounters>,
     /// Nothing was read: the sink's producer started opening (see `state::start_open`).
     pub opening: bool,
+    /// What was handed to the producer and when, for the latency histograms once it is
+    /// acknowledged.
+    pub sent_log: Vec<Sent>,
+}
+
+/// Events of one transaction (or piece of one) handed to the producer.
+#[derive(Debug, Default)]
+pub struct Sent {
+    /// The transaction's commit time, Unix microseconds.
+    pub commit_unix_micros: i64,
+    /// When its events were built and handed over, Unix microseconds.
+    pub sent_unix_micros: i64,
+    /// Its events per table OID.
+    pub tables: Vec<(u32, u64)>,
+}
+
+/// Now, Unix microseconds.
+pub fn unix_micros_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
 }
 
 /// The read's fixed inputs.
@@ -175,6 +194,9 @@ fn send_whole(
         }
         add_counts(&mut b.tables, &t.counters);
         send(run, &t.events, t.commit_lsn, t.commit_time, b)?;
+        let mut touched = Vec::new();
+        add_tables(&mut touched, &t.events);
+        count_transaction(b, &touched);
     }
     if out.confirm_lsn.is_some() {
         b.target = out.confirm_lsn;
@@ -226,6 +248,7 @@ fn send_large(
     }
     b.counted.large_transactions += 1;
     let mut first_piece = true;
+    let mut touched: Vec<u32> = Vec::new();
     loop {
         let at = peek.position();
         let chunk = fetch_inside(peek, types, begin, b)?;
@@ -239,14 +262,32 @@ fn send_large(
             first_piece = false;
         }
         send(run, &events, lt.commit_lsn(), lt.commit_time(), b)?;
+        add_tables(&mut touched, &events);
         if let Some(n) = done {
             peek.seek(at + n as u64);
             break;
         }
     }
     add_counts(&mut b.tables, &run.assembler.take_counters());
+    count_transaction(b, &touched);
     b.target = lt.end_lsn();
     Ok(())
+}
+
+/// Adds the tables of `events` to `touched` (once each).
+fn add_tables(touched: &mut Vec<u32>, events: &[cdc_core::envelope::Event]) {
+    for ev in events {
+        if !touched.contains(&ev.table_oid) {
+            touched.push(ev.table_oid);
+        }
+    }
+}
+
+/// Counts one delivered source transaction for each table it had events of.
+fn count_transaction(b: &mut Batch, touched: &[u32]) {
+    for oid in touched {
+        b.tables.entry(*oid).or_default().transactions += 1;
+    }
 }
 
 /// Fetches the next rows of a large transaction that started at row `begin`.
@@ -285,11 +326,24 @@ fn send(
     let stats = producer.send(events).map_err(Failure::sink)?;
     b.counted.events_delivered += stats.events;
     b.counted.bytes_delivered += stats.bytes;
+    let mut sent = Sent {
+        commit_unix_micros: pg_to_unix_micros(commit_time),
+        sent_unix_micros: unix_micros_now(),
+        tables: Vec::new(),
+    };
     for ev in events {
         let p = b.progress.entry(ev.table_oid).or_default();
         p.events += 1;
         p.last_commit_lsn = commit_lsn.0;
-        p.last_commit_unix_micros = pg_to_unix_micros(commit_time);
+        p.last_commit_unix_micros = sent.commit_unix_micros;
+        match sent.tables.iter_mut().find(|(oid, _)| *oid == ev.table_oid) {
+            Some((_, n)) => *n += 1,
+            None => sent.tables.push((ev.table_oid, 1)),
+        }
     }
+    for (oid, n) in &sent.tables {
+        b.tables.entry(*oid).or_default().events += n;
+    }
+    b.sent_log.push(sent);
     Ok(())
 }

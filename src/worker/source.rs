@@ -74,6 +74,9 @@ pub struct SlotRow {
     pub wal_status: Option<String>,
     /// PID of the process using it, if any.
     pub active_pid: Option<i32>,
+    /// WAL it retains: current WAL position - restart_lsn (bytes).
+    #[serde(default)]
+    pub retained: Option<i64>,
 }
 
 /// Everything the worker reads at the start of a tick.
@@ -142,7 +145,8 @@ pub fn load_catalog() -> Catalog {
 
 /// pg_cdc's slots in this database.
 const SLOTS_SQL: &str = r#"(SELECT coalesce(jsonb_agg(jsonb_build_object('name', slot_name, 'confirmed', confirmed_flush_lsn::text,
-                'wal_status', wal_status, 'active_pid', active_pid)), '[]')
+                'wal_status', wal_status, 'active_pid', active_pid,
+                'retained', (pg_current_wal_lsn() - restart_lsn)::bigint)), '[]')
               FROM pg_replication_slots WHERE database = current_database() AND slot_name LIKE '\_cdc\_%')"#;
 
 fn load(sql: &str) -> Catalog {

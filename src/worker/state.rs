@@ -109,6 +109,34 @@ fn add(c: &mut DeliveryCounters, d: &DeliveryCounters) {
     c.large_transactions += d.large_transactions;
 }
 
+/// Records the latencies of a delivery acknowledged at `acked` (Unix microseconds): per event,
+/// publish (handed over -> acknowledged) and end to end (committed -> acknowledged) for the sink,
+/// capture (committed -> handed over) and end to end for each table. Clock differences between
+/// the commit and the worker (none: same server) never make a latency negative.
+fn record_latencies(sink_id: &str, sent: &[batch::Sent], acked: i64) {
+    if sent.is_empty() {
+        return;
+    }
+    let since = |from: i64, to: i64| (to - from).max(0) as u64;
+    let mut sink = crate::stats::SinkLatency::default();
+    let mut tables: HashMap<u32, crate::stats::TableLatency> = HashMap::new();
+    for s in sent {
+        let (capture, publish, end_to_end) = (
+            since(s.commit_unix_micros, s.sent_unix_micros),
+            since(s.sent_unix_micros, acked),
+            since(s.commit_unix_micros, acked),
+        );
+        for &(oid, n) in &s.tables {
+            sink.publish.record_n(publish, n);
+            sink.end_to_end.record_n(end_to_end, n);
+            let t = tables.entry(oid).or_default();
+            t.capture.record_n(capture, n);
+            t.end_to_end.record_n(end_to_end, n);
+        }
+    }
+    crate::stats::add_latencies(sink_id, &sink, &tables);
+}
+
 /// The worker.
 pub struct Worker {
     sinks: HashMap<String, SinkRun>,
@@ -125,6 +153,8 @@ pub struct Worker {
     context_key: Option<Vec<u8>>,
     /// When loading it last failed (tried again a minute later, not every tick).
     context_key_failed: Option<Instant>,
+    /// When each slot's retained-WAL warning was last logged.
+    wal_warned: HashMap<String, Instant>,
 }
 
 impl Worker {
@@ -140,6 +170,7 @@ impl Worker {
             token_key: None,
             context_key: None,
             context_key_failed: None,
+            wal_warned: HashMap::new(),
         }
     }
 
@@ -166,6 +197,7 @@ impl Worker {
         };
         self.refresh_configs(&cat);
         self.sync_sinks(&cat);
+        self.warn_retained_wal(&cat);
         self.refresh_token_key();
         let mut busy = false;
         let ids: Vec<String> = cat.sinks.iter().map(|s| s.id.clone()).collect();
@@ -201,6 +233,38 @@ impl Worker {
         self.configs = next;
     }
 
+    /// Logs a WARNING for each sink whose slot retains more WAL than `cdc.wal_warning_bytes`,
+    /// at most every 5 minutes per slot while it stays above.
+    fn warn_retained_wal(&mut self, cat: &Catalog) {
+        let limit = i64::from(gucs::WAL_WARNING_BYTES.get()) << 20;
+        self.wal_warned.retain(|slot, _| cat.slots.iter().any(|s| &s.name == slot));
+        if limit <= 0 {
+            return;
+        }
+        for sink in &cat.sinks {
+            let Some(retained) = cat.slots.iter().find(|s| s.name == sink.slot).and_then(|s| s.retained) else {
+                continue;
+            };
+            if retained <= limit {
+                self.wal_warned.remove(&sink.slot);
+                continue;
+            }
+            if self.wal_warned.get(&sink.slot).is_some_and(|t| t.elapsed().as_secs() < 300) {
+                continue;
+            }
+            self.wal_warned.insert(sink.slot.clone(), Instant::now());
+            pgrx::warning!(
+                "pg_cdc sink \"{}\": replication slot {} retains {} MB of WAL (cdc.wal_warning_bytes = {} MB); state {}{}",
+                sink.name,
+                sink.slot,
+                retained >> 20,
+                limit >> 20,
+                sink.state,
+                sink.last_error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
+            );
+        }
+    }
+
     /// Loads the tokenization key again when its settings changed (after a SIGHUP), and hands it
     /// to every sink's assembler.
     fn refresh_token_key(&mut self) {
@@ -233,6 +297,9 @@ impl Worker {
 
     fn sync_sinks(&mut self, cat: &Catalog) {
         self.sinks.retain(|id, _| cat.sinks.iter().any(|s| &s.id == id));
+        // Counters and latencies of dropped sinks and tables free their shared-memory entries.
+        crate::stats::retain(&cat.sinks.iter().map(|s| s.id.as_str()).collect::<Vec<_>>());
+        crate::stats::retain_tables(&cat.tables.iter().map(|t| t.oid).collect::<Vec<_>>());
         for row in &cat.sinks {
             let changed =
                 self.sinks.get(&row.id).is_none_or(|r| r.row.config != row.config || r.row.tables != row.tables);
@@ -525,15 +592,15 @@ impl Worker {
                     self.fail(id, state, e.message);
                     return false;
                 }
+                let acked = batch::unix_micros_now();
                 if exactly_once {
                     run.checkpoint = Some(checkpoint);
                     counted.committed_transactions = 1;
-                }
-                if exactly_once {
                     counted.committed_lsn = checkpoint.end_lsn.0;
                 }
                 crate::stats::update(&row.id, |c| add(c, &counted));
                 crate::stats::add_tables(&row.id, &batch.tables);
+                record_latencies(&row.id, &batch.sent_log, acked);
                 if gucs::string(&gucs::TEST_FAILPOINT) == "after_kafka_commit" {
                     pgrx::log!("pg_cdc worker: failpoint after_kafka_commit: exiting before the slot is confirmed");
                     // SAFETY: ends this process on purpose (test failpoint); the postmaster restarts it.

@@ -125,6 +125,7 @@ def consume(topic, count, timeout=30.0, extra=None):
             "raw": m.value(),
             "partition": m.partition(),
             "offset": m.offset(),
+            "timestamp": m.timestamp()[1],  # milliseconds: the producer's, or the broker's (LogAppendTime)
         }
         for m in out
     ]

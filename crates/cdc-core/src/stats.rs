@@ -66,6 +66,10 @@ pub struct TableCounters {
     pub lookups: u64,
     /// Of those, answered from the worker's memory (the rest read its persisted copy).
     pub lookup_hits: u64,
+    /// Source transactions delivered with at least one event of the table.
+    pub transactions: u64,
+    /// Events of the table delivered.
+    pub events: u64,
 }
 
 impl TableCounters {
@@ -83,6 +87,8 @@ impl TableCounters {
         self.enrichments += d.enrichments;
         self.lookups += d.lookups;
         self.lookup_hits += d.lookup_hits;
+        self.transactions += d.transactions;
+        self.events += d.events;
     }
 }
 

@@ -1,0 +1,168 @@
+"""Monitoring from SQL and Prometheus: cdc_metrics, cdc_status, the seed's _cdc_offsets query and
+cdc_prometheus_metrics, checked against a known workload and against an independent measure."""
+import json
+import statistics
+import time
+from datetime import datetime
+
+import psycopg
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import BOOTSTRAP, connect, consume, server_log, server_settings, wait_for
+
+
+def delivered(pg, sink, n):
+    """Waits until the sink's _cdc_offsets count `n` events (delivered and confirmed)."""
+    wait_for(lambda: pg.execute("SELECT coalesce(sum(events_published), 0) FROM _cdc_offsets WHERE sink_name = %s",
+                                (sink,)).fetchone()[0] == n, what=f"{n} events confirmed")
+
+
+def test_figures_of_a_known_workload_are_exact(pg, sinks, unique):
+    t, topic = f"orders_{unique}", f"orders-metrics-{unique}"
+    pg.execute(f"CREATE TABLE {t} (order_id int PRIMARY KEY, customer_region text, total numeric(10,2))")
+    pg.execute("SELECT cdc_enable(%s, '{\"partition_key\": \"customer_region\"}')", (t,))
+    name = sinks.add(f"kafka_metrics_{unique}", topic)
+    # 5 transactions of 20 rows, then 10 one-row transactions: 110 events in 15 transactions.
+    for b in range(5):
+        pg.execute(f"INSERT INTO {t} SELECT i, 'us-east', i FROM generate_series({b * 20 + 1}, {b * 20 + 20}) i")
+    for i in range(101, 111):
+        pg.execute(f"INSERT INTO {t} VALUES ({i}, 'eu-west', 1)")
+    assert len(consume(topic, 110)) == 110
+    delivered(pg, name, 110)
+
+    m = pg.execute("SELECT cdc_metrics(%s)", (t,)).fetchone()[0]
+    src, snk, e2e = m["source_metrics"], m["sink_metrics"][name], m["end_to_end_latency"]
+    assert m["table"] == t
+    assert (src["transactions_processed"], src["events_captured"]) == (15, 110)
+    assert snk["events_published"] == 110 and snk["state"] == "running"
+    assert e2e["samples"] == 110, "one latency per event"
+    assert 0 <= src["capture_latency_p50_ms"] <= src["capture_latency_p99_ms"] <= e2e["max_ms"]
+    assert 0 < e2e["p50_ms"] <= e2e["p99_ms"] <= e2e["p999_ms"] <= e2e["max_ms"]
+    assert 0 < snk["publish_latency_p50_ms"] <= snk["publish_latency_p99_ms"]
+    assert snk["lag_events"] is None, "not counted without decoding: documented"
+    assert isinstance(src["wal_lag_bytes"], int) and src["wal_lag_bytes"] >= 0
+
+    row = pg.execute("""SELECT state, last_error, wal_status, retained_wal_bytes, lag_bytes, events_published,
+                               end_to_end_p50_ms, end_to_end_p99_ms, last_delivered_at IS NOT NULL
+                          FROM cdc_status() WHERE sink_name = %s""", (name,)).fetchone()
+    assert row[:3] == ("running", None, "reserved")
+    assert row[3] > 0 and row[4] >= 0 and row[5] == 110 and row[8]
+    assert row[6] == e2e["p50_ms"] and row[7] == e2e["p99_ms"], "one sink: its histogram is the table's"
+
+    # The seed's query, exactly as written.
+    rows = pg.execute(f"""SELECT sink_name, events_published, last_timestamp, NOW() - last_timestamp as lag
+                          FROM _cdc_offsets WHERE table_name = '{t}'""").fetchall()
+    assert [(r[0], r[1]) for r in rows] == [(name, 110)]
+    assert rows[0][3].total_seconds() >= 0
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_end_to_end_percentiles_agree_with_the_broker_timestamps(pg, sinks, unique):
+    """pg_cdc's end-to-end latency (commit -> Kafka commit acknowledged) against an independent
+    measure: the broker's append time of each record (LogAppendTime) minus the commit time the event
+    carries. The broker appends before the transaction commits, so the independent figure is a little
+    lower; the tolerance is 100 ms plus 50 % (the Kafka commit round trip, and 1 ms rounding)."""
+    t, topic = f"ticks_{unique}", f"ticks-latency-{unique}"
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    admin.create_topics([NewTopic(topic, 1, 1, config={"message.timestamp.type": "LogAppendTime"})])[topic].result(30)
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    name = sinks.add(f"kafka_latency_{unique}", topic)
+    pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")  # opens the producer
+    consume(topic, 1)
+    n = 200
+    for i in range(1, n + 1):  # about 50 transactions a second
+        pg.execute(f"INSERT INTO {t} VALUES ({i}, 'x')")
+        time.sleep(0.02)
+    msgs = consume(topic, n + 1)
+    delivered(pg, name, n + 1)
+    assert len(msgs) == n + 1
+    theirs = sorted(m["timestamp"] - commit_ms(m["value"]["metadata"]["timestamp"]) for m in msgs[1:])
+    ours = pg.execute("SELECT cdc_metrics(%s)", (t,)).fetchone()[0]["end_to_end_latency"]
+    assert ours["samples"] == n + 1
+    their_p50, their_p99 = statistics.median(theirs), theirs[int(0.99 * len(theirs)) - 1]
+    for label, mine, other in [("p50", ours["p50_ms"], their_p50), ("p99", ours["p99_ms"], their_p99)]:
+        assert abs(mine - other) <= 100 + 0.5 * other, f"{label}: pg_cdc {mine} ms, broker {other} ms"
+    print(f"end to end p50 {ours['p50_ms']} ms (broker {their_p50} ms), p99 {ours['p99_ms']} ms (broker {their_p99} ms)")
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def commit_ms(iso):
+    """Unix milliseconds of an event's `metadata.timestamp` (ISO 8601, UTC, milliseconds)."""
+    return round(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def test_prometheus_text_parses_and_counts(pg, sinks, unique):
+    t, topic = f"prom_{unique}", f"prom-{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    name = sinks.add(f"kafka_prom_{unique}", topic)
+    pg.execute(f"INSERT INTO {t} SELECT i, 'x' FROM generate_series(1, 25) i")
+    consume(topic, 25)
+    delivered(pg, name, 25)
+    text = pg.execute("SELECT cdc_prometheus_metrics()").fetchone()[0]
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    mine = lambda fam, **labels: [s for s in families[fam].samples  # noqa: E731
+                                  if all(s.labels.get(k) == v for k, v in labels.items())]
+    assert families["pg_cdc_events_published"].type == "counter"
+    assert [s.value for s in mine("pg_cdc_events_published", sink=name, table=t)] == [25]
+    assert [s.value for s in mine("pg_cdc_sink_state", sink=name, state="running")] == [1]
+    assert families["pg_cdc_end_to_end_latency_seconds"].type == "histogram"
+    count = [s.value for s in mine("pg_cdc_end_to_end_latency_seconds", sink=name) if s.name.endswith("_count")]
+    assert count == [25]
+    buckets = [s for s in mine("pg_cdc_end_to_end_latency_seconds", sink=name) if s.name.endswith("_bucket")]
+    assert buckets[-1].labels["le"] == "+Inf" and buckets[-1].value == 25
+    assert all(a.value <= b.value for a, b in zip(buckets, buckets[1:])), "cumulative"
+    table_count = [s.value for s in mine("pg_cdc_capture_latency_seconds", table=t) if s.name.endswith("_count")]
+    assert table_count == [25]
+    assert mine("pg_cdc_slot_retained_wal_bytes", sink=name)[0].value > 0
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_a_monitoring_role_sees_figures_and_nothing_else(pg, unique):
+    mon, nobody = f"cdc_mon_{unique}", f"cdc_nobody_{unique}"
+    pg.execute(f"CREATE ROLE {mon} IN ROLE pg_monitor")
+    pg.execute(f"CREATE ROLE {nobody}")
+    t = f"privs_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    try:
+        with connect() as c:
+            c.execute(f"SET ROLE {mon}")
+            c.execute("SELECT * FROM cdc_status()").fetchall()
+            assert c.execute("SELECT cdc_metrics(%s)", (t,)).fetchone()[0]["table"] == t
+            assert "# TYPE pg_cdc_sink_state gauge" in c.execute("SELECT cdc_prometheus_metrics()").fetchone()[0]
+            for forbidden in ["SELECT config FROM _cdc_sinks", "SELECT * FROM _cdc_lookup_rows",
+                              "SELECT cdc_delivery_status('x')", f"SELECT cdc_disable('{t}')"]:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    c.execute(forbidden)
+            c.execute(f"SET ROLE {nobody}")
+            for call in ["SELECT * FROM cdc_status()", f"SELECT cdc_metrics('{t}')", "SELECT cdc_prometheus_metrics()"]:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    c.execute(call)
+    finally:
+        pg.execute("SELECT cdc_disable(%s)", (t,))
+        pg.execute(f"DROP ROLE {mon}")
+        pg.execute(f"DROP ROLE {nobody}")
+
+
+def test_retained_wal_past_the_threshold_is_a_warning(pg, sinks, unique):
+    t = f"wal_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    # A broker that never answers: the slot stays where it is while the WAL grows.
+    name = f"kafka_dead_{unique}"
+    pg.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)",
+               (name, json.dumps({"bootstrap_servers": "127.0.0.1:1", "topic": f"dead-{unique}"})))
+    sinks.names.append(name)
+    with server_settings({"cdc.wal_warning_bytes": "1"}):
+        pg.execute(f"INSERT INTO {t} SELECT i, repeat('x', 200) FROM generate_series(1, 20000) i")
+        line = wait_for(lambda: next((ln for ln in server_log().splitlines()
+                                      if "WARNING" in ln and f'sink "{name}"' in ln and "retains" in ln), None),
+                        timeout=30, what="retained WAL warning")
+    assert "cdc.wal_warning_bytes = 1 MB" in line, line
+    retained = pg.execute("SELECT retained_wal_bytes FROM cdc_status() WHERE sink_name = %s", (name,)).fetchone()[0]
+    assert retained > 1 << 20
+    pg.execute("SELECT cdc_disable(%s)", (t,))
