@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 
-.PHONY: demo test deps install up down restart psql unit lint regress e2e chaos chaos-long golden bench clean logs
+.PHONY: demo test deps install up down restart psql unit lint regress e2e chaos chaos-long golden bench bench-e2e clean logs
 
 ## demo: install what is missing, build + install the extension, start PostgreSQL and Kafka, run the demo
 demo: up
@@ -67,6 +67,12 @@ chaos-long:
 ## bench: benchmarks, never part of `make test`; prints figures and writes bench/results/
 bench: deps
 	cargo run --release -q -p cdc-core --example pipeline_bench -- --out bench/results
+	@$(MAKE) --no-print-directory bench-e2e
+
+## bench-e2e: pg_cdc and Debezium side by side into Kafka, with the limits (about 10 minutes; `make bench`
+## runs it too); writes bench/results/e2e.md, e2e.csv, e2e.png. Extra options: BENCH_E2E_ARGS=--quick
+bench-e2e: up
+	@$(ENV) "$$PG_CDC_VENV/bin/python" bench/e2e_bench.py $(BENCH_E2E_ARGS)
 
 ## golden: re-capture the pgoutput golden files from the running PostgreSQL
 golden:

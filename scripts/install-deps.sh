@@ -46,6 +46,11 @@ if ! "$PG_CDC_VENV/bin/python" -c 'import confluent_kafka, psycopg, prometheus_c
   log "python packages"
   "$PG_CDC_VENV/bin/pip" install -q -r "$here/../tests/requirements.txt"
 fi
+# matplotlib for the charts of `make bench-e2e`.
+if ! "$PG_CDC_VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
+  log "python packages for the benchmarks"
+  "$PG_CDC_VENV/bin/pip" install -q -r "$here/../bench/requirements.txt"
+fi
 
 "$here/kafka.sh" install
 log "done"

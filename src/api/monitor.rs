@@ -138,8 +138,8 @@ fn cdc_metrics(table_name: Option<pg_sys::Oid>) -> JsonB {
 /// Every pg_cdc figure in the Prometheus text exposition format (version 0.0.4): sink states,
 /// events, bytes and transactions delivered, duplicates filtered, aborted Kafka transactions,
 /// retained WAL and lag per slot, filter and enrichment counts, and latency histograms (publish
-/// and end to end per sink, capture and end to end per table). Serve it from any HTTP endpoint
-/// or scrape it with postgres_exporter (see `monitoring/` in the repository).
+/// and end to end per sink, capture and end to end per table). Serve it over HTTP for Prometheus
+/// (`monitoring/scrape.py` in the repository); postgres_exporter reads `cdc_status()` instead.
 ///
 /// ```sql
 /// SELECT cdc_prometheus_metrics();

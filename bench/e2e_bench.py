@@ -1,0 +1,1120 @@
+"""End-to-end benchmark: pg_cdc and Debezium side by side into the same Kafka (`make bench-e2e`).
+
+One run, on one PostgreSQL, one Kafka broker and one machine, measures each system in turn (never
+two at once) and the limits around them, and writes bench/results/e2e.md, e2e.csv and e2e.png:
+
+- throughput (events/s) of four workloads: INSERTs of ~200-byte rows, INSERTs of ~1 KB rows,
+  UPDATEs of existing rows, and mixed multi-table transactions. Each system delivers the same
+  number of events; the figure is events / (time from the start of the load until a read_committed
+  consumer has seen the last event). pg_cdc is measured exactly-once (its default) and
+  at-least-once; Debezium 3.6.1.Final runs embedded (bench/debezium/) and forwards each record with
+  a KafkaProducer, acknowledged before it is marked processed (at-least-once).
+- the limits, on the very WAL pg_cdc just decoded: decoding alone (pg_logical_slot_peek_binary_changes
+  on a second slot), the same changes streamed by pg_recvlogical to /dev/null, and Kafka's own
+  producer (org.apache.kafka.tools.ProducerPerformance) for records of the size pg_cdc produced;
+- end-to-end latency at fixed rates (pgbench -R, one single-row INSERT per transaction):
+  Kafka's LogAppendTime minus the commit time the event carries, and the time a read_committed
+  consumer received it minus that commit time;
+- source overhead: pgbench TPC-B TPS with capture off, with pg_cdc on and with Debezium on;
+- pg_cdc worker memory (private: Private_Clean + Private_Dirty + Swap from /proc/PID/smaps_rollup)
+  at steady state and during one 1,000,000-row transaction.
+
+Everything it creates is named bench_* / pgbench_* (tables, sinks, slots, publications) or
+bench-<run id>-* (topics) and is dropped at the start (leftovers of an interrupted run) and at the end.
+Ports and paths come from the environment (scripts/env.sh); the services must be running (`make
+bench-e2e` starts them). bench/e2e_report.py writes the files. Run it with the venv's Python:
+
+    source scripts/env.sh && "$PG_CDC_VENV/bin/python" bench/e2e_bench.py [--quick] [--rows N] [--sections ...]
+"""
+import argparse
+import contextlib
+import datetime
+import hashlib
+import json
+import math
+import os
+import platform
+import queue
+import re
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import confluent_kafka
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+import e2e_report
+
+REPO = Path(__file__).resolve().parent.parent
+DEBEZIUM_SRC = REPO / "bench" / "debezium"
+PARTITIONS = 3            # every topic of the run: the broker's default, pre-created with LogAppendTime
+ROWS_PER_TX = 100         # rows per transaction in the INSERT and UPDATE workloads
+ACCOUNTS = 100_000        # rows of bench_accounts (the UPDATE workload's table)
+CUSTOMERS = 10_000        # rows of bench_customers (updated by the mixed workload)
+PUBLICATIONS = "_cdc_publication,_cdc_publication_inserts"   # what every pg_cdc slot reads
+
+# The Java producer of the Debezium harness and of ProducerPerformance (one set, so the two agree).
+JAVA_PRODUCER = {
+    "acks": "all",
+    "enable.idempotence": "true",
+    "linger.ms": "5",
+    "batch.size": "262144",
+    "compression.type": "none",
+}
+# pg_cdc's producer (librdkafka). linger_ms and batch_size are librdkafka's defaults, set explicitly
+# so the report names them; compression none like the Java side (broker and clients share 2 cores).
+PG_CDC_SINK = {"format": "json", "linger_ms": 5, "batch_size": 1_000_000}
+# Debezium engine and connector settings, tuned for throughput as Debezium's performance advice
+# says (bigger batches and queue, short poll interval), plus what makes its events comparable.
+DEBEZIUM_ENGINE = {
+    "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+    "offset.storage": "org.apache.kafka.connect.storage.MemoryOffsetBackingStore",
+    "offset.flush.interval.ms": "1000",
+    "plugin.name": "pgoutput",
+    "publication.autocreate.mode": "disabled",
+    "snapshot.mode": "no_data",
+    "topic.prefix": "bench",
+    "max.batch.size": "8192",
+    "max.queue.size": "32768",
+    "poll.interval.ms": "10",
+    "statistics.metrics.enabled": "false",
+    "tombstones.on.delete": "false",
+    "decimal.handling.mode": "string",
+    "converter.schemas.enable": "false",
+}
+DEBEZIUM_JVM = ["-Xmx1g", "-XX:+UseG1GC"]
+
+
+class BenchError(RuntimeError):
+    """A measurement that could not be completed (timeout, failed tool, missing prerequisite)."""
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What one timed load measured for one system."""
+    events_per_s: float      # end to end: load start -> last event visible to a read_committed consumer
+    load_s: float            # how long the loader took to commit the events
+    value_bytes: float       # average size of the message values the system wrote
+    cpu_s_per_100k: float    # CPU seconds of the system's processes per 100,000 events
+    cores: float             # the same CPU time divided by the wall time
+    redecode_max_mib: float  # the most WAL between the slot's restart_lsn and confirmed_flush_lsn
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A running system under test: the processes whose CPU is its cost (the first is the one whose
+    memory is sampled) and the replication slot it reads."""
+    pids: list
+    slot: str
+
+
+# ---------------------------------------------------------------------------------------------
+# configuration
+
+
+@dataclass(frozen=True)
+class Env:
+    """Where the services are and where files go; scripts/env.sh exports all of it."""
+    pg_host: str
+    pg_port: str
+    pg_user: str
+    pg_db: str
+    bootstrap: str
+    cache: Path
+    run_root: Path
+    pg_bin: Path
+    kafka_version: str
+
+    @classmethod
+    def from_environ(cls):
+        e = os.environ
+        port = e.get("KAFKA_PORT", "9092")
+        return cls(
+            pg_host=e.get("PGHOST", "127.0.0.1"),
+            pg_port=e.get("PGPORT", "55432"),
+            pg_user=e.get("PGUSER", "postgres"),
+            pg_db=e.get("PGDATABASE", "postgres"),
+            bootstrap=e.get("KAFKA_BOOTSTRAP", f"{e.get('KAFKA_HOST', '127.0.0.1')}:{port}"),
+            cache=Path(e.get("PG_CDC_CACHE", "/var/cache/pg_cdc")),
+            run_root=Path(e.get("PG_CDC_RUN", "/var/tmp/pg_cdc")),
+            pg_bin=Path(e.get("PG_BIN", "/usr/lib/postgresql/15/bin")),
+            kafka_version=e.get("KAFKA_VERSION", "4.1.1"),
+        )
+
+    @property
+    def dsn(self):
+        return f"host={self.pg_host} port={self.pg_port} user={self.pg_user} dbname={self.pg_db}"
+
+    def connect(self):
+        return psycopg.connect(self.dsn, autocommit=True)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each section does; --quick and --rows pick these."""
+    events: int             # events per throughput measurement (per workload and system)
+    latency_seconds: int    # length of each fixed-rate run
+    rates: tuple            # transactions per second of the fixed-rate runs
+    pgbench_seconds: int    # length of each pgbench run of the overhead section
+    pgbench_rounds: int     # rounds of (off, pg_cdc, Debezium)
+    pgbench_scale: int
+    big_rows: int           # rows of the one large transaction
+
+    @property
+    def warmup(self):
+        """Events loaded (and waited for) before each timed load, so every system runs warm."""
+        return max(2_000, self.events // 10)
+
+
+FULL = Sizes(events=300_000, latency_seconds=30, rates=(1000, 5000), pgbench_seconds=20, pgbench_rounds=2,
+             pgbench_scale=10, big_rows=1_000_000)
+QUICK = Sizes(events=50_000, latency_seconds=10, rates=(1000, 5000), pgbench_seconds=8, pgbench_rounds=1,
+              pgbench_scale=5, big_rows=200_000)
+SECTIONS = ("throughput", "latency", "overhead", "memory")
+
+
+# ---------------------------------------------------------------------------------------------
+# results
+
+
+class Results:
+    """Every figure of the run as rows (section, workload, system, metric, value, unit), plus the
+    settings and notes the report prints."""
+
+    def __init__(self):
+        self.rows = []
+        self.settings = {}
+        self.notes = []
+        self.series = {}   # timelines for the chart, e.g. memory samples
+
+    def add(self, section, workload, system, metric, value, unit):
+        self.rows.append({"section": section, "workload": workload, "system": system, "metric": metric,
+                          "value": value, "unit": unit})
+        print(f"  {section:10} {workload:14} {system:26} {metric:22} {e2e_report.fmt(value)} {unit}", flush=True)
+
+    def get(self, section, workload, system, metric):
+        for r in self.rows:
+            if (r["section"], r["workload"], r["system"], r["metric"]) == (section, workload, system, metric):
+                return r["value"]
+        return None
+
+    def note(self, text):
+        self.notes.append(text)
+        print(f"  NOTE: {text}", flush=True)
+
+
+def percentile(sorted_values, p):
+    """Nearest-rank percentile of an ascending list (p in 0..100)."""
+    if not sorted_values:
+        return None
+    return sorted_values[max(1, math.ceil(len(sorted_values) * p / 100)) - 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# processes: CPU time and private memory
+
+
+def cpu_seconds(pids):
+    """User + system CPU time of the given processes so far (processes that are gone count 0)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])   # utime, stime (fields 14 and 15)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total / ticks
+
+
+MEMORY_FIELDS = ("Private_Clean", "Private_Dirty", "Swap")
+
+
+def private_kib(pid):
+    """Private memory of a process in KiB: Private_Clean + Private_Dirty + Swap from
+    /proc/PID/smaps_rollup (pages no other process maps; shared_buffers is shared, so it is not in it)."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name in MEMORY_FIELDS:
+                    total += int(rest.split()[0])
+    except FileNotFoundError:
+        return None
+    return total
+
+
+class Sampler(threading.Thread):
+    """Calls `probe()` every `interval` seconds until stopped, keeping (seconds since start, value)
+    for each value that is not None."""
+
+    def __init__(self, probe, interval):
+        super().__init__(daemon=True)
+        self.probe, self.interval = probe, interval
+        self.samples = []
+        self._stop_event = threading.Event()
+
+    def run(self):
+        start = time.monotonic()
+        while not self._stop_event.is_set():
+            value = self.probe()
+            if value is not None:
+                self.samples.append((time.monotonic() - start, value))
+            self._stop_event.wait(self.interval)
+
+    def stop(self):
+        """Stops sampling; returns the values."""
+        self._stop_event.set()
+        self.join()
+        return [value for _, value in self.samples]
+
+
+# ---------------------------------------------------------------------------------------------
+# Kafka
+
+
+class Kafka:
+    """Topic administration for the run; every topic it creates is deleted at the end."""
+
+    def __init__(self, env, run_id):
+        self.env = env
+        self.run_id = run_id
+        self.admin = AdminClient({"bootstrap.servers": env.bootstrap})
+        self.created = []
+
+    def topic(self, *parts):
+        """Creates a fresh topic bench-<run id>-<parts> with PARTITIONS partitions and broker
+        timestamps (LogAppendTime), and returns its name."""
+        name = "-".join(("bench", self.run_id) + parts)
+        futures = self.admin.create_topics([NewTopic(name, PARTITIONS, 1,
+                                                     config={"message.timestamp.type": "LogAppendTime"})])
+        for f in futures.values():
+            f.result(30)
+        self.created.append(name)
+        return name
+
+    def delete(self, names):
+        """Deletes topics, best effort (a topic never created is fine)."""
+        if not names:
+            return
+        for f in self.admin.delete_topics(list(names), operation_timeout=30).values():
+            with contextlib.suppress(Exception):
+                f.result(60)
+
+    def delete_leftovers(self):
+        """Deletes bench-* topics left by an interrupted earlier run."""
+        topics = self.admin.list_topics(timeout=15).topics
+        self.delete([t for t in topics if t.startswith("bench-")])
+
+    def consumer(self, topic, low_latency=False):
+        """A read_committed consumer assigned to every partition of `topic` from its start."""
+        conf = {
+            "bootstrap.servers": self.env.bootstrap,
+            "group.id": "bench-" + uuid.uuid4().hex,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+        if low_latency:
+            conf["fetch.wait.max.ms"] = 5
+        c = Consumer(conf)
+        c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        return c
+
+
+class Counter:
+    """Counts the messages of one topic as they become visible to a read_committed consumer."""
+
+    def __init__(self, kafka, topic):
+        self.consumer = kafka.consumer(topic)
+        self.topic = topic
+        self.count = 0
+        self.value_bytes = 0
+
+    def wait_for(self, target, timeout):
+        """Reads until `target` messages were seen in total; returns time.monotonic() at that moment."""
+        deadline = time.monotonic() + timeout
+        while self.count < target:
+            if time.monotonic() > deadline:
+                raise BenchError(f"only {self.count} of {target} events arrived on {self.topic} in {timeout:.0f} s")
+            for m in self.consumer.consume(num_messages=10_000, timeout=0.5):
+                if m.error() is None:
+                    self.count += 1
+                    self.value_bytes += len(m.value() or b"")
+        return time.monotonic()
+
+    def close(self):
+        self.consumer.close()
+
+
+def pg_cdc_commit_us(value):
+    """Commit time (µs since the epoch) of a pg_cdc event: metadata.timestamp, ISO-8601 with ms."""
+    ts = json.loads(value)["metadata"]["timestamp"]
+    return int(datetime.datetime.fromisoformat(ts).timestamp() * 1_000_000)
+
+
+def debezium_commit_us(value):
+    """Commit time (µs since the epoch) of a Debezium event: source.ts_us."""
+    return int(json.loads(value)["source"]["ts_us"])
+
+
+class LatencyCollector(threading.Thread):
+    """Reads a topic and records, for each event committed at or after `since_us`, the broker's
+    LogAppendTime minus its commit time and the moment this consumer received it minus its commit
+    time (both in ms)."""
+
+    def __init__(self, kafka, topic, commit_us, since_us):
+        super().__init__(daemon=True)
+        self.consumer = kafka.consumer(topic, low_latency=True)
+        self.commit_us, self.since_us = commit_us, since_us
+        self.append_ms, self.visible_ms = [], []
+        self._stop_event = threading.Event()
+
+    def run(self):
+        while not self._stop_event.is_set():
+            # One message per poll, so each gets its own receive time (a batch call would wait to fill).
+            m = self.consumer.poll(0.1)
+            received_us = time.time() * 1_000_000
+            if m is None or m.error() is not None:
+                continue
+            committed = self.commit_us(m.value())
+            if committed >= self.since_us:
+                self.append_ms.append(m.timestamp()[1] - committed / 1000)
+                self.visible_ms.append((received_us - committed) / 1000)
+        self.consumer.close()
+
+    def wait_for(self, count, timeout):
+        deadline = time.monotonic() + timeout
+        while len(self.visible_ms) < count:
+            if time.monotonic() > deadline:
+                raise BenchError(f"only {len(self.visible_ms)} of {count} events arrived in {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def stop(self):
+        self._stop_event.set()
+        self.join()
+
+
+# ---------------------------------------------------------------------------------------------
+# PostgreSQL: tables, workloads, cleanup
+
+SCHEMA_SQL = f"""
+CREATE TABLE bench_rows_200 (id bigint PRIMARY KEY, account int, amount numeric(12,2), status text,
+                             note text, created_at timestamptz DEFAULT now());
+CREATE TABLE bench_rows_1k (LIKE bench_rows_200 INCLUDING ALL);
+CREATE TABLE bench_accounts (id int PRIMARY KEY, balance numeric(12,2), status text, note text,
+                             updated_at timestamptz DEFAULT now());
+INSERT INTO bench_accounts (id, balance, status, note)
+    SELECT g, 100, 'open', repeat('a', 130) FROM generate_series(0, {ACCOUNTS - 1}) g;
+CREATE TABLE bench_customers (id int PRIMARY KEY, name text, orders int, last_order_at timestamptz);
+INSERT INTO bench_customers SELECT g, 'customer ' || g, 0, NULL FROM generate_series(0, {CUSTOMERS - 1}) g;
+CREATE TABLE bench_orders (id bigint PRIMARY KEY, customer_id int, total numeric(12,2), status text,
+                           note text, created_at timestamptz DEFAULT now());
+CREATE TABLE bench_order_items (order_id bigint, line int, sku text, qty int, price numeric(10,2),
+                                PRIMARY KEY (order_id, line));
+CREATE TABLE bench_lat (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account int,
+                        amount numeric(12,2), status text, note text, created_at timestamptz DEFAULT now());
+CREATE TABLE bench_big (LIKE bench_rows_200 INCLUDING ALL);
+
+-- Transaction k of a workload touches rows derived from k, so loads never collide.
+CREATE PROCEDURE bench_insert_rows(tbl regclass, pad int, first_tx bigint, ntx int) LANGUAGE plpgsql AS $$
+BEGIN
+  FOR i IN 0 .. ntx - 1 LOOP
+    EXECUTE format('INSERT INTO %s (id, account, amount, status, note)
+                    SELECT g, g %% 1000, (g %% 100000) / 100.0, ''pending'', repeat(''x'', %s)
+                      FROM generate_series($1, $2) g', tbl, pad)
+      USING (first_tx + i) * {ROWS_PER_TX}, (first_tx + i + 1) * {ROWS_PER_TX} - 1;
+    COMMIT;
+  END LOOP;
+END $$;
+CREATE PROCEDURE bench_update_accounts(first_tx bigint, ntx int) LANGUAGE plpgsql AS $$
+DECLARE lo int;
+BEGIN
+  FOR i IN 0 .. ntx - 1 LOOP
+    lo := ((first_tx + i) * {ROWS_PER_TX}) % {ACCOUNTS};
+    UPDATE bench_accounts SET balance = balance + 1, updated_at = now() WHERE id >= lo AND id < lo + {ROWS_PER_TX};
+    COMMIT;
+  END LOOP;
+END $$;
+CREATE PROCEDURE bench_mixed_orders(first_tx bigint, ntx int) LANGUAGE plpgsql AS $$
+DECLARE o bigint;
+BEGIN
+  FOR i IN 0 .. ntx - 1 LOOP
+    o := first_tx + i;
+    INSERT INTO bench_orders (id, customer_id, total, status, note)
+        VALUES (o, o % {CUSTOMERS}, 0, 'new', repeat('o', 60));
+    INSERT INTO bench_order_items SELECT o, l, 'SKU-' || ((o * 7 + l) % 5000), 1 + l % 3, 9.99 + l
+        FROM generate_series(1, 5) l;
+    UPDATE bench_orders SET total = (SELECT sum(qty * price) FROM bench_order_items WHERE order_id = o),
+                            status = 'priced' WHERE id = o;
+    DELETE FROM bench_order_items WHERE order_id = o AND line = 5;
+    UPDATE bench_customers SET orders = orders + 1, last_order_at = now() WHERE id = o % {CUSTOMERS};
+    COMMIT;
+  END LOOP;
+END $$;
+"""
+BENCH_TABLES = ("bench_rows_200", "bench_rows_1k", "bench_accounts", "bench_customers", "bench_orders",
+                "bench_order_items", "bench_lat", "bench_big")
+PGBENCH_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
+PROCEDURES = ("bench_insert_rows(regclass, int, bigint, int)", "bench_update_accounts(bigint, int)",
+              "bench_mixed_orders(bigint, int)")
+
+
+class Workload:
+    """One throughput workload: the tables it writes, how many events a transaction makes, and the
+    procedure that commits `ntx` transactions of it. Keeps its own transaction counter."""
+
+    def __init__(self, key, title, tables, events_per_tx, call):
+        self.key, self.title, self.tables = key, title, tables
+        self.events_per_tx = events_per_tx
+        self.call = call          # SQL with two placeholders: first transaction number, count
+        self.next_tx = 1
+
+    def transactions(self, events):
+        """Whole transactions needed for at least `events` events."""
+        return -(-events // self.events_per_tx)
+
+    def load(self, env, ntx):
+        """Commits the next `ntx` transactions (own session, synchronous_commit off so the loader
+        is never what limits the measured throughput); returns the seconds it took."""
+        first, self.next_tx = self.next_tx, self.next_tx + ntx
+        with env.connect() as conn:
+            conn.execute("SET synchronous_commit = off")
+            t0 = time.monotonic()
+            conn.execute(self.call, (first, ntx))
+            return time.monotonic() - t0
+
+
+def workloads():
+    return [
+        Workload("insert_200B", "INSERT, ~200-byte rows, 100 rows/tx", ("bench_rows_200",), ROWS_PER_TX,
+                 "CALL bench_insert_rows('bench_rows_200', 130, %s, %s)"),
+        Workload("insert_1KB", "INSERT, ~1 KB rows, 100 rows/tx", ("bench_rows_1k",), ROWS_PER_TX,
+                 "CALL bench_insert_rows('bench_rows_1k', 930, %s, %s)"),
+        Workload("update", "UPDATE of existing ~200-byte rows, 100 rows/tx", ("bench_accounts",), ROWS_PER_TX,
+                 "CALL bench_update_accounts(%s, %s)"),
+        Workload("mixed", "3 tables, 9 changes/tx (INSERT order + 5 items, UPDATE order and customer, "
+                 "DELETE item)", ("bench_orders", "bench_order_items", "bench_customers"), 9,
+                 "CALL bench_mixed_orders(%s, %s)"),
+    ]
+
+
+def cleanup_database(conn):
+    """Drops everything a benchmark run creates, so a run interrupted half-way leaves nothing that
+    disturbs the next one; returns the progress topics of the pg_cdc sinks it dropped."""
+    progress_topics = []
+    for name, slot in conn.execute(
+            r"SELECT sink_name, slot_name FROM _cdc_sinks WHERE sink_name LIKE 'bench\_%'").fetchall():
+        progress_topics.append("pg_cdc.progress." + slot.removeprefix("_cdc_"))
+        conn.execute("SELECT cdc_drop_sink(%s)", (name,))
+    captured = {r[0] for r in conn.execute("SELECT table_name FROM _cdc_publications").fetchall()}
+    for t in BENCH_TABLES + PGBENCH_TABLES:
+        if t in captured:
+            conn.execute("SELECT cdc_disable(%s)", (t,))
+        conn.execute(f"DROP TABLE IF EXISTS {t}")
+    for proc in PROCEDURES:
+        conn.execute(f"DROP PROCEDURE IF EXISTS {proc}")
+    for (pub,) in conn.execute(r"SELECT pubname FROM pg_publication WHERE pubname LIKE 'bench\_%'").fetchall():
+        conn.execute(f"DROP PUBLICATION {pub}")
+    for (slot,) in conn.execute(r"SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'bench\_%'"):
+        drop_slot(conn, slot)
+    return progress_topics
+
+
+def drop_slot(conn, slot):
+    """Drops a replication slot, first ending the session that streams from it (if any)."""
+    row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+    if row is None:
+        return
+    if row[0] is not None:
+        conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+        wait_until(lambda: conn.execute("SELECT active_pid IS NULL FROM pg_replication_slots WHERE slot_name = %s",
+                                        (slot,)).fetchone()[0], 30, f"slot {slot} to be released")
+    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
+def wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def redecode_sampler(conn, slot):
+    """A Sampler (every 0.5 s, on its own connection `conn`) of the WAL between the slot's
+    restart_lsn and its confirmed_flush_lsn, in bytes: what every pg_logical_slot_peek_*_changes call
+    decodes again before it reaches new changes (restart_lsn moves only at xl_running_xacts records)."""
+    sql = ("SELECT pg_wal_lsn_diff(confirmed_flush_lsn, restart_lsn) FROM pg_replication_slots "
+           "WHERE slot_name = %s")
+    return Sampler(lambda: (conn.execute(sql, (slot,)).fetchone() or (None,))[0], 0.5)
+
+
+def worker_pid(conn):
+    """The pg_cdc background worker (ps title "postgres: pg_cdc worker")."""
+    row = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'").fetchone()
+    if row is None:
+        raise BenchError("no pg_cdc worker is running (is pg_cdc in shared_preload_libraries?)")
+    return row[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# the two systems
+
+
+class PgCdc:
+    """pg_cdc: one sink per measurement, added before and dropped after it."""
+
+    def __init__(self, bench):
+        self.bench = bench
+
+    @contextlib.contextmanager
+    def sink(self, name, topic, tables, exactly_once=True):
+        conn, env = self.bench.conn, self.bench.env
+        config = {"bootstrap_servers": env.bootstrap, "topic": topic, **PG_CDC_SINK,
+                  "exactly_once": exactly_once, "tables": list(tables)}
+        conn.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)", (name, json.dumps(config)))
+        slot = conn.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0]
+        try:
+            yield Capture([worker_pid(conn)], slot)
+        finally:
+            conn.execute("SELECT cdc_drop_sink(%s)", (name,))
+            self.bench.topics_to_delete.append("pg_cdc.progress." + slot.removeprefix("_cdc_"))
+            # The worker drops the slot shortly after; wait so it never holds WAL for the next step.
+            wait_until(lambda: conn.execute("SELECT count(*) = 0 FROM pg_replication_slots WHERE slot_name = %s",
+                                            (slot,)).fetchone()[0], 60, f"pg_cdc to drop slot {slot}")
+
+
+class Debezium:
+    """The Debezium embedded engine harness (bench/debezium), built once into the cache."""
+
+    def __init__(self, bench):
+        self.bench = bench
+        self.home = bench.env.cache / "bench-debezium"
+        self.classpath = None
+
+    def sources_stamp(self):
+        """Hash of the harness sources: a rebuild happens only when they changed."""
+        h = hashlib.sha256()
+        for p in sorted([DEBEZIUM_SRC / "pom.xml"] + list((DEBEZIUM_SRC / "src").rglob("*"))):
+            if p.is_file():
+                h.update(str(p.relative_to(DEBEZIUM_SRC)).encode() + b"\0" + p.read_bytes() + b"\0")
+        return h.hexdigest()
+
+    def build(self):
+        """mvn package into $PG_CDC_CACHE/bench-debezium/target (Maven repository $PG_CDC_CACHE/m2),
+        unless the stamp says the sources did not change since the last build."""
+        target, stamp_file = self.home / "target", self.home / "sources.sha256"
+        stamp = self.sources_stamp()
+        if not (stamp_file.exists() and stamp_file.read_text() == stamp and (target / "classes").is_dir()):
+            print("building the Debezium harness (mvn package)", flush=True)
+            shutil.rmtree(target, ignore_errors=True)
+            self.home.mkdir(parents=True, exist_ok=True)
+            log = self.home / "mvn.log"
+            with open(log, "w") as out:
+                rc = subprocess.call(["mvn", "-q", "-B", "-f", str(DEBEZIUM_SRC / "pom.xml"),
+                                      f"-Dmaven.repo.local={self.bench.env.cache / 'm2'}",
+                                      f"-Dbench.build.dir={target}", "package"], stdout=out, stderr=subprocess.STDOUT)
+            if rc != 0:
+                raise BenchError(f"building the Debezium harness failed (see {log})")
+            stamp_file.write_text(stamp)
+        self.classpath = f"{target / 'classes'}:{target / 'lib'}/*"
+        return sorted(p.name for p in (target / "lib").glob("*.jar"))
+
+    @contextlib.contextmanager
+    def run(self, name, topic, tables):
+        """Starts the harness with its own slot and publication on `tables`; yields a Capture whose
+        pids are the JVM and the walsender decoding for it. Stops it and drops both on exit."""
+        bench = self.bench
+        conn, env = bench.conn, bench.env
+        slot = publication = f"bench_dbz_{name}"
+        conn.execute(f"CREATE PUBLICATION {publication} FOR TABLE {', '.join(tables)}")
+        engine = {**DEBEZIUM_ENGINE, "name": slot, "slot.name": slot, "publication.name": publication,
+                  "database.hostname": env.pg_host, "database.port": env.pg_port, "database.user": env.pg_user,
+                  "database.password": "", "database.dbname": env.pg_db,
+                  "table.include.list": ",".join(f"public.{t}" for t in tables)}
+        producer = {**JAVA_PRODUCER, "bootstrap.servers": env.bootstrap}
+        files = {}
+        for kind, props in (("engine", engine), ("producer", producer)):
+            files[kind] = bench.run_dir / f"debezium-{name}.{kind}.properties"
+            files[kind].write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        log = open(bench.run_dir / f"debezium-{name}.log", "w")
+        proc = subprocess.Popen(["java", *DEBEZIUM_JVM, "-cp", self.classpath, "io.pgcdc.bench.DebeziumBench",
+                                 str(files["engine"]), str(files["producer"]), topic],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        ready = queue.Queue()
+        threading.Thread(target=self._watch_stdout, args=(proc.stdout, ready), daemon=True).start()
+        try:
+            try:
+                started = ready.get(timeout=120)
+            except queue.Empty:
+                started = False
+            if not started:
+                raise BenchError(f"Debezium did not start (see {log.name})")
+            wait_until(lambda: conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
+                                            (slot,)).fetchone() == (True,), 60, "Debezium's slot to be streamed")
+            walsender = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                                     (slot,)).fetchone()[0]
+            yield Capture([proc.pid, walsender], slot)
+        finally:
+            proc.stdin.close()
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+            drop_slot(conn, slot)
+            conn.execute(f"DROP PUBLICATION IF EXISTS {publication}")
+        if proc.returncode != 0:
+            raise BenchError(f"the Debezium harness exited with {proc.returncode} (see {log.name})")
+
+    @staticmethod
+    def _watch_stdout(stdout, ready):
+        """Puts True on `ready` when the harness prints READY, False if its stdout ends first."""
+        for line in stdout:
+            if line.strip() == "READY":
+                ready.put(True)
+        ready.put(False)
+
+
+# ---------------------------------------------------------------------------------------------
+# the benchmark
+
+
+class Bench:
+    def __init__(self, env, sizes, out_dir, sections):
+        self.env, self.sizes, self.out_dir, self.sections = env, sizes, out_dir, sections
+        self.run_id = uuid.uuid4().hex[:6]
+        self.run_dir = env.run_root / "bench-e2e"   # harness configs and logs of the last run
+        self.results = Results()
+        self.conn = None
+        self.kafka = Kafka(env, self.run_id)
+        self.topics_to_delete = []
+        self.pg_cdc = PgCdc(self)
+        self.debezium = Debezium(self)
+
+    # -- set-up and tear-down ---------------------------------------------------------------
+
+    def setup(self):
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.run_dir.mkdir(parents=True)
+        self.conn = self.env.connect()
+        self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_cdc")
+        self.kafka.delete(cleanup_database(self.conn))
+        self.kafka.delete_leftovers()
+        self.conn.execute(SCHEMA_SQL)
+        for t in BENCH_TABLES:
+            self.conn.execute("SELECT cdc_enable(%s, '{}')", (t,))
+        self.conn.execute("VACUUM ANALYZE")
+        try:
+            jars = self.debezium.build()
+        except BenchError as e:
+            jars = None
+            self.debezium = None
+            self.results.note(f"Debezium was not measured: {e}")
+        self.record_environment(jars)
+
+    def teardown(self):
+        if self.conn is not None:
+            self.topics_to_delete += cleanup_database(self.conn)
+            self.conn.close()
+        self.kafka.delete(self.kafka.created + self.topics_to_delete)
+
+    def record_environment(self, debezium_jars):
+        """Machine, versions and every setting, for the report."""
+        s = self.results.settings
+        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "unknown")
+        s["machine"] = {"cores (nproc)": str(os.cpu_count()),
+                        "memory": f"{int(meminfo['MemTotal'].split()[0]) / 2**20:.1f} GiB",
+                        "CPU model": cpu, "kernel": platform.release(),
+                        "load average at start": " ".join(Path("/proc/loadavg").read_text().split()[:3])}
+        s["versions"] = {
+            "PostgreSQL": self.conn.execute("SHOW server_version").fetchone()[0],
+            "pg_cdc": self.pg_cdc_version(),
+            "Kafka broker": f"Apache Kafka {self.env.kafka_version} (one KRaft node, scripts/kafka.sh)",
+            "librdkafka in pg_cdc": re.search(r'name = "rdkafka-sys"\nversion = "[^+]*\+([^"]+)"',
+                                              (REPO / "Cargo.lock").read_text()).group(1),
+            "Java": subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0],
+            "consumer of this script": f"confluent-kafka {confluent_kafka.__version__} "
+                                       f"(librdkafka {confluent_kafka.libversion()[0]})",
+        }
+        if debezium_jars:
+            s["versions"]["Debezium harness jars"] = ", ".join(
+                j for j in debezium_jars if re.match(r"(debezium-(embedded|connector-postgres)|kafka-clients|postgresql)-", j))
+        s["PostgreSQL settings"] = dict(self.conn.execute(
+            "SELECT name, setting || coalesce(' ' || unit, '') FROM pg_settings WHERE name IN ('shared_buffers', "
+            "'wal_level', 'synchronous_commit', 'max_wal_size', 'work_mem') OR name LIKE 'cdc.%' "
+            "ORDER BY name").fetchall())
+        s["PostgreSQL settings"]["throughput loader sessions"] = "SET synchronous_commit = off"
+        s["pg_cdc capture and sinks"] = {
+            "cdc_enable config": "{} (pgbench_history: {\"operations\": [\"INSERT\"]})",
+            "cdc_add_sink config": json.dumps({"bootstrap_servers": self.env.bootstrap, "topic": "<per run>",
+                                               **PG_CDC_SINK, "exactly_once": "true | false",
+                                               "tables": ["<the workload's tables>"]}),
+            "fixed by pg_cdc": "acks=all, enable.idempotence=true, queue.buffering.max.kbytes capped "
+                               "(crates/cdc-sinks); one Kafka transaction per peek batch when exactly-once",
+        }
+        s["Debezium engine and connector"] = {
+            **DEBEZIUM_ENGINE,
+            "slot.name, publication.name": "bench_dbz_<run> (one each per run, created FOR TABLE the workload's "
+                                           "tables, dropped after)",
+            "table.include.list": "public.<the workload's tables>",
+            "JVM": " ".join(DEBEZIUM_JVM),
+        }
+        s["Java producer (Debezium harness and ProducerPerformance)"] = dict(JAVA_PRODUCER)
+        s["Kafka topics and consumers"] = {
+            "topics": f"{PARTITIONS} partitions, replication 1, message.timestamp.type=LogAppendTime, created per run",
+            "consumers": "confluent-kafka, isolation.level=read_committed, assigned all partitions from offset 0 "
+                         "(latency runs: fetch.wait.max.ms=5, one poll per message)",
+        }
+
+    def pg_cdc_version(self):
+        """Extension version, git commit, and which library: the one the server loaded (checksum that
+        scripts/pg.sh records at start) and the one installed now."""
+        git = ["git", "-C", str(REPO)]
+        commit = subprocess.check_output(git + ["rev-parse", "--short=12", "HEAD"], text=True).strip()
+        dirty = subprocess.check_output(git + ["status", "--porcelain", "--", "src", "crates", "sql"], text=True)
+        lib = Path(subprocess.check_output([str(self.env.pg_bin / "pg_config"), "--pkglibdir"], text=True).strip(),
+                   "pg_cdc.so")
+        installed = hashlib.sha256(lib.read_bytes()).hexdigest()
+        loaded_file = self.env.run_root / f"pg_cdc-{self.env.pg_port}.so.sha256"
+        loaded = loaded_file.read_text().split()[0] if loaded_file.exists() else None
+        mtime = datetime.datetime.fromtimestamp(lib.stat().st_mtime, datetime.timezone.utc)
+        text = (self.conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0]
+                + f", git commit {commit}" + (" with src/, crates/ or sql/ modified in the work tree" if dirty else "")
+                + f"; {lib} sha256 {installed[:16]}, installed {mtime:%Y-%m-%d %H:%M} UTC")
+        if loaded is None:
+            text += "; which library the server loaded is unknown (not started by scripts/pg.sh)"
+        elif loaded != installed:
+            text += f"; the server loaded an earlier build, sha256 {loaded[:16]} (the measured one)"
+        return text
+
+    # -- throughput ---------------------------------------------------------------------------
+
+    def throughput(self):
+        for w in workloads():
+            print(f"throughput: {w.key}", flush=True)
+            self.throughput_pg_cdc(w)
+            self.throughput_pg_cdc(w, exactly_once=False)
+            if self.debezium is not None:
+                self.throughput_debezium(w)
+            self.producer_limit(w)
+
+    def timed_load(self, w, topic, capture, before_timed_load=None):
+        """Warm-up load (waited for), then the timed load of `sizes.events` events, during which the
+        WAL a peek of the capture's slot decodes again is sampled (meaningful for pg_cdc only)."""
+        counter = Counter(self.kafka, topic)
+        try:
+            warm_tx = w.transactions(self.sizes.warmup)
+            w.load(self.env, warm_tx)
+            counter.wait_for(warm_tx * w.events_per_tx, timeout=120)
+            if before_timed_load is not None:
+                before_timed_load()
+            ntx = w.transactions(self.sizes.events)
+            events = ntx * w.events_per_tx
+            target = counter.count + events
+            bytes_before = counter.value_bytes
+            cpu_before = cpu_seconds(capture.pids)
+            load_seconds = []
+            with self.env.connect() as probe:
+                redecode = redecode_sampler(probe, capture.slot)
+                redecode.start()
+                t0 = time.monotonic()
+                loader = threading.Thread(target=lambda: load_seconds.append(w.load(self.env, ntx)))
+                loader.start()
+                done = counter.wait_for(target, timeout=max(300, events / 1000))
+                loader.join()
+                redecode_bytes = redecode.stop()
+            cpu = cpu_seconds(capture.pids) - cpu_before
+            return LoadResult(events_per_s=events / (done - t0), load_s=load_seconds[0],
+                              value_bytes=(counter.value_bytes - bytes_before) / events,
+                              cpu_s_per_100k=cpu * 100_000 / events, cores=cpu / (done - t0),
+                              redecode_max_mib=float(max(redecode_bytes)) / 2**20)
+        finally:
+            counter.close()
+
+    def add_load_result(self, w, system, result, cpu_of):
+        r = self.results
+        r.add("throughput", w.key, system, "events_per_s", result.events_per_s, "events/s")
+        r.add("throughput", w.key, system, "cpu_s_per_100k", result.cpu_s_per_100k, f"CPU s ({cpu_of}) per 100k events")
+        r.add("throughput", w.key, system, "cores", result.cores, f"cores busy ({cpu_of}) on average")
+        r.add("throughput", w.key, system, "value_bytes", result.value_bytes, "bytes/event")
+
+    def throughput_pg_cdc(self, w, exactly_once=True):
+        mode = "exactly-once" if exactly_once else "at-least-once"
+        system = f"pg_cdc ({mode})"
+        topic = self.kafka.topic("pgcdc", "eo" if exactly_once else "alo", w.key.lower())
+        limit_slots = (f"bench_peek_{w.key.lower()}", f"bench_recv_{w.key.lower()}")
+
+        def create_limit_slots():
+            for slot in limit_slots:
+                self.conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+        with self.pg_cdc.sink(f"bench_{w.key.lower()}", topic, w.tables, exactly_once) as capture:
+            result = self.timed_load(w, topic, capture, create_limit_slots if exactly_once else None)
+        self.add_load_result(w, system, result, "worker")
+        self.results.add("throughput", w.key, system, "redecode_max_mib", result.redecode_max_mib,
+                         "MiB of WAL decoded again by each peek, at most")
+        if exactly_once:
+            events = w.transactions(self.sizes.events) * w.events_per_tx
+            self.results.add("throughput", w.key, "load alone", "events_per_s", events / result.load_s, "events/s")
+            self.decoding_limits(w, *limit_slots)
+
+    def decoding_limits(self, w, peek_slot, recv_slot):
+        """Decoding alone (SQL peek) and pg_recvlogical over the WAL of the timed pg_cdc load (the
+        two slots were created right before it), run while nothing else is busy."""
+        events = w.transactions(self.sizes.events) * w.events_per_tx
+        end_lsn = self.conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        t0 = time.monotonic()
+        messages = self.conn.execute(
+            "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+            "'publication_names', %s)", (peek_slot, PUBLICATIONS)).fetchone()[0]
+        peek_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        subprocess.run([str(self.env.pg_bin / "pg_recvlogical"), "-d", self.env.dsn, "-S", recv_slot, "--start",
+                        "-o", "proto_version=1", "-o", f"publication_names={PUBLICATIONS}", "-E", str(end_lsn),
+                        "--no-loop", "-f", "/dev/null"], check=True)
+        recv_s = time.monotonic() - t0
+        drop_slot(self.conn, peek_slot)
+        drop_slot(self.conn, recv_slot)
+        self.results.add("throughput", w.key, "decoding alone (SQL peek)", "events_per_s", events / peek_s,
+                         f"events/s ({messages} pgoutput messages)")
+        self.results.add("throughput", w.key, "pg_recvlogical", "events_per_s", events / recv_s, "events/s")
+
+    def throughput_debezium(self, w):
+        topic = self.kafka.topic("dbz", w.key.lower())
+        try:
+            with self.debezium.run(w.key.lower(), topic, w.tables) as capture:
+                result = self.timed_load(w, topic, capture)
+        except BenchError as e:
+            self.results.note(f"Debezium, {w.key}: {e}")
+            return
+        self.add_load_result(w, "Debezium", result, "JVM + walsender")
+
+    def producer_limit(self, w):
+        """Kafka's own producer (ProducerPerformance from the broker's jars) for as many records as
+        the workload's events, each the average size of pg_cdc's events of that workload."""
+        size = int(self.results.get("throughput", w.key, "pg_cdc (exactly-once)", "value_bytes"))
+        records = w.transactions(self.sizes.events) * w.events_per_tx
+        topic = self.kafka.topic("producer", w.key.lower())
+        libs = self.env.cache / f"kafka-{self.env.kafka_version}" / "libs"
+        out = subprocess.run(
+            ["java", "-Xmx512m", f"-Dlog4j2.configurationFile={REPO / 'kafka' / 'log4j2.yaml'}",
+             "-Dkafka.root.level=ERROR", "-cp", f"{libs}/*", "org.apache.kafka.tools.ProducerPerformance",
+             "--topic", topic, "--num-records", str(records), "--record-size", str(size), "--throughput", "-1",
+             "--producer-props", f"bootstrap.servers={self.env.bootstrap}",
+             *(f"{k}={v}" for k, v in JAVA_PRODUCER.items())],
+            capture_output=True, text=True, check=True).stdout
+        m = re.search(r"(\d+) records sent, ([\d.]+) records/sec", out)
+        if m is None:
+            raise BenchError(f"unexpected ProducerPerformance output: {out[-500:]}")
+        self.results.add("throughput", w.key, "Kafka producer alone", "events_per_s", float(m.group(2)),
+                         f"records/s ({size}-byte records)")
+
+    # -- latency ------------------------------------------------------------------------------
+
+    def latency(self):
+        script = self.run_dir / "insert_one.sql"
+        script.write_text("\\set a random(1, 100000)\n"
+                          "INSERT INTO bench_lat (account, amount, status, note) "
+                          "VALUES (:a, :a / 100.0, 'pending', repeat('x', 130));\n")
+        for rate in self.sizes.rates:
+            print(f"latency: {rate} tx/s", flush=True)
+            for exactly_once, mode in ((True, "exactly-once"), (False, "at-least-once")):
+                topic = self.kafka.topic("lat", "pgcdc", mode, str(rate))
+                with self.pg_cdc.sink(f"bench_lat_{rate}", topic, ("bench_lat",), exactly_once) as capture:
+                    self.fixed_rate(f"pg_cdc ({mode})", topic, pg_cdc_commit_us, rate, script, capture)
+            if self.debezium is not None:
+                topic = self.kafka.topic("lat", "dbz", str(rate))
+                try:
+                    with self.debezium.run(f"lat_{rate}", topic, ("bench_lat",)) as capture:
+                        self.fixed_rate("Debezium", topic, debezium_commit_us, rate, script, capture)
+                except BenchError as e:
+                    self.results.note(f"Debezium, latency at {rate} tx/s: {e}")
+
+    def pgbench(self, *args):
+        """Runs pgbench against the benchmark database; returns its output."""
+        return subprocess.run([str(self.env.pg_bin / "pgbench"), "-h", self.env.pg_host, "-p", self.env.pg_port,
+                               "-U", self.env.pg_user, *args, self.env.pg_db],
+                              capture_output=True, text=True, check=True).stdout
+
+    def fixed_rate(self, system, topic, commit_us, rate, script, capture):
+        """pgbench at `rate` single-row transactions per second (a 3 s warm-up, then the measured
+        run); latency of every event of the measured run. Meanwhile samples the private memory of
+        the capture's first process and, for pg_cdc, how much WAL each peek decodes again."""
+        args = ["-n", "-f", str(script), "-c", "8", "-j", "2", "-R", str(rate)]
+        self.pgbench(*args, "-T", "3")
+        collector = LatencyCollector(self.kafka, topic, commit_us, since_us=time.time() * 1_000_000)
+        collector.start()
+        memory = Sampler(lambda: private_kib(capture.pids[0]), 0.5)
+        memory.start()
+        with self.env.connect() as probe:
+            redecode = redecode_sampler(probe, capture.slot)
+            redecode.start()
+            tps, processed = self.pgbench_tps(args + ["-T", str(self.sizes.latency_seconds)])
+            try:
+                collector.wait_for(processed, timeout=120)
+            finally:
+                collector.stop()
+                memory_kib = memory.stop()
+                redecode_bytes = redecode.stop()
+        r, wl = self.results, f"{rate} tx/s"
+        r.add("latency", wl, system, "achieved_tps", tps, "tx/s (pgbench)")
+        for name, values in (("append", collector.append_ms), ("visible", collector.visible_ms)):
+            values.sort()
+            for p, label in ((50, "p50"), (99, "p99"), (99.9, "p999")):
+                r.add("latency", wl, system, f"{name}_{label}_ms", percentile(values, p), "ms")
+        r.add("memory", wl, system, "private_median_mib", statistics.median(memory_kib) / 1024, "MiB")
+        r.add("memory", wl, system, "private_max_mib", max(memory_kib) / 1024, "MiB")
+        if system.startswith("pg_cdc"):
+            r.add("latency", wl, system, "redecode_median_mib", float(statistics.median(redecode_bytes)) / 2**20,
+                  "MiB of WAL decoded again by each peek")
+            r.add("latency", wl, system, "redecode_max_mib", float(max(redecode_bytes)) / 2**20,
+                  "MiB of WAL decoded again by each peek")
+
+    # -- source overhead ----------------------------------------------------------------------
+
+    def overhead(self):
+        print("overhead: pgbench -i", flush=True)
+        self.pgbench("-i", "-q", "-s", str(self.sizes.pgbench_scale))
+        modes = ["capture off", "pg_cdc"] + (["Debezium"] if self.debezium is not None else [])
+        for round_no in range(1, self.sizes.pgbench_rounds + 1):
+            for mode in modes:
+                print(f"overhead: round {round_no}, {mode}", flush=True)
+                try:
+                    tps = self.pgbench_with(mode)
+                except BenchError as e:
+                    self.results.note(f"pgbench with {mode}, round {round_no}: {e}")
+                    continue
+                self.results.add("overhead", f"round {round_no}", mode, "tps", tps, "tx/s (pgbench TPC-B)")
+
+    def pgbench_with(self, mode):
+        """One pgbench TPC-B run (4 changes per transaction) with `mode` capturing the four pgbench
+        tables. A capturing system first delivers a short warm-up run; after the timed run it must
+        deliver everything, so the next run starts on a quiet machine."""
+        self.conn.execute("VACUUM pgbench_branches, pgbench_tellers")
+        self.conn.execute("TRUNCATE pgbench_history")
+        timed = ["-n", "-c", "4", "-j", "2", "-T", str(self.sizes.pgbench_seconds)]
+        if mode == "capture off":
+            return self.pgbench_tps(timed)[0]
+        topic = self.kafka.topic("pgbench", mode.lower().replace("_", ""), uuid.uuid4().hex[:4])
+        if mode == "pg_cdc":
+            for t in PGBENCH_TABLES:
+                config = '{"operations": ["INSERT"]}' if t == "pgbench_history" else "{}"
+                self.conn.execute("SELECT cdc_enable(%s, %s)", (t, config))
+            system = self.pg_cdc.sink(f"bench_pgbench_{uuid.uuid4().hex[:6]}", topic, PGBENCH_TABLES)
+        else:
+            system = self.debezium.run(f"pgbench_{uuid.uuid4().hex[:6]}", topic, PGBENCH_TABLES)
+        counter = Counter(self.kafka, topic)
+        try:
+            with system:
+                _, warm = self.pgbench_tps(["-n", "-c", "1", "-t", "200"])
+                counter.wait_for(4 * warm, timeout=120)
+                tps, transactions = self.pgbench_tps(timed)
+                counter.wait_for(4 * (warm + transactions), timeout=300)
+        finally:
+            counter.close()
+            if mode == "pg_cdc":
+                for t in PGBENCH_TABLES:
+                    self.conn.execute("SELECT cdc_disable(%s)", (t,))
+        return tps
+
+    def pgbench_tps(self, args):
+        """Runs pgbench; returns (TPS, transactions processed)."""
+        out = self.pgbench(*args)
+        return (float(re.search(r"tps = ([\d.]+)", out).group(1)),
+                int(re.search(r"number of transactions actually processed: (\d+)", out).group(1)))
+
+    # -- one large transaction ----------------------------------------------------------------
+
+    def memory(self):
+        rows = self.sizes.big_rows
+        print(f"memory: one transaction of {rows} rows", flush=True)
+        topic = self.kafka.topic("big")
+        counter = Counter(self.kafka, topic)
+        try:
+            with self.pg_cdc.sink("bench_big", topic, ("bench_big",)) as capture:
+                self.conn.execute("INSERT INTO bench_big (id, note) VALUES (0, 'warm-up')")
+                counter.wait_for(1, timeout=60)
+                sampler = Sampler(lambda: private_kib(capture.pids[0]), 0.1)
+                sampler.start()
+                t0 = time.monotonic()
+                self.conn.execute("INSERT INTO bench_big (id, account, amount, status, note) "
+                                  "SELECT g, g %% 1000, (g %% 100000) / 100.0, 'pending', repeat('x', 130) "
+                                  "FROM generate_series(1, %s) g", (rows,))
+                committed = time.monotonic() - t0
+                done = counter.wait_for(rows + 1, timeout=600)
+                samples = sampler.stop()
+        finally:
+            counter.close()
+        r, wl = self.results, f"{rows}-row tx"
+        r.add("memory", wl, "pg_cdc (exactly-once)", "private_before_mib", samples[0] / 1024, "MiB")
+        r.add("memory", wl, "pg_cdc (exactly-once)", "private_max_mib", max(samples) / 1024, "MiB")
+        r.add("memory", wl, "pg_cdc (exactly-once)", "commit_s", committed, "s (INSERT ... SELECT to COMMIT)")
+        r.add("memory", wl, "pg_cdc (exactly-once)", "delivered_s", done - t0, "s (INSERT start to last event seen)")
+        r.series["big_tx_memory"] = sampler.samples
+
+    # -- driver -------------------------------------------------------------------------------
+
+    def run(self):
+        """Runs the chosen sections; a section that fails is reported (traceback on stderr, a note in
+        the report) and the others still run. Returns False if any failed."""
+        started = time.monotonic()
+        self.setup()
+        ok = True
+        try:
+            for section in SECTIONS:
+                if section not in self.sections:
+                    continue
+                try:
+                    getattr(self, section)()
+                except Exception as e:  # noqa: BLE001 - reported, and the run exits non-zero
+                    traceback.print_exc()
+                    self.results.note(f"section {section} failed: {type(e).__name__}: {e}")
+                    ok = False
+        finally:
+            self.teardown()
+        s = self.results.settings
+        s["machine"]["load average at end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+        s["run"] = {"started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                    "duration": f"{(time.monotonic() - started) / 60:.1f} min", "sections": ", ".join(self.sections),
+                    **{k: str(v) for k, v in vars(self.sizes).items()}}
+        return ok
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: about 4 minutes instead of 20")
+    parser.add_argument("--rows", type=int, help="events per throughput measurement (default 300000, quick 50000)")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where e2e.md/csv/png go")
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    if args.rows:
+        sizes = Sizes(**{**vars(sizes), "events": args.rows})
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    bench = Bench(Env.from_environ(), sizes, args.out, sections)
+    ok = bench.run()
+    e2e_report.write(bench.results, args.out, sizes, args.quick)
+    if not ok:
+        raise SystemExit("some sections failed: see the notes in the report")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,384 @@
+"""Writes the results of bench/e2e_bench.py: e2e.csv (every figure), e2e.md (tables, the goals,
+the method and every setting) and e2e.png (charts). Only figures measured in the run are printed;
+a figure that is missing (a section not run, a system that failed) shows as n/a."""
+import csv
+import statistics
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+WORKLOADS = ("insert_200B", "insert_1KB", "update", "mixed")
+EO, ALO, DBZ = "pg_cdc (exactly-once)", "pg_cdc (at-least-once)", "Debezium"
+PEEK, RECV, PRODUCER, LOAD = "decoding alone (SQL peek)", "pg_recvlogical", "Kafka producer alone", "load alone"
+THROUGHPUT_SYSTEMS = (EO, ALO, DBZ, PEEK, RECV, PRODUCER)
+OVERHEAD_MODES = ("capture off", "pg_cdc", "Debezium")
+GOALS = {
+    "ratio_debezium": 3.0,      # pg_cdc >= 3x Debezium throughput
+    "ratio_limits": 0.5,        # pg_cdc >= 50% of min(decoding alone, Kafka producer alone)
+    "p99_ms": 50.0,             # p99 <= 50 ms at 1,000 tx/s
+    "overhead_pct": 5.0,        # pgbench overhead <= 5%
+    "worker_mib": 64.0,         # worker private memory <= 64 MB at steady state
+}
+
+
+def write(results, out_dir, sizes, quick):
+    """Writes e2e.csv, e2e.md and e2e.png into out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "e2e.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["section", "workload", "system", "metric", "value", "unit"])
+        w.writeheader()
+        for r in results.rows:
+            w.writerow({**r, "value": round(r["value"], 3) if isinstance(r["value"], float) else r["value"]})
+    (out_dir / "e2e.md").write_text(Markdown(results, sizes, quick).render())
+    chart(results, out_dir / "e2e.png")
+    print(f"wrote {out_dir / 'e2e.md'}, e2e.csv, e2e.png", flush=True)
+
+
+def fmt(value, unit=""):
+    if value is None:
+        return "n/a"
+    if isinstance(value, str):
+        return value
+    if abs(value) >= 100:
+        text = f"{value:,.0f}"
+    elif abs(value) >= 10:
+        text = f"{value:,.1f}"
+    else:
+        text = f"{value:,.2f}"
+    return text + unit
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def verdict(value, goal, at_least):
+    if value is None:
+        return "not measured"
+    return "met" if (value >= goal if at_least else value <= goal) else "**not met**"
+
+
+class Markdown:
+    """The report as Markdown; each method renders one section."""
+
+    def __init__(self, results, sizes, quick):
+        self.r, self.sizes, self.quick = results, sizes, quick
+
+    def v(self, section, workload, system, metric):
+        return self.r.get(section, workload, system, metric)
+
+    def tput(self, workload, system):
+        return self.v("throughput", workload, system, "events_per_s")
+
+    def overhead_means(self):
+        """Mean pgbench TPS per mode over the rounds."""
+        means = {}
+        for mode in OVERHEAD_MODES:
+            values = [r["value"] for r in self.r.rows if r["section"] == "overhead" and r["system"] == mode]
+            means[mode] = statistics.mean(values) if values else None
+        return means
+
+    def render(self):
+        parts = [self.header(), self.goals(), self.throughput(), self.latency(), self.overhead(), self.memory(),
+                 self.method(), self.settings()]
+        if self.r.notes:
+            parts.append("## Notes from the run\n\n" + "\n".join(f"- {n}" for n in self.r.notes) + "\n")
+        return "\n".join(parts)
+
+    def header(self):
+        s = self.r.settings
+        machine, run = s["machine"], s["run"]
+        quick = ("\n**Quick run (`--quick`): at these small sizes the JVM-based figures (Debezium, Kafka producer "
+                 "alone) are\nfar from warmed up, so the ratios are not meaningful; use the default sizes for "
+                 "figures.**\n" if self.quick else "")
+        return f"""# pg_cdc end to end, side by side with Debezium
+
+`make bench-e2e` (bench/e2e_bench.py), started {run['started']}, took {run['duration']}. Every figure
+in this file comes from that one run; e2e.csv has all of them, e2e.png draws them.
+{quick}
+**The machine is shared and has 2 cores** ({machine['CPU model']}, {machine['memory']}): PostgreSQL,
+the Kafka broker, the system under test, the load generator and the reading consumer all run on them,
+and another engineer's builds and tests may have been running too (load average
+{machine['load average at start']} at the start, {machine['load average at end']} at the end). Each figure is a single run: differences of 10-15 % are within the noise.
+"""
+
+    def goals(self):
+        rows = []
+        vs_dbz = [ratio(self.tput(w, EO), self.tput(w, DBZ)) for w in WORKLOADS]
+        vs_dbz = [x for x in vs_dbz if x is not None]
+        worst = min(vs_dbz) if vs_dbz else None
+        rows.append(("pg_cdc >= 3x Debezium throughput (exactly-once vs Debezium's at-least-once)",
+                     ", ".join(f"{w}: {fmt(ratio(self.tput(w, EO), self.tput(w, DBZ)), 'x')}" for w in WORKLOADS),
+                     verdict(worst, GOALS["ratio_debezium"], True)))
+        vs_limits = [self.limit_ratio(w) for w in WORKLOADS]
+        known = [x for x in vs_limits if x is not None]
+        rows.append(("pg_cdc >= 50 % of min(decoding alone, Kafka producer alone)",
+                     ", ".join(f"{w}: {fmt(x and 100 * x, ' %')}" for w, x in zip(WORKLOADS, vs_limits)),
+                     verdict(min(known) if known else None, GOALS["ratio_limits"], True)))
+        rate = f"{self.sizes.rates[0]} tx/s"
+        p99 = self.v("latency", rate, EO, "append_p99_ms")
+        visible = self.v("latency", rate, EO, "visible_p99_ms")
+        rows.append((f"p99 <= 50 ms at {rate} (pg_cdc; broker LogAppendTime - commit time)",
+                     f"{fmt(p99, ' ms')} (seen by a read_committed consumer: {fmt(visible, ' ms')})",
+                     verdict(p99, GOALS["p99_ms"], False)))
+        means = self.overhead_means()
+        overhead = (100 * (1 - means["pg_cdc"] / means["capture off"])
+                    if means["pg_cdc"] and means["capture off"] else None)
+        rows.append(("pgbench TPS overhead <= 5 % (pg_cdc on vs capture off)", fmt(overhead, " %"),
+                     verdict(overhead, GOALS["overhead_pct"], False)))
+        top = f"{self.sizes.rates[-1]} tx/s"
+        steady = self.v("memory", top, EO, "private_median_mib")
+        rows.append((f"worker private memory <= 64 MB at steady state (median at {top}; MB read as MiB)",
+                     fmt(steady, " MiB"),
+                     verdict(steady, GOALS["worker_mib"], False)))
+        table = "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows)
+        return f"## Goals\n\n| goal | measured | verdict |\n|---|---|---|\n{table}\n"
+
+    def limit_ratio(self, w):
+        limits = [x for x in (self.tput(w, PEEK), self.tput(w, PRODUCER)) if x is not None]
+        return ratio(self.tput(w, EO), min(limits)) if limits else None
+
+    def throughput(self):
+        head = ("| workload | pg_cdc exactly-once | pg_cdc at-least-once | Debezium | pg_cdc / Debezium | "
+                "decoding alone (SQL peek) | pg_recvlogical | Kafka producer alone | pg_cdc / min(limits) | "
+                "load alone |\n|---|" + "---:|" * 9)
+        lines = []
+        for w in WORKLOADS:
+            lines.append(f"| {w} | {fmt(self.tput(w, EO))} | {fmt(self.tput(w, ALO))} | {fmt(self.tput(w, DBZ))} | "
+                         f"{fmt(ratio(self.tput(w, EO), self.tput(w, DBZ)), 'x')} | {fmt(self.tput(w, PEEK))} | "
+                         f"{fmt(self.tput(w, RECV))} | {fmt(self.tput(w, PRODUCER))} | "
+                         f"{fmt(self.limit_ratio(w) and 100 * self.limit_ratio(w), ' %')} | "
+                         f"{fmt(self.tput(w, LOAD))} |")
+        cost_head = ("| workload | CPU s / 100k events: pg_cdc EO | pg_cdc ALO | Debezium | cores busy: pg_cdc EO | "
+                     "pg_cdc ALO | Debezium | event bytes: pg_cdc | Debezium | pg_cdc EO: WAL decoded again per peek, max |"
+                     "\n|---|" + "---:|" * 9)
+        cost = [f"| {w} | " + " | ".join(fmt(self.v("throughput", w, system, metric)) for metric in
+                                         ("cpu_s_per_100k", "cores") for system in (EO, ALO, DBZ))
+                + f" | {fmt(self.v('throughput', w, EO, 'value_bytes'))} | {fmt(self.v('throughput', w, DBZ, 'value_bytes'))}"
+                + f" | {fmt(self.v('throughput', w, EO, 'redecode_max_mib'), ' MiB')} |"
+                for w in WORKLOADS]
+        return f"""## Throughput (events/s)
+
+{self.sizes.events:,} events per measurement (rounded up to whole transactions), after a warm-up of
+{self.sizes.warmup:,} events that each system had to deliver first. Events/s = events / (start of the
+load -> the moment a read_committed consumer has seen the last one). "load alone" is how fast the
+loader committed them (the ceiling of what can be measured this way).
+
+{head}
+{chr(10).join(lines)}
+
+Cost: CPU seconds of the capturing processes (pg_cdc: the worker, which also decodes, since the peek
+runs in it; Debezium: the JVM plus the walsender decoding for it) during the timed load, per 100,000
+events, and the same CPU time divided by the wall time (cores busy on average); the size of the JSON
+value each system wrote; and for pg_cdc the most WAL a peek decoded again (sampled every 0.5 s: the
+distance from the slot's restart_lsn to its confirmed_flush_lsn; see the latency section):
+
+{cost_head}
+{chr(10).join(cost)}
+"""
+
+    def latency(self):
+        head = ("| rate | system | achieved (pgbench) | broker p50 | p99 | p99.9 | consumer p50 | p99 | p99.9 |\n"
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        lines = []
+        for rate in self.sizes.rates:
+            wl = f"{rate} tx/s"
+            for system in (EO, ALO, DBZ):
+                if self.v("latency", wl, system, "achieved_tps") is None:
+                    continue
+                cells = [fmt(self.v("latency", wl, system, f"{kind}_{p}_ms"), " ms")
+                         for kind in ("append", "visible") for p in ("p50", "p99", "p999")]
+                lines.append(f"| {wl} | {system} | {fmt(self.v('latency', wl, system, 'achieved_tps'))} tx/s | "
+                             + " | ".join(cells) + " |")
+        redecode = [f"- {system} at {rate} tx/s: median {fmt(self.v('latency', f'{rate} tx/s', system, 'redecode_median_mib'), ' MiB')}, "
+                    f"max {fmt(self.v('latency', f'{rate} tx/s', system, 'redecode_max_mib'), ' MiB')}"
+                    for rate in self.sizes.rates for system in (EO, ALO)
+                    if self.v("latency", f"{rate} tx/s", system, "redecode_max_mib") is not None]
+        return f"""## End-to-end latency at fixed rates
+
+pgbench -R at each rate for {self.sizes.latency_seconds} s (8 clients), one single-row INSERT (~200-byte row)
+per transaction, synchronous_commit on; 3 s of the same load first as a warm-up. For every event of the
+timed run: broker = Kafka's LogAppendTime (topics created with message.timestamp.type=LogAppendTime)
+minus the commit time in the event (pg_cdc: metadata.timestamp, millisecond precision; Debezium:
+source.ts_us); consumer = when this script's read_committed consumer (fetch.wait.max.ms=5) received it
+minus the same commit time. For an exactly-once sink the consumer figure includes the Kafka
+transaction commit, which the broker timestamp does not.
+
+{head}
+{chr(10).join(lines)}
+
+pg_cdc reads its slot with pg_logical_slot_peek_binary_changes, which starts decoding at the slot's
+restart_lsn every time; PostgreSQL moves restart_lsn only at xl_running_xacts records (about every 15 s
+when busy), so each peek decodes again the WAL between restart_lsn and confirmed_flush_lsn. That
+distance, sampled every 0.5 s during the runs above:
+
+{chr(10).join(redecode)}
+"""
+
+    def overhead(self):
+        rounds = sorted({r["workload"] for r in self.r.rows if r["section"] == "overhead"})
+        lines = [f"| {rnd} | " + " | ".join(fmt(self.v("overhead", rnd, m, "tps")) for m in OVERHEAD_MODES) + " |"
+                 for rnd in rounds]
+        means = self.overhead_means()
+        lines.append("| mean | " + " | ".join(fmt(means[m]) for m in OVERHEAD_MODES) + " |")
+        off = means["capture off"]
+        lines.append("| overhead | - | " + " | ".join(
+            fmt(100 * (1 - means[m] / off) if means[m] and off else None, " %") for m in OVERHEAD_MODES[1:]) + " |")
+        return f"""## Source overhead (pgbench TPC-B, TPS)
+
+pgbench -i -s {self.sizes.pgbench_scale}; each run pgbench -n -c 4 -j 2 -T {self.sizes.pgbench_seconds}
+(the built-in TPC-B-like script: 3 UPDATEs and 1 INSERT per transaction), after VACUUM of branches and
+tellers and TRUNCATE of history. "pg_cdc": the four tables captured (pgbench_history INSERT-only: it has
+no key) and a pg_cdc exactly-once sink running; "Debezium": the harness streaming the same tables.
+Modes alternate within each round. wal_level is logical throughout (changing it needs a restart), so
+"capture off" already pays for logical WAL. The capturing processes compete with pgbench for the same
+2 cores: that is most of the overhead measured here.
+
+| round | capture off | pg_cdc | Debezium |
+|---|---:|---:|---:|
+{chr(10).join(lines)}
+"""
+
+    def memory(self):
+        lines = []
+        for rate in self.sizes.rates:
+            wl = f"{rate} tx/s"
+            for system, who in ((EO, "pg_cdc worker (exactly-once sink)"), (ALO, "pg_cdc worker (at-least-once sink)"),
+                                (DBZ, "Debezium JVM")):
+                med = self.v("memory", wl, system, "private_median_mib")
+                if med is not None:
+                    lines.append(f"| steady, {wl} | {who} | {fmt(med, ' MiB')} | "
+                                 f"{fmt(self.v('memory', wl, system, 'private_max_mib'), ' MiB')} |")
+        big = [r for r in self.r.rows if r["section"] == "memory" and r["workload"].endswith("-row tx")]
+        big_text = ""
+        if big:
+            wl = big[0]["workload"]
+            lines.append(f"| during one {wl.replace('-row tx', '')}-row transaction | pg_cdc worker | "
+                         f"{fmt(self.v('memory', wl, EO, 'private_before_mib'), ' MiB')} before | "
+                         f"{fmt(self.v('memory', wl, EO, 'private_max_mib'), ' MiB')} |")
+            big_text = (f"The {wl.replace('-row tx', '')}-row INSERT committed after "
+                        f"{fmt(self.v('memory', wl, EO, 'commit_s'), ' s')}; its last event was visible in Kafka "
+                        f"{fmt(self.v('memory', wl, EO, 'delivered_s'), ' s')} after the INSERT started "
+                        f"(one Kafka transaction).\n")
+        history = ""
+        if any(r["section"] == "throughput" for r in self.r.rows):
+            history = ("\nThe fixed-rate runs came after the throughput section, in the same worker process, so "
+                       "its\nsteady-state figure includes what its memory allocator kept from those bursts.")
+        return f"""## Memory
+
+Private memory = Private_Clean + Private_Dirty + Swap from /proc/PID/smaps_rollup (Swap is 0: the
+machine has no swap), i.e. pages no other process maps — shared_buffers and the shared library pages
+the postmaster mapped are not in it. Sampled every 0.5 s during the fixed-rate runs (steady state) and
+every 0.1 s during the large transaction. The pg_cdc worker is the backend whose ps title is
+"postgres: pg_cdc worker" (pg_stat_activity.backend_type).{history}
+
+| when | process | median | max |
+|---|---|---:|---:|
+{chr(10).join(lines)}
+
+{big_text}"""
+
+    def method(self):
+        return """## How each figure was measured
+
+- **Same everything**: one PostgreSQL 15 cluster, one Kafka broker, one set of tables; the systems run
+  one at a time (each pg_cdc sink is dropped and each Debezium JVM stopped before the next measurement).
+  Every topic has 3 partitions; consumers are read_committed.
+- **Workloads** are server-side procedures committing one transaction per loop iteration, run from
+  their own session with synchronous_commit = off so the loader outruns the systems under test.
+- **pg_cdc**: `cdc_enable(table, '{}')` on every table, one `cdc_add_sink(..., 'kafka', ...)` per
+  measurement (settings below); exactly-once is the default delivery mode, at-least-once is
+  `"exactly_once": false`.
+- **Debezium**: bench/debezium/ (DebeziumBench.java): the embedded engine (debezium-embedded's async
+  engine) with the PostgreSQL connector, its own slot and publication on the same tables, in-memory
+  offsets; each batch is sent with a KafkaProducer and every send is awaited before the batch is marked
+  processed (at-least-once, as Debezium Server's Kafka sink does).
+- **Decoding alone**: a slot created just before pg_cdc's timed load, peeked once afterwards with
+  `SELECT count(*) FROM pg_logical_slot_peek_binary_changes(slot, NULL, NULL, 'proto_version', '1',
+  'publication_names', '_cdc_publication,_cdc_publication_inserts')` (the same publications pg_cdc
+  reads). **pg_recvlogical**: a second such slot streamed to /dev/null with
+  `-o proto_version=1 -o publication_names=... --endpos <WAL end> --no-loop` (process wall time).
+- **Kafka producer alone**: org.apache.kafka.tools.ProducerPerformance (Java, from the broker's own
+  jars) sending as many records as the workload's events, each the average size of pg_cdc's events
+  for that workload, with the Java producer settings below (not transactional).
+"""
+
+    def settings(self):
+        out = ["## Machine, versions and settings\n"]
+        for name, values in self.r.settings.items():
+            out.append(f"**{name}**\n")
+            out.extend(f"- {k}: `{v}`" for k, v in values.items())
+            out.append("")
+        return "\n".join(out)
+
+
+def legend(ax, **kwargs):
+    """A legend, unless the panel has nothing labelled (a section that was not run)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)
+
+
+def chart(results, path):
+    """Four panels: throughput per workload, latency percentiles, pgbench TPS, worker memory."""
+    fig, axes = plt.subplots(2, 2, figsize=(15, 10))
+    fig.suptitle("pg_cdc vs Debezium end to end into Kafka (2 shared cores; one run)")
+
+    ax = axes[0][0]
+    width = 0.8 / len(THROUGHPUT_SYSTEMS)
+    for i, system in enumerate(THROUGHPUT_SYSTEMS):
+        values = [results.get("throughput", w, system, "events_per_s") or 0 for w in WORKLOADS]
+        ax.bar([x + i * width for x in range(len(WORKLOADS))], [v / 1000 for v in values], width, label=system)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(WORKLOADS))], WORKLOADS)
+    ax.set_yscale("log")
+    ax.set_ylim(top=ax.get_ylim()[1] * 8)   # room for the legend above the bars
+    ax.set_ylabel("thousand events/s (log scale)")
+    ax.set_title("Throughput")
+    legend(ax, fontsize=8, ncol=3, loc="upper center")
+
+    ax = axes[0][1]
+    groups = [(wl, system) for wl in sorted({r["workload"] for r in results.rows if r["section"] == "latency"},
+                                             key=lambda s: int(s.split()[0]))
+              for system in (EO, ALO, DBZ) if results.get("latency", wl, system, "achieved_tps") is not None]
+    bars = [(kind, p, color) for kind in ("append", "visible")
+            for p, color in (("p50", "tab:blue"), ("p99", "tab:orange"), ("p999", "tab:green"))]
+    width = 0.8 / len(bars)
+    for i, (kind, p, color) in enumerate(bars):
+        values = [results.get("latency", wl, system, f"{kind}_{p}_ms") or 0 for wl, system in groups]
+        ax.bar([x + i * width for x in range(len(groups))], values, width, color=color,
+               label=f"{'broker' if kind == 'append' else 'consumer'} {p}", hatch="//" if kind == "visible" else None)
+    ax.axhline(GOALS["p99_ms"], color="red", linestyle="--", linewidth=1, label="goal: p99 50 ms")
+    short = {EO: "pg_cdc EO", ALO: "pg_cdc ALO", DBZ: "Debezium"}
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))], [f"{short[s]}\n{wl}" for wl, s in groups],
+                  fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylim(top=ax.get_ylim()[1] * 8)
+    ax.set_ylabel("ms after commit")
+    ax.set_title("End-to-end latency")
+    legend(ax, fontsize=7, ncol=4, loc="upper center")
+
+    ax = axes[1][0]
+    for i, mode in enumerate(OVERHEAD_MODES):
+        values = [r["value"] for r in results.rows if r["section"] == "overhead" and r["system"] == mode]
+        if values:
+            ax.bar(i, statistics.mean(values), 0.6)
+            ax.plot([i] * len(values), values, "k.", label="single runs" if i == 0 else None)
+    ax.set_xticks(range(len(OVERHEAD_MODES)), OVERHEAD_MODES)
+    ax.set_ylabel("pgbench TPS (TPC-B)")
+    ax.set_title("Source overhead")
+    legend(ax, fontsize=8)
+
+    ax = axes[1][1]
+    samples = results.series.get("big_tx_memory", [])
+    if samples:
+        ax.plot([t for t, _ in samples], [kib / 1024 for _, kib in samples], label="pg_cdc worker, large transaction")
+    ax.axhline(GOALS["worker_mib"], color="red", linestyle="--", linewidth=1, label="64 MB (steady-state goal)")
+    ax.set_xlabel("seconds since the INSERT started")
+    ax.set_ylabel("private MiB")
+    ax.set_title("pg_cdc worker memory during one large transaction")
+    legend(ax, fontsize=8)
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
