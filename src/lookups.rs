@@ -54,6 +54,18 @@ pub fn with_text_format<T>(f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// The type OIDs of a table's columns `cols`, in that order.
+pub fn column_types(table_oid: u32, cols: &[String]) -> Vec<u32> {
+    catalog::json(
+        "SELECT coalesce(jsonb_agg(a.atttypid::bigint ORDER BY u.ord), '[]')
+           FROM unnest($2::text[]) WITH ORDINALITY u(name, ord)
+           JOIN pg_attribute a ON a.attrelid = $1::bigint::oid AND a.attname = u.name",
+        &[i64::from(table_oid).into(), cols.to_vec().into()],
+    )
+    .and_then(|v| serde_json::from_value(v).ok())
+    .unwrap_or_default()
+}
+
 /// Copies a lookup table for a sink, replacing any earlier copy. The SHARE lock waits for the
 /// table's writers and holds new ones off until the calling transaction ends, so the copy holds
 /// exactly the changes committed before its position and the slot delivers exactly those after.
@@ -72,10 +84,7 @@ pub fn seed(schema: &str, sink_id: &str, spec: &Spec) {
         &format!(
             "INSERT INTO {schema}._cdc_lookups
                  (sink_id, table_oid, position, lookup_oid, lookup_column, add_columns, add_types, as_of_lsn)
-             SELECT $1::uuid, $2::bigint::oid, $3, $4::bigint::oid, $5, $6,
-                    (SELECT array_agg(a.atttypid ORDER BY u.ord)
-                       FROM unnest($6::text[]) WITH ORDINALITY u(name, ord)
-                       JOIN pg_attribute a ON a.attrelid = $4::bigint::oid AND a.attname = u.name),
+             SELECT $1::uuid, $2::bigint::oid, $3, $4::bigint::oid, $5, $6, $7::bigint[]::oid[],
                     pg_current_wal_insert_lsn()"
         ),
         &[
@@ -85,6 +94,7 @@ pub fn seed(schema: &str, sink_id: &str, spec: &Spec) {
             i64::from(spec.lookup_oid).into(),
             spec.lookup_column.as_str().into(),
             spec.add_columns.clone().into(),
+            column_types(spec.lookup_oid, &spec.add_columns).into_iter().map(i64::from).collect::<Vec<_>>().into(),
         ],
     );
     let values: Vec<String> = spec.add_columns.iter().map(|c| format!("t.{}::text", quote_ident(c))).collect();

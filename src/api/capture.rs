@@ -375,8 +375,7 @@ fn cdc_disable(table_name: Option<pg_sys::Oid>) {
         ),
         &[oid.into()],
     ) else {
-        let name = crate::catalog::select_one::<String>("SELECT $1::regclass::text", &[oid.into()]).unwrap_or_default();
-        raise(CdcError::new(ErrorKind::UndefinedObject, format!("table {name} is not captured")).hint("SELECT table_name FROM _cdc_publications lists the captured tables."));
+        super::not_captured(oid, super::LIST_CAPTURED);
     };
     let (info, _) = table_shape(oid);
     let qualified = str_field(&info, "qualified");

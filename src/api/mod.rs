@@ -67,6 +67,24 @@ pub(crate) fn required<T>(value: Option<T>, name: &str) -> T {
     value.unwrap_or_else(|| raise(CdcError::new(ErrorKind::NullValue, format!("{name} must not be NULL"))))
 }
 
+/// The error for a table that is not captured (42704), naming it as `regclass::text` does.
+pub(crate) fn not_captured(oid: pgrx::pg_sys::Oid, hint: &str) -> ! {
+    let shown = crate::catalog::select_one::<String>("SELECT $1::regclass::text", &[oid.into()]).unwrap_or_default();
+    raise(CdcError::new(ErrorKind::UndefinedObject, format!("table {shown} is not captured")).hint(hint))
+}
+
+/// The hint of [`not_captured`] for the monitoring functions.
+pub(crate) const LIST_CAPTURED: &str = "SELECT table_name FROM _cdc_publications lists the captured tables.";
+
+/// The `_cdc_publications.table_name` of a captured table, or the [`not_captured`] error.
+pub(crate) fn captured_table_name(schema: &str, oid: pgrx::pg_sys::Oid) -> String {
+    crate::catalog::select_one::<String>(
+        &format!("SELECT table_name FROM {schema}._cdc_publications WHERE table_oid = $1"),
+        &[oid.into()],
+    )
+    .unwrap_or_else(|| not_captured(oid, LIST_CAPTURED))
+}
+
 /// The catalog schema, or an error when the extension is not installed here.
 pub(crate) fn schema() -> String {
     crate::catalog::extension_schema().unwrap_or_else(|| {

@@ -5,14 +5,12 @@
 //! These functions are SECURITY DEFINER and granted to `pg_monitor`: a monitoring role sees the
 //! figures and states, never the sink configs (they may hold credentials).
 use cdc_core::metrics::{Exposition, Histogram, Kind};
-use cdc_core::{CdcError, ErrorKind};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::{json, Value};
 
 use super::{required, schema};
 use crate::catalog;
-use crate::errors::raise;
 
 /// p50 / p99 / p999 of a histogram in milliseconds (null while empty).
 fn quantiles(h: &Histogram) -> (Option<f64>, Option<f64>, Option<f64>) {
@@ -49,17 +47,7 @@ LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 fn cdc_metrics(table_name: Option<pg_sys::Oid>) -> JsonB {
     let oid = required(table_name, "table_name");
     let schema = schema();
-    let name = catalog::select_one::<String>(
-        &format!("SELECT table_name FROM {schema}._cdc_publications WHERE table_oid = $1"),
-        &[oid.into()],
-    )
-    .unwrap_or_else(|| {
-        let shown = catalog::select_one::<String>("SELECT $1::regclass::text", &[oid.into()]).unwrap_or_default();
-        raise(
-            CdcError::new(ErrorKind::UndefinedObject, format!("table {shown} is not captured"))
-                .hint("SELECT table_name FROM _cdc_publications lists the captured tables."),
-        )
-    });
+    let name = super::captured_table_name(&schema, oid);
     let sinks = catalog::json(
         &format!(
             "SELECT coalesce(jsonb_agg(jsonb_build_object(

@@ -54,13 +54,7 @@ fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows:
         ),
         &[oid.into()],
     )
-    .unwrap_or_else(|| {
-        let shown = catalog::select_one::<String>("SELECT $1::regclass::text", &[oid.into()]).unwrap_or_default();
-        raise(
-            CdcError::new(ErrorKind::UndefinedObject, format!("table {shown} is not captured"))
-                .hint("cdc_preview shows events of captured tables; cdc_enable it first."),
-        )
-    });
+    .unwrap_or_else(|| super::not_captured(oid, "cdc_preview shows events of captured tables; cdc_enable it first."));
     let keys: Vec<String> = serde_json::from_value(captured["key_columns"].clone()).unwrap_or_default();
     let cfg = Arc::new(parse_stored_capture_config(&captured["config"], keys.clone()).or_raise());
     let columns: Vec<RelationColumn> = captured["columns"]
@@ -197,14 +191,7 @@ fn live_lookups(table_oid: u32, config: &Value, lookup_oids: &[u32]) -> Lookups 
             lookup_oid: s.lookup_oid,
             lookup_column: s.lookup_column.clone(),
             add_columns: s.add_columns.clone(),
-            add_types: catalog::json(
-                "SELECT coalesce(jsonb_agg(a.atttypid::bigint ORDER BY u.ord), '[]')
-                   FROM unnest($2::text[]) WITH ORDINALITY u(name, ord)
-                   JOIN pg_attribute a ON a.attrelid = $1::bigint::oid AND a.attname = u.name",
-                &[i64::from(s.lookup_oid).into(), s.add_columns.clone().into()],
-            )
-            .and_then(|v| serde_json::from_value(v).ok())
-            .unwrap_or_default(),
+            add_types: crate::lookups::column_types(s.lookup_oid, &s.add_columns),
             as_of: Lsn(0),
         })
         .collect();

@@ -81,18 +81,7 @@ VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 fn cdc_filter_metrics(table_name: Option<pg_sys::Oid>) -> JsonB {
     let oid = required(table_name, "table_name");
     let schema = schema();
-    let name = crate::catalog::select_one::<String>(
-        &format!("SELECT table_name FROM {schema}._cdc_publications WHERE table_oid = $1"),
-        &[oid.into()],
-    )
-    .unwrap_or_else(|| {
-        let shown =
-            crate::catalog::select_one::<String>("SELECT $1::regclass::text", &[oid.into()]).unwrap_or_default();
-        raise(
-            CdcError::new(ErrorKind::UndefinedObject, format!("table {shown} is not captured"))
-                .hint("SELECT table_name FROM _cdc_publications lists the captured tables."),
-        )
-    });
+    let name = super::captured_table_name(&schema, oid);
     let sinks = crate::catalog::json(
         &format!(
             "SELECT coalesce(jsonb_object_agg(sink_id::text, sink_name), '{{}}') FROM {schema}._cdc_sinks \
