@@ -4,8 +4,8 @@
 //! |---|---|---|---|
 //! | `cdc.database` | postmaster | `postgres` | database the worker connects to (where `CREATE EXTENSION pg_cdc` ran) |
 //! | `cdc.kafka_bootstrap_servers` | sighup | `127.0.0.1:9092` | Kafka servers for sinks whose config gives none |
-//! | `cdc.naptime_ms` | sighup | 200 | how long the worker sleeps when no sink had work |
-//! | `cdc.batch_changes` | sighup | 10000 | `upto_nchanges` of one peek (whole transactions are never split) |
+//! | `cdc.naptime_ms` | sighup | 200 | longest worker sleep when no sink had work (it wakes within 5 ms of new WAL being flushed) |
+//! | `cdc.batch_changes` | sighup | 100000 | `upto_nchanges` of one peek, one Kafka transaction (whole transactions are never split); at most min(this, 10000) frames are held in memory |
 //! | `cdc.heartbeat_interval_ms` | sighup | 10000 | how often an idle sink moves its slot forward over WAL it does not capture |
 //! | `cdc.max_retry_backoff_ms` | sighup | 30000 | cap of the exponential backoff after a sink error |
 //! | `cdc.tokenization_key_file` | sighup, superuser | (none) | file holding the secret key of `tokenize` (mode 0600 or 0400) |
@@ -22,7 +22,7 @@ pub static KAFKA_BOOTSTRAP_SERVERS: GucSetting<Option<CString>> =
 /// `cdc.naptime_ms`.
 pub static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
 /// `cdc.batch_changes`.
-pub static BATCH_CHANGES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+pub static BATCH_CHANGES: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 /// `cdc.wal_warning_bytes` (0: off).
 pub static WAL_WARNING_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024);
 /// `cdc.enrich_cache_rows`.
@@ -109,7 +109,7 @@ pub fn init() {
     );
     GucRegistry::define_int_guc(
         c"cdc.batch_changes",
-        c"Changes read from a slot per batch (whole transactions are never split).",
+        c"Changes read from a slot per batch, one Kafka transaction (whole transactions are never split).",
         c"",
         &BATCH_CHANGES,
         1,

@@ -4,12 +4,14 @@
 //! ```text
 //!  fetch FETCH_ROWS rows ──▶ buffer ──(whole transactions)──▶ Assembler::process ──▶ dedup ──▶ sink.send
 //!          │
-//!          └─ the open transaction passes cdc.batch_changes frames or LARGE_TRANSACTION_BYTES:
+//!          ├─ the buffer holds BUFFER_FRAMES whole transactions: send them, empty it
+//!          └─ the open transaction passes BUFFER_FRAMES frames or LARGE_TRANSACTION_BYTES:
 //!               seek back to its Begin ─▶ count_large (its size, for event_count) ─▶ seek back
 //!               ─▶ encode_large in pieces ─▶ sink.send per piece (same Kafka transaction)
 //! ```
-//! Memory is bounded by the buffer (about `cdc.batch_changes` frames), one piece of a large
-//! transaction and librdkafka's queue; the peek's rows themselves spill to a temporary file.
+//! One peek returns up to `cdc.batch_changes` changes (one Kafka transaction), but memory is
+//! bounded by the buffer (`min(cdc.batch_changes, BUFFER_FRAMES)` frames, twice at most), one piece of a
+//! large transaction and librdkafka's queue; the peek's rows themselves spill to a temporary file.
 //! Nothing here commits: the caller flushes the sink, then confirms the slot.
 use std::collections::HashMap;
 
@@ -26,6 +28,11 @@ use super::state::SinkRun;
 
 /// Rows fetched from the cursor at a time.
 pub const FETCH_ROWS: i64 = 1000;
+
+/// Frames held decoded in memory at most (fewer when `cdc.batch_changes` is smaller): whole
+/// transactions are sent once the buffer holds this many, and a transaction with more frames is
+/// read in two passes.
+pub const BUFFER_FRAMES: usize = 10_000;
 
 /// A transaction whose frames pass this many bytes is read in two passes, whatever its change count.
 pub const LARGE_TRANSACTION_BYTES: usize = 32 << 20;
@@ -102,7 +109,8 @@ pub struct Inputs<'a> {
     pub checkpoint: Option<Checkpoint>,
     /// Skip them (false only under the test switch `cdc.test_skip_dedup`).
     pub dedup: bool,
-    /// A transaction with more frames than this is read in two passes.
+    /// Whole transactions are sent once the buffer holds this many frames; a transaction with more
+    /// frames than this is read in two passes.
     pub large_frames: usize,
 }
 
@@ -129,6 +137,8 @@ pub fn read(
     let mut open: Option<(usize, u64, usize)> = None;
     let mut chunk = first;
     let mut start = peek.position() - chunk.len() as u64;
+    // Bytes of the whole transactions (and messages) waiting in `buf`.
+    let mut whole_bytes = 0usize;
     'rows: while !chunk.is_empty() {
         b.rows += chunk.len() as u64;
         for (i, frame) in chunk.into_iter().enumerate() {
@@ -140,12 +150,21 @@ pub fn read(
             if let Some(o) = open.as_mut() {
                 o.2 += frame.data.len();
             }
+            whole_bytes += frame.data.len();
             buf.push(frame);
+            // Only whole transactions in the buffer: send them once it is full, so memory stays
+            // bounded whatever the size of the peek.
+            if open.is_none() && (buf.len() >= inputs.large_frames || whole_bytes > LARGE_TRANSACTION_BYTES) {
+                send_whole(run, inputs, &buf, types, &mut b)?;
+                buf.clear();
+                whole_bytes = 0;
+            }
             if let Some((begin, position, bytes)) = open {
                 if buf.len() - begin > inputs.large_frames || bytes > LARGE_TRANSACTION_BYTES {
                     buf.truncate(begin);
                     send_whole(run, inputs, &buf, types, &mut b)?;
                     buf.clear();
+                    whole_bytes = 0;
                     open = None;
                     peek.seek(position);
                     send_large(run, inputs, peek, types, &mut b)?;

@@ -8,7 +8,8 @@
 //!        ─▶ Assembler ─▶ events ─▶ sink.send (large transactions in two passes, see batch.rs)
 //!      sink.flush (no transaction open; Kafka commit with the checkpoint / every acknowledgement)
 //!      advance the slot + _cdc_offsets + state (one short writing transaction)
-//!    drop slots of dropped sinks; sleep cdc.naptime_ms when nothing happened
+//!    write a running-transactions record every 2 MB of WAL (so restart_lsn follows, see state.rs)
+//!    drop slots of dropped sinks; when nothing happened, sleep cdc.naptime_ms or until WAL is flushed
 //! ```
 //! Ack before advance: the slot moves only after the sink acknowledged, so a crash anywhere
 //! re-sends (at-least-once). Every SPI step runs in [`run_tx`], which turns a PostgreSQL ERROR
@@ -64,12 +65,10 @@ pub extern "C-unwind" fn pg_cdc_worker_main(_arg: pg_sys::Datum) {
             // SAFETY: the documented way for a background worker to reload postgresql.conf.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
+        let flushed = wal_flushed();
         let busy = worker.tick();
-        if !busy {
-            let nap = Duration::from_millis(gucs::NAPTIME_MS.get().max(10) as u64);
-            if !BackgroundWorker::wait_latch(Some(nap)) {
-                break;
-            }
+        if !busy && !nap(flushed) {
+            break;
         }
     }
     // proc_exit skips Rust destructors: close the producers first.
@@ -77,6 +76,36 @@ pub extern "C-unwind" fn pg_cdc_worker_main(_arg: pg_sys::Datum) {
     pgrx::log!("pg_cdc worker stopping");
     // SAFETY: ends this background worker process; exit code 1 asks the postmaster to restart it.
     unsafe { pg_sys::proc_exit(1) };
+}
+
+/// How often a napping worker looks whether WAL was flushed since its last pass.
+const WAL_POLL: Duration = Duration::from_millis(5);
+
+/// Sleeps `cdc.naptime_ms`, or less: wakes as soon as WAL past `flushed` (the flush position
+/// when the last pass started) is flushed, within [`WAL_POLL`], so a change committed while the
+/// worker naps waits for it a few milliseconds, not up to the whole naptime. Returns false when
+/// the worker must stop.
+fn nap(flushed: u64) -> bool {
+    let nap = Duration::from_millis(gucs::NAPTIME_MS.get().max(10) as u64);
+    let start = Instant::now();
+    loop {
+        let left = nap.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return true;
+        }
+        if !BackgroundWorker::wait_latch(Some(left.min(WAL_POLL))) {
+            return false;
+        }
+        if wal_flushed() != flushed {
+            return true;
+        }
+    }
+}
+
+/// Where WAL is flushed up to.
+fn wal_flushed() -> u64 {
+    // SAFETY: reads the shared flush position under its own spinlock; no transaction needed.
+    unsafe { pg_sys::GetFlushRecPtr(std::ptr::null_mut()) }
 }
 
 /// Whether the worker was asked to stop (SIGTERM: pg_terminate_backend or shutdown). Reads

@@ -390,6 +390,20 @@ pub fn set_state(schema: &str, sink_id: &str, state: &str, error: Option<&str>) 
     );
 }
 
+/// Writes a running-transactions record (PostgreSQL 16's pg_log_standby_snapshot()); returns
+/// where it was written, or None during recovery, where no WAL can be written.
+pub fn log_running_xacts() -> Option<Lsn> {
+    // SAFETY: called inside a transaction of a regular backend (the worker's run_tx), outside any
+    // critical section; LogStandbySnapshot takes its own locks and needs wal_level >= replica,
+    // which logical decoding already requires.
+    unsafe {
+        if pg_sys::RecoveryInProgress() {
+            return None;
+        }
+        Some(Lsn(pg_sys::LogStandbySnapshot()))
+    }
+}
+
 /// Writes a heartbeat message that the sink's next peek returns, so its slot can move past WAL
 /// it does not capture. Returns the WAL insert position after it.
 pub fn emit_heartbeat() -> Option<String> {

@@ -20,6 +20,10 @@ use super::{retry_at, run_tx, stop_requested, OrphanSightings};
 use crate::catalog::PUBLICATION_NAMES;
 use crate::{gucs, keys, lookups};
 
+/// WAL written between two running-transactions records of the worker: the most a peek decodes
+/// again beyond what it returns (see [`Worker::mark_restart_point`]).
+const RESTART_POINT_BYTES: u64 = 2 << 20;
+
 /// Runtime state of one sink.
 pub struct SinkRun {
     pub(super) row: SinkRow,
@@ -155,6 +159,8 @@ pub struct Worker {
     context_key_failed: Option<Instant>,
     /// When each slot's retained-WAL warning was last logged.
     wal_warned: HashMap<String, Instant>,
+    /// Where this worker last wrote a running-transactions record ([`Worker::mark_restart_point`]).
+    restart_mark: Option<Lsn>,
 }
 
 impl Worker {
@@ -171,6 +177,7 @@ impl Worker {
             context_key: None,
             context_key_failed: None,
             wal_warned: HashMap::new(),
+            restart_mark: None,
         }
     }
 
@@ -198,6 +205,7 @@ impl Worker {
         self.refresh_configs(&cat);
         self.sync_sinks(&cat);
         self.warn_retained_wal(&cat);
+        self.mark_restart_point(&cat);
         self.refresh_token_key();
         let mut busy = false;
         let ids: Vec<String> = cat.sinks.iter().map(|s| s.id.clone()).collect();
@@ -262,6 +270,31 @@ impl Worker {
                 sink.state,
                 sink.last_error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
             );
+        }
+    }
+
+    /// Writes a running-transactions record into the WAL once [`RESTART_POINT_BYTES`] were written
+    /// since the last one this worker wrote. A logical slot's restart_lsn can only move to such a
+    /// record, and every peek and every advance decodes again from restart_lsn; PostgreSQL 15
+    /// writes one only every 15 s (the background writer), so under load each batch decoded up to
+    /// 15 s of WAL again (hundreds of MB). This is what PostgreSQL 16's pg_log_standby_snapshot()
+    /// does; the cost is one small WAL record and a snapshot file per record.
+    fn mark_restart_point(&mut self, cat: &Catalog) {
+        if cat.sinks.is_empty() {
+            return;
+        }
+        let insert: Lsn = cat.wal_insert_lsn.parse().unwrap_or_default();
+        if self.restart_mark.is_some_and(|m| insert.0 < m.0.saturating_add(RESTART_POINT_BYTES)) {
+            return;
+        }
+        match run_tx(source::log_running_xacts) {
+            Ok(Some(lsn)) => self.restart_mark = Some(lsn),
+            Ok(None) => self.restart_mark = Some(insert),
+            Err(e) => {
+                // Not fatal: the slots still move at the background writer's records.
+                pgrx::warning!("pg_cdc worker: cannot write a running-transactions record: {e}");
+                self.restart_mark = Some(insert);
+            }
         }
     }
 
@@ -541,7 +574,7 @@ impl Worker {
                 tables: &tables,
                 checkpoint: run.checkpoint,
                 dedup,
-                large_frames: batch_changes.max(1) as usize,
+                large_frames: (batch_changes.max(1) as usize).min(batch::BUFFER_FRAMES),
             };
             batch::read(&mut run, &inputs, &mut peek, first, &mut types)
         });

@@ -7,8 +7,8 @@ import uuid
 
 from confluent_kafka import Consumer
 
-from conftest import (BOOTSTRAP, consume, crash_at_failpoint, delivery_status, restart_worker, server_settings, wait_for,
-                      worker_pid)
+from conftest import (BOOTSTRAP, connect, consume, crash_at_failpoint, delivery_status, restart_worker, server_settings,
+                      wait_for, worker_pid)
 
 
 def private_kib(pid):
@@ -121,3 +121,45 @@ def test_large_transaction_reread_after_a_crash_is_deduplicated(pg, sinks, uniqu
     assert status["deduplication"]["duplicate_events_detected"] == status["deduplication"]["duplicate_events_filtered"]
     assert status["delivered"]["large_transactions"] >= 1
     pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_regression_a_big_peek_of_small_transactions_keeps_memory_bounded(pg, sinks, unique):
+    """A peek of up to cdc.batch_changes changes used to be held decoded whole until its end; with
+    big batches (they drain a backlog faster) that is 100+ MB. Now whole transactions are sent as
+    soon as 10,000 frames are buffered. 300,000 rows of ~400 bytes in 3,000 transactions, all
+    committed before the worker reads one, in a single peek."""
+    t, topic, name = f"backlog_{unique}", f"backlog-{unique}", f"backlog_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+    pg.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, json.dumps({"include_transaction_info": True})))
+    sinks.add(name, topic)
+    with server_settings({"cdc.batch_changes": 1_000_000}):
+        restart_worker(pg)  # a fresh process: earlier tests' allocations do not count
+        pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")
+        consume(topic, 1)
+        pid = worker_pid(pg)
+        baseline = private_kib(pid)
+        sampler = MemorySampler(pid)
+        sampler.start()
+        with connect() as holder:
+            holder.execute("BEGIN")
+            holder.execute("LOCK TABLE _cdc_sinks IN ACCESS EXCLUSIVE MODE")
+            wait_for(lambda: pg.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                                        (pid,)).fetchone() == ("Lock",), what="worker waiting")
+            with connect() as loader:
+                for i in range(3000):
+                    loader.execute(f"INSERT INTO {t} SELECT g, repeat('x', 400) FROM generate_series(%s::int, %s::int) g",
+                                   (i * 100 + 1, i * 100 + 100))
+            holder.execute("COMMIT")
+        msgs = consume(topic, 300_001, timeout=300)
+        sampler.stop.set()
+        sampler.join()
+    ids = sorted(m["value"]["after"]["id"] for m in msgs)
+    assert ids == list(range(300_001))
+    sizes = {m["value"]["metadata"]["transaction"]["event_count"] for m in msgs[1:]}
+    assert sizes == {100}
+    grew_mb = (sampler.peak - baseline) / 1024
+    print(f"\nworker private memory grew by {grew_mb:.0f} MB while one peek returned 300,000 rows")
+    # Holding the peek's frames alone would take about 130 MB.
+    assert grew_mb < 100, f"worker private memory grew by {grew_mb:.0f} MB"
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+    pg.execute(f"DROP TABLE {t}")
