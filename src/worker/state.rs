@@ -686,6 +686,12 @@ impl Worker {
             run.retry_at = None;
         }
         self.set_state(id, "running", None);
+        if batch.rows > batch::BUFFER_FRAMES as u64 {
+            // A big batch filled librdkafka's queue and the buffers; give the freed memory back
+            // (glibc keeps it otherwise, and the worker's private memory stays at its peak).
+            // SAFETY: glibc's malloc_trim only releases free heap pages; callable at any time.
+            unsafe { libc::malloc_trim(0) };
+        }
         batch.rows > 0
     }
 
