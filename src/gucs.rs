@@ -4,7 +4,7 @@
 //! |---|---|---|---|
 //! | `cdc.database` | postmaster | `postgres` | database the worker connects to (where `CREATE EXTENSION pg_cdc` ran) |
 //! | `cdc.kafka_bootstrap_servers` | sighup | `127.0.0.1:9092` | Kafka servers for sinks whose config gives none |
-//! | `cdc.naptime_ms` | sighup | 200 | longest worker sleep when no sink had work (it wakes within 5 ms of new WAL being flushed) |
+//! | `cdc.naptime_ms` | sighup | 200 | longest worker sleep when no sink had work (while changes keep coming it wakes within 5 ms of new WAL; each empty pass doubles that, up to this) |
 //! | `cdc.batch_changes` | sighup | 100000 | `upto_nchanges` of one peek, one Kafka transaction (whole transactions are never split); at most min(this, 10000) frames are held in memory |
 //! | `cdc.heartbeat_interval_ms` | sighup | 10000 | how often an idle sink moves its slot forward over WAL it does not capture |
 //! | `cdc.max_retry_backoff_ms` | sighup | 30000 | cap of the exponential backoff after a sink error |

@@ -60,16 +60,23 @@ pub extern "C-unwind" fn pg_cdc_worker_main(_arg: pg_sys::Datum) {
     if let Err(e) = run_tx(source::set_session_settings) {
         pgrx::warning!("pg_cdc worker: cannot set its session settings: {e}");
     }
+    let mut poll = WAL_POLL;
     while !stop_requested() {
         if BackgroundWorker::sighup_received() {
             // SAFETY: the documented way for a background worker to reload postgresql.conf.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
         let flushed = wal_flushed();
-        let busy = worker.tick();
-        if !busy && !nap(flushed) {
+        if worker.tick() {
+            poll = WAL_POLL;
+            continue;
+        }
+        if !nap(flushed, poll) {
             break;
         }
+        // Nothing to read although WAL may have moved (tables no sink captures, or nothing at
+        // all): look for new WAL less and less often, up to the naptime, until a pass reads again.
+        poll = (poll * 2).min(naptime());
     }
     // proc_exit skips Rust destructors: close the producers first.
     drop(worker);
@@ -78,22 +85,27 @@ pub extern "C-unwind" fn pg_cdc_worker_main(_arg: pg_sys::Datum) {
     unsafe { pg_sys::proc_exit(1) };
 }
 
-/// How often a napping worker looks whether WAL was flushed since its last pass.
+/// How often a napping worker looks whether WAL was flushed since its last pass, right after a
+/// pass that read something (doubling after each pass that did not, up to the naptime).
 const WAL_POLL: Duration = Duration::from_millis(5);
 
-/// Sleeps `cdc.naptime_ms`, or less: wakes as soon as WAL past `flushed` (the flush position
-/// when the last pass started) is flushed, within [`WAL_POLL`], so a change committed while the
-/// worker naps waits for it a few milliseconds, not up to the whole naptime. Returns false when
-/// the worker must stop.
-fn nap(flushed: u64) -> bool {
-    let nap = Duration::from_millis(gucs::NAPTIME_MS.get().max(10) as u64);
+fn naptime() -> Duration {
+    Duration::from_millis(gucs::NAPTIME_MS.get().max(10) as u64)
+}
+
+/// Sleeps `cdc.naptime_ms`, or less: wakes once WAL past `flushed` (the flush position when the
+/// last pass started) is flushed, looking every `poll`, so while changes keep coming a commit made
+/// while the worker naps waits for it a few milliseconds, not up to the whole naptime. Returns
+/// false when the worker must stop.
+fn nap(flushed: u64, poll: Duration) -> bool {
+    let nap = naptime();
     let start = Instant::now();
     loop {
         let left = nap.saturating_sub(start.elapsed());
         if left.is_zero() {
             return true;
         }
-        if !BackgroundWorker::wait_latch(Some(left.min(WAL_POLL))) {
+        if !BackgroundWorker::wait_latch(Some(left.min(poll))) {
             return false;
         }
         if wal_flushed() != flushed {

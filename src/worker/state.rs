@@ -716,7 +716,11 @@ impl Worker {
         };
         let insert: Lsn = cat.wal_insert_lsn.parse().unwrap_or_default();
         let interval = std::time::Duration::from_millis(gucs::HEARTBEAT_INTERVAL_MS.get().max(100) as u64);
-        let due = run.last_heartbeat.is_none_or(|t| t.elapsed() >= interval);
+        // Also sooner when the slot is far behind (each peek decodes that WAL again; see
+        // mark_restart_point) and the last heartbeat was read already.
+        let far = insert.0 > confirmed.0.saturating_add(RESTART_POINT_BYTES)
+            && run.heartbeat_end.is_none_or(|h| h <= confirmed);
+        let due = far || run.last_heartbeat.is_none_or(|t| t.elapsed() >= interval);
         // Only when WAL other than our own last heartbeat was written since it.
         let moved = insert > confirmed && run.heartbeat_end.is_none_or(|h| insert.0 > h.0 + 128);
         if !(due && moved) {
