@@ -1072,6 +1072,7 @@ class Bench:
         """Runs the chosen sections; a section that fails is reported (traceback on stderr, a note in
         the report) and the others still run. Returns False if any failed."""
         started = time.monotonic()
+        started_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         self.setup()
         ok = True
         try:
@@ -1088,7 +1089,7 @@ class Bench:
             self.teardown()
         s = self.results.settings
         s["machine"]["load average at end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-        s["run"] = {"started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        s["run"] = {"started": started_at,
                     "duration": f"{(time.monotonic() - started) / 60:.1f} min", "sections": ", ".join(self.sections),
                     **{k: str(v) for k, v in vars(self.sizes).items()}}
         return ok

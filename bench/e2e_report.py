@@ -210,9 +210,10 @@ transaction commit, which the broker timestamp does not.
 {chr(10).join(lines)}
 
 pg_cdc reads its slot with pg_logical_slot_peek_binary_changes, which starts decoding at the slot's
-restart_lsn every time; PostgreSQL moves restart_lsn only at xl_running_xacts records (about every 15 s
-when busy), so each peek decodes again the WAL between restart_lsn and confirmed_flush_lsn. That
-distance, sampled every 0.5 s during the runs above:
+restart_lsn every time; PostgreSQL moves restart_lsn only at xl_running_xacts records (the background
+writer's, about every 15 s when busy, and those the pg_cdc worker writes every 2 MB of WAL), so each peek
+decodes again the WAL between restart_lsn and confirmed_flush_lsn. That distance, sampled every 0.5 s
+during the runs above:
 
 {chr(10).join(redecode)}
 """
