@@ -35,6 +35,20 @@ class MemorySampler(threading.Thread):
             time.sleep(0.1)
 
 
+def sample_a_fresh_worker(pg, table, topic):
+    """Restarts the worker (earlier tests' allocations do not count), waits until a warm-up row of
+    `table` reached `topic` through it, and starts sampling its private memory. Returns the
+    baseline (KiB) and the running MemorySampler."""
+    restart_worker(pg)
+    pg.execute(f"INSERT INTO {table} VALUES (0, 'warm-up')")
+    consume(topic, 1)
+    pid = worker_pid(pg)
+    baseline = private_kib(pid)
+    sampler = MemorySampler(pid)
+    sampler.start()
+    return baseline, sampler
+
+
 def test_million_row_transaction_is_delivered_whole_with_bounded_memory(pg, sinks, unique):
     """One INSERT of 1,000,000 rows: every row arrives exactly once, each event carries the
     transaction's size, and the worker's private memory stays far below what holding the
@@ -44,13 +58,7 @@ def test_million_row_transaction_is_delivered_whole_with_bounded_memory(pg, sink
     pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
     pg.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, json.dumps({"include_transaction_info": True})))
     sinks.add(name, topic)
-    restart_worker(pg)  # a fresh process: earlier tests' allocations do not count
-    pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")
-    consume(topic, 1)
-    pid = worker_pid(pg)
-    baseline = private_kib(pid)
-    sampler = MemorySampler(pid)
-    sampler.start()
+    baseline, sampler = sample_a_fresh_worker(pg, t, topic)
     pg.execute(f"INSERT INTO {t} SELECT g, repeat('x', 100) FROM generate_series(1, {n}) g")
 
     c = Consumer({
@@ -133,13 +141,8 @@ def test_regression_a_big_peek_of_small_transactions_keeps_memory_bounded(pg, si
     pg.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, json.dumps({"include_transaction_info": True})))
     sinks.add(name, topic)
     with server_settings({"cdc.batch_changes": 1_000_000}):
-        restart_worker(pg)  # a fresh process: earlier tests' allocations do not count
-        pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")
-        consume(topic, 1)
-        pid = worker_pid(pg)
-        baseline = private_kib(pid)
-        sampler = MemorySampler(pid)
-        sampler.start()
+        baseline, sampler = sample_a_fresh_worker(pg, t, topic)  # the fresh worker starts with the setting
+        pid = sampler.pid
         with connect() as holder:
             holder.execute("BEGIN")
             holder.execute("LOCK TABLE _cdc_sinks IN ACCESS EXCLUSIVE MODE")
