@@ -7,3 +7,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/env.sh"
 cd "$here/.."
 cargo pgrx install --release --pg-config "$PG_BIN/pg_config"
+# Install scripts of earlier releases (cargo pgrx installs the current one and the upgrade scripts
+# sql/pg_cdc--<old>--<new>.sql): CREATE EXTENSION pg_cdc VERSION '<old>' then works, which the
+# upgrade tests (pg_test/sql/upgrade.sql, tests/e2e/test_upgrade.py) rely on.
+install -m 644 sql/history/pg_cdc--*.sql "$("$PG_BIN/pg_config" --sharedir)/extension/"

@@ -7,6 +7,7 @@ REVOKE EXECUTE ON FUNCTION cdc_drop_sink(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_delivery_status(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_filter_metrics(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_preview(regclass, jsonb, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_create_tokenization_key() FROM PUBLIC;
 
 -- The trigger of tables that capture user context: emits the sealed context of each statement,
 -- before its rows, inside the writing transaction. SECURITY DEFINER so writers need no right on

@@ -52,7 +52,7 @@ SELECT cdc_enable('orders', '{
     "include_user_context": false,
     "include_query_text": false,
     "compliance": {"redact_pii": false},
-    "exactly_once": {"enabled": false, "checkpoint_interval_ms": 1000},
+    "exactly_once": {"enabled": true, "checkpoint_interval_ms": 1000},
     "schema_evolution": {"enabled": false},
     "transformations": []
   }') IS NOT NULL AS enabled;

@@ -38,6 +38,8 @@ SELECT cdc_enable('orders', '{"exactly_once": true}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"exactly_once": {"checkpoint_interval_ms": "1000"}}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"exactly_once": {"checkpoint_interval_ms": 0}}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"exactly_once": {"checkpoint_interval_ms": 1.5}}'); \echo SQLSTATE :SQLSTATE
+-- Delivery is a property of the sink: a table cannot turn exactly-once off (the HINT names the sink setting).
+SELECT cdc_enable('orders', '{"exactly_once": {"enabled": false, "checkpoint_interval_ms": 1000}}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"transformations": {}}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"filter": 5}'); \echo SQLSTATE :SQLSTATE
 

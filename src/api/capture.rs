@@ -114,6 +114,9 @@ fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
     let schema = schema();
     let (info, shape) = table_shape(oid);
     let cfg = parse_capture_config(&config.0, &shape).or_raise();
+    if cfg.tokenizes() {
+        crate::keys::require_token_key(&format!("the capture config of {}", shape.display_name));
+    }
     let qualified = str_field(&info, "qualified").to_string();
 
     let existing = catalog::json(
@@ -200,7 +203,88 @@ fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
     if existing.is_some() {
         pgrx::notice!("capture config of {} replaced", shape.display_name);
     }
+    if cfg.exactly_once_required {
+        let weaker = at_least_once_sinks_of(&schema, oid.to_u32());
+        if !weaker.is_empty() {
+            pgrx::warning!(
+                "the capture config of {} asks for exactly-once delivery, but these sinks deliver its changes at least once: {}",
+                shape.display_name,
+                weaker.join(", ")
+            );
+        }
+    }
     id
+}
+
+/// The at-least-once sinks that carry a table (their names, sorted).
+fn at_least_once_sinks_of(schema: &str, oid: u32) -> Vec<String> {
+    catalog::json(
+        &format!(
+            "SELECT coalesce(jsonb_agg(sink_name ORDER BY sink_name), '[]') FROM {schema}._cdc_sinks \
+              WHERE delivery_mode <> 'exactly_once' AND (table_oids IS NULL OR $1::bigint::oid = ANY (table_oids))"
+        ),
+        &[i64::from(oid).into()],
+    )
+    .and_then(|v| serde_json::from_value(v).ok())
+    .unwrap_or_default()
+}
+
+/// The captured tables a sink carries (`oids`, or every captured table when `None`), with their
+/// parsed capture configs: (table name, config).
+pub(crate) fn captured_configs(
+    schema: &str,
+    oids: Option<&[pg_sys::Oid]>,
+) -> Vec<(String, cdc_core::config::CaptureConfig)> {
+    let rows = catalog::json(
+        &format!(
+            "SELECT coalesce(jsonb_agg(jsonb_build_array(table_name, config, key_columns) ORDER BY table_name), '[]') \
+               FROM {schema}._cdc_publications WHERE $1::oid[] IS NULL OR table_oid = ANY ($1::oid[])"
+        ),
+        &[oids.map(|o| o.to_vec()).into()],
+    )
+    .unwrap_or_default();
+    let mut out = Vec::new();
+    for row in rows.as_array().into_iter().flatten() {
+        let name = row[0].as_str().unwrap_or_default().to_string();
+        let keys: Vec<String> = serde_json::from_value(row[2].clone()).unwrap_or_default();
+        if let Ok(cfg) = cdc_core::config::parse_stored_capture_config(&row[1], keys) {
+            out.push((name, cfg));
+        }
+    }
+    out
+}
+
+/// Creates a random tokenization key (32 bytes as 64 hex digits) in the file `pg_cdc_token.key`
+/// in the data directory, readable by the server's OS user only. pg_cdc uses that file whenever
+/// `cdc.tokenization_key_file` is not set, so `tokenize` works with no further setting. Refuses
+/// (42710) when the file exists: a new key changes every token. The key is never shown; back the
+/// file up with the data directory (tokens made with a lost key can never be recomputed).
+///
+/// ```sql
+/// SELECT cdc_create_tokenization_key();
+/// ```
+#[pg_extern(volatile)]
+fn cdc_create_tokenization_key() -> String {
+    let set = crate::gucs::string(&crate::gucs::TOKENIZATION_KEY_FILE);
+    if !set.is_empty() {
+        raise(
+            CdcError::new(
+                ErrorKind::PrerequisiteState,
+                "cdc.tokenization_key_file is set, so pg_cdc uses that file and would ignore a new default key",
+            )
+            .hint("Put the key in that file, or RESET cdc.tokenization_key_file (ALTER SYSTEM) and reload first."),
+        );
+    }
+    match crate::keys::create_token_key() {
+        Ok(()) => {}
+        Err(e) if e.contains("already exists") => raise(
+            CdcError::new(ErrorKind::DuplicateObject, e)
+                .hint("pg_cdc already has a tokenization key; a new one would change every token. Remove the file by hand to replace it."),
+        ),
+        Err(e) => raise(CdcError::new(ErrorKind::Internal, e)),
+    }
+    let dir = catalog::select_one::<String>("SELECT current_setting('data_directory')", &[]).unwrap_or_default();
+    format!("{dir}/{}", crate::keys::DEFAULT_TOKEN_KEY_FILE)
 }
 
 /// Resolves and checks the lookup table of each `enrich` transformation: an ordinary table whose

@@ -173,7 +173,7 @@ fn cdc_prometheus_metrics() -> String {
     x.family("pg_cdc_sink_state", Kind::Gauge, "1 for the state each sink is in.");
     for s in &sinks {
         let (name, state) = (text(s, "name"), text(s, "state"));
-        for st in ["creating_slot", "starting", "running", "retrying", "error"] {
+        for st in cdc_core::state::SinkState::ALL.map(|s| s.label()) {
             x.sample("pg_cdc_sink_state", &[("sink", &name), ("state", st)], f64::from(u8::from(state == st)));
         }
     }

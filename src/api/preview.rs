@@ -101,7 +101,7 @@ fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows:
     if plan.needs_token_key() {
         match crate::keys::load(&crate::keys::settings()) {
             Ok(Some(k)) => encoder.token_key = Some(k),
-            Ok(None) => key_error = Some("no tokenization key is configured (cdc.tokenization_key_file)".to_string()),
+            Ok(None) => key_error = Some(cdc_core::redact::MissingKey.to_string()),
             Err(e) => key_error = Some(e),
         }
     }

@@ -1,5 +1,6 @@
 //! `cdc_add_sink` and `cdc_drop_sink`: where captured changes go.
 use cdc_core::config::parse_sink_config;
+use cdc_core::state::SinkState;
 use cdc_core::{CdcError, ErrorKind};
 use pgrx::prelude::*;
 use pgrx::{JsonB, Uuid};
@@ -84,6 +85,21 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         .tables
         .as_ref()
         .map(|names| names.iter().enumerate().map(|(i, n)| resolve_table(&format!("config.tables[{i}]"), n)).collect());
+    // A table it carries that tokenizes needs the key, or the new sink would stop at once.
+    let carried = super::capture::captured_configs(&schema, table_oids.as_deref());
+    if let Some((table, _)) = carried.iter().find(|(_, c)| c.tokenizes()) {
+        crate::keys::require_token_key(&format!("sink \"{sink_name}\" carries {table}, whose capture config"));
+    }
+    if !cfg.exactly_once {
+        let wanting: Vec<&str> =
+            carried.iter().filter(|(_, c)| c.exactly_once_required).map(|(t, _)| t.as_str()).collect();
+        if !wanting.is_empty() {
+            pgrx::warning!(
+                "sink \"{sink_name}\" delivers at least once, but the capture configs of these tables ask for exactly-once: {}",
+                wanting.join(", ")
+            );
+        }
+    }
 
     let id = crate::catalog::select_one::<Uuid>("SELECT gen_random_uuid()", &[])
         .unwrap_or_else(|| pgrx::error!("gen_random_uuid failed"));
@@ -118,7 +134,7 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
             config.into(),
             slot.as_str().into(),
             table_oids.clone().into(),
-            (if slot_created { "starting" } else { "creating_slot" }).into(),
+            (if slot_created { SinkState::Starting } else { SinkState::CreatingSlot }).label().into(),
             (if cfg.exactly_once { "exactly_once" } else { "at_least_once" }).into(),
         ],
     );

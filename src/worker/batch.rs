@@ -17,6 +17,7 @@ use std::collections::HashMap;
 
 use cdc_core::decode::{decode, Message};
 use cdc_core::pipeline::{LargeTransaction, PipelineError, RawFrame, SinkTables};
+use cdc_core::state::SinkState;
 use cdc_core::stats::{DeliveryCounters, TableCounters};
 use cdc_core::time::pg_to_unix_micros;
 use cdc_core::types::TypeRegistry;
@@ -40,25 +41,36 @@ pub const LARGE_TRANSACTION_BYTES: usize = 32 << 20;
 /// Why a read stopped.
 pub struct Failure {
     /// State to report: `error` or `retrying`.
-    pub state: &'static str,
+    pub state: SinkState,
     /// What happened.
     pub message: String,
+    /// Events are held back because they cannot be redacted as configured (`compliance_metrics`).
+    pub compliance: bool,
 }
 
 impl Failure {
+    /// A failure of `state`.
+    pub fn new(state: SinkState, message: impl Into<String>) -> Failure {
+        Failure { state, message: message.into(), compliance: false }
+    }
+
     fn decode(e: impl std::fmt::Display) -> Failure {
-        Failure { state: "error", message: format!("cannot decode the change stream: {e}") }
+        Failure::new(SinkState::Error, format!("cannot decode the change stream: {e}"))
     }
 
     fn pipeline(e: PipelineError) -> Failure {
         match e {
-            PipelineError::Config { .. } => Failure { state: "error", message: e.to_string() },
+            PipelineError::Config { .. } => Failure::new(SinkState::Error, e.to_string()),
+            PipelineError::Compliance { .. } => {
+                Failure { compliance: true, ..Failure::new(SinkState::Error, e.to_string()) }
+            }
             e => Failure::decode(e),
         }
     }
 
-    fn sink(e: cdc_sinks::SinkError) -> Failure {
-        Failure { state: if e.class == ErrorClass::Retry { "retrying" } else { "error" }, message: e.message }
+    /// The failure of a sink error: transient ones are retried, the others need an operator.
+    pub fn sink(e: cdc_sinks::SinkError) -> Failure {
+        Failure::new(if e.class == ErrorClass::Retry { SinkState::Retrying } else { SinkState::Error }, e.message)
     }
 }
 
@@ -83,6 +95,8 @@ pub struct Batch {
     /// What was handed to the producer and when, for the latency histograms once it is
     /// acknowledged.
     pub sent_log: Vec<Sent>,
+    /// When the first event was handed over: the sink's delivery unit (a Kafka transaction) opened.
+    pub opened_at: Option<std::time::Instant>,
 }
 
 /// Events of one transaction (or piece of one) handed to the producer.
@@ -112,6 +126,9 @@ pub struct Inputs<'a> {
     /// Whole transactions are sent once the buffer holds this many frames; a transaction with more
     /// frames than this is read in two passes.
     pub large_frames: usize,
+    /// The longest a delivery unit may stay open (`checkpoint_interval_ms`): once it has been open
+    /// this long, no further transaction is read into it.
+    pub checkpoint_interval: Option<std::time::Duration>,
 }
 
 impl Inputs<'_> {
@@ -120,6 +137,11 @@ impl Inputs<'_> {
     /// is the same as "its end LSN is at or below the checkpoint".
     fn delivered(&self, commit_lsn: Lsn) -> bool {
         self.checkpoint.is_some_and(|cp| commit_lsn < cp.end_lsn)
+    }
+
+    /// Whether the delivery unit opened at `opened_at` is due to be committed.
+    fn due(&self, opened_at: Option<std::time::Instant>) -> bool {
+        matches!((self.checkpoint_interval, opened_at), (Some(i), Some(t)) if t.elapsed() >= i)
     }
 }
 
@@ -168,16 +190,28 @@ pub fn read(
                     open = None;
                     peek.seek(position);
                     send_large(run, inputs, peek, types, &mut b)?;
+                    if inputs.due(b.opened_at) {
+                        break 'rows;
+                    }
                     start = peek.position();
                     chunk = peek.fetch(FETCH_ROWS, types);
                     continue 'rows;
                 }
             }
         }
+        if inputs.due(b.opened_at) {
+            // The delivery unit has been open long enough: send the whole transactions read so
+            // far and stop; a trailing incomplete one is held back and read again next time.
+            break;
+        }
         start = peek.position();
         chunk = peek.fetch(FETCH_ROWS, types);
     }
     send_whole(run, inputs, &buf, types, &mut b)?;
+    for c in b.tables.values() {
+        b.counted.pii_redactions += c.pii_redactions;
+        b.counted.audit_records += c.audit_records;
+    }
     Ok(b)
 }
 
@@ -336,10 +370,11 @@ fn send(
         return Ok(());
     }
     let Some(producer) = run.producer.as_mut() else {
-        return Err(Failure { state: "retrying", message: "the sink is not open".into() });
+        return Err(Failure::new(SinkState::Retrying, "the sink is not open"));
     };
     if !b.sent {
         crate::stats::update(&run.row.id, |c| c.open_transactions = 1);
+        b.opened_at = Some(std::time::Instant::now());
     }
     b.sent = true;
     let stats = producer.send(events).map_err(Failure::sink)?;

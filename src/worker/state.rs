@@ -4,9 +4,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cdc_core::config::{parse_sink_config, parse_stored_capture_config, CaptureConfig, KafkaSinkConfig};
+use cdc_core::config::{
+    checkpoint_interval, parse_sink_config, parse_stored_capture_config, CaptureConfig, KafkaSinkConfig,
+};
+use cdc_core::failpoint::{Armed, Failpoint};
 use cdc_core::pipeline::{Assembler, SinkTables};
 use cdc_core::redact::TokenKey;
+use cdc_core::state::SinkState;
 use cdc_core::stats::DeliveryCounters;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
@@ -32,8 +36,9 @@ pub struct SinkRun {
     pub(super) producer: Option<KafkaSink>,
     failures: u32,
     retry_at: Option<Instant>,
-    /// (state, last_error) as last written to the catalog.
-    written: (String, Option<String>),
+    /// (state, last_error) as last written to the catalog (`None`: a label this version does not
+    /// know, so the next state is always written).
+    written: (Option<SinkState>, Option<String>),
     last_heartbeat: Option<Instant>,
     heartbeat_end: Option<Lsn>,
     /// Last checkpoint committed to Kafka (exactly-once), read at open and kept current.
@@ -79,12 +84,9 @@ fn finish_open(run: &mut SinkRun, opening: Opening, confirmed: Lsn) -> Result<()
     let opened = opening.join().unwrap_or_else(|_| {
         Err(SinkError { class: ErrorClass::Retry, message: "opening the Kafka producer failed unexpectedly".into() })
     });
-    let (mut producer, checkpoint) = opened.map_err(|e| Failure {
-        state: if e.class == ErrorClass::Retry { "retrying" } else { "error" },
-        message: e.message,
-    })?;
+    let (mut producer, checkpoint) = opened.map_err(Failure::sink)?;
     if let Some(cp) = checkpoint.filter(|cp| confirmed > cp.end_lsn) {
-        return Err(Failure { state: "error", message: ahead_of_checkpoint(&run.row.slot, confirmed, cp.end_lsn) });
+        return Err(Failure::new(SinkState::Error, ahead_of_checkpoint(&run.row.slot, confirmed, cp.end_lsn)));
     }
     producer.set_interrupt(stop_requested);
     run.checkpoint = checkpoint;
@@ -111,6 +113,8 @@ fn add(c: &mut DeliveryCounters, d: &DeliveryCounters) {
     c.bytes_delivered += d.bytes_delivered;
     c.source_transactions_delivered += d.source_transactions_delivered;
     c.large_transactions += d.large_transactions;
+    c.pii_redactions += d.pii_redactions;
+    c.audit_records += d.audit_records;
 }
 
 /// Records the latencies of a delivery acknowledged at `acked` (Unix microseconds): per event,
@@ -150,8 +154,8 @@ pub struct Worker {
     orphans: OrphanSightings,
     schema: Option<String>,
     last_missing_extension_log: Option<Instant>,
-    /// The tokenization key settings last loaded, and the key they gave.
-    token_settings: Option<(String, u32)>,
+    /// The tokenization key source last loaded (setting, file and its stamp), and the key it gave.
+    token_settings: Option<keys::KeySource>,
     token_key: Option<TokenKey>,
     /// The key user context messages are sealed with (made on first use).
     context_key: Option<Vec<u8>>,
@@ -161,6 +165,8 @@ pub struct Worker {
     wal_warned: HashMap<String, Instant>,
     /// Where this worker last wrote a running-transactions record ([`Worker::mark_restart_point`]).
     restart_mark: Option<Lsn>,
+    /// `cdc.test_failpoint` as last read, and what it arms.
+    failpoint: (String, Armed),
 }
 
 impl Worker {
@@ -178,7 +184,22 @@ impl Worker {
             context_key_failed: None,
             wal_warned: HashMap::new(),
             restart_mark: None,
+            failpoint: (String::new(), Armed::default()),
         }
+    }
+
+    /// Reads `cdc.test_failpoint` again when it changed (a refused value arms nothing and is
+    /// logged once).
+    fn refresh_failpoint(&mut self) {
+        let text = gucs::string(&gucs::TEST_FAILPOINT);
+        if text == self.failpoint.0 {
+            return;
+        }
+        let armed = Armed::parse(&text).unwrap_or_else(|e| {
+            pgrx::warning!("pg_cdc worker: {e}; no failpoint is armed");
+            Armed::default()
+        });
+        self.failpoint = (text, armed);
     }
 
     /// One pass over every sink. Returns true when any sink read changes (run again at once).
@@ -207,6 +228,7 @@ impl Worker {
         self.warn_retained_wal(&cat);
         self.mark_restart_point(&cat);
         self.refresh_token_key();
+        self.refresh_failpoint();
         let mut busy = false;
         let ids: Vec<String> = cat.sinks.iter().map(|s| s.id.clone()).collect();
         for id in ids {
@@ -357,7 +379,7 @@ impl Worker {
                         producer: None,
                         failures: 0,
                         retry_at: None,
-                        written: (row.state.clone(), row.last_error.clone()),
+                        written: (SinkState::parse(&row.state), row.last_error.clone()),
                         last_heartbeat: None,
                         heartbeat_end: None,
                         checkpoint: None,
@@ -398,7 +420,7 @@ impl Worker {
         let mut bindings = match run_tx(load) {
             Ok(b) => b,
             Err(e) => {
-                self.fail(id, "retrying", format!("cannot read the lookup copies: {e}"));
+                self.fail(id, SinkState::Retrying, format!("cannot read the lookup copies: {e}"));
                 return false;
             }
         };
@@ -423,7 +445,7 @@ impl Worker {
                     bindings = b;
                 }
                 Err(e) => {
-                    self.fail(id, "retrying", format!("cannot copy the lookup tables: {e}"));
+                    self.fail(id, SinkState::Retrying, format!("cannot copy the lookup tables: {e}"));
                     return false;
                 }
             }
@@ -438,28 +460,28 @@ impl Worker {
     }
 
     /// Records a state change in the catalog (only when it differs from what was written).
-    fn set_state(&mut self, id: &str, state: &str, error: Option<String>) {
+    fn set_state(&mut self, id: &str, state: SinkState, error: Option<String>) {
         let Some(schema) = self.schema.clone() else {
             return;
         };
         let Some(run) = self.sinks.get_mut(id) else {
             return;
         };
-        if run.written.0 == state && run.written.1 == error {
+        if run.written.0 == Some(state) && run.written.1 == error {
             return;
         }
         match &error {
             Some(e) => pgrx::log!("pg_cdc sink \"{}\": {state}: {e}", run.row.name),
             None => pgrx::log!("pg_cdc sink \"{}\": {state}", run.row.name),
         }
-        let (sid, st, er) = (id.to_string(), state.to_string(), error.clone());
-        if run_tx(|| source::set_state(&schema, &sid, &st, er.as_deref())).is_ok() {
-            run.written = (state.to_string(), error);
+        let (sid, er) = (id.to_string(), error.clone());
+        if run_tx(|| source::set_state(&schema, &sid, state.label(), er.as_deref())).is_ok() {
+            run.written = (Some(state), error);
         }
     }
 
     /// Marks a failure: state, backoff, fresh producer and relation state next time.
-    fn fail(&mut self, id: &str, state: &str, error: String) {
+    fn fail(&mut self, id: &str, state: SinkState, error: String) {
         if let Some(run) = self.sinks.get_mut(id) {
             run.failures = run.failures.saturating_add(1);
             run.retry_at = Some(retry_at(run.failures));
@@ -468,6 +490,15 @@ impl Worker {
             run.assembler.reset();
         }
         self.set_state(id, state, Some(error));
+    }
+
+    /// Marks a failed read or delivery; one that holds events back for a compliance reason shows
+    /// in `cdc_delivery_status` (`compliance_metrics`).
+    fn fail_with(&mut self, id: &str, f: Failure) {
+        if f.compliance {
+            crate::stats::update(id, |c| c.compliance_hold = 1);
+        }
+        self.fail(id, f.state, f.message);
     }
 
     /// One step of one sink. Returns true when it read changes.
@@ -483,7 +514,7 @@ impl Worker {
             Ok(c) => c.clone(),
             Err(e) => {
                 let msg = format!("invalid sink config: {e}");
-                self.fail(id, "error", msg);
+                self.fail(id, SinkState::Error, msg);
                 return false;
             }
         };
@@ -495,22 +526,22 @@ impl Worker {
                  decoded; recreate the extension (DROP EXTENSION pg_cdc CASCADE; CREATE EXTENSION pg_cdc), re-enable the \
                  tables and re-add the sinks"
             );
-            self.fail(id, "error", msg);
+            self.fail(id, SinkState::Error, msg);
             return false;
         }
         let Some(slot) = cat.slots.iter().find(|s| s.name == row.slot) else {
-            if row.state == "creating_slot" {
+            if row.state == SinkState::CreatingSlot.label() {
                 let slot = row.slot.clone();
                 match run_tx(|| source::create_slot(&slot)) {
-                    Ok(()) => self.set_state(id, "starting", None),
-                    Err(e) => self.fail(id, "error", format!("cannot create replication slot {slot}: {e}")),
+                    Ok(()) => self.set_state(id, SinkState::Starting, None),
+                    Err(e) => self.fail(id, SinkState::Error, format!("cannot create replication slot {slot}: {e}")),
                 }
             } else {
                 let msg = format!(
                     "replication slot {} does not exist (dropped outside pg_cdc?); pg_cdc does not recreate it silently because changes would be lost: drop and re-add the sink",
                     row.slot
                 );
-                self.fail(id, "error", msg);
+                self.fail(id, SinkState::Error, msg);
             }
             return false;
         };
@@ -519,11 +550,11 @@ impl Worker {
                 "replication slot {} was invalidated: the WAL it needed was removed (max_slot_wal_keep_size); drop and re-add the sink",
                 row.slot
             );
-            self.fail(id, "error", msg);
+            self.fail(id, SinkState::Error, msg);
             return false;
         }
         if let Some(pid) = slot.active_pid {
-            self.fail(id, "retrying", format!("replication slot {} is in use by process {pid}", row.slot));
+            self.fail(id, SinkState::Retrying, format!("replication slot {} is in use by process {pid}", row.slot));
             return false;
         }
         let confirmed: Lsn = slot.confirmed.as_deref().and_then(|s| s.parse().ok()).unwrap_or_default();
@@ -532,7 +563,7 @@ impl Worker {
         // between were never delivered.
         if let Some(cp) = run.checkpoint.filter(|cp| run.producer.is_some() && confirmed > cp.end_lsn) {
             let msg = ahead_of_checkpoint(&row.slot, confirmed, cp.end_lsn);
-            self.fail(id, "error", msg);
+            self.fail(id, SinkState::Error, msg);
             return false;
         }
         // A producer being opened: wait for it without blocking the other sinks.
@@ -542,7 +573,7 @@ impl Worker {
         if let Some(run) = self.sinks.get_mut(id) {
             if let Some(opening) = run.opening.take() {
                 if let Err(f) = finish_open(run, opening, confirmed) {
-                    self.fail(id, f.state, f.message);
+                    self.fail_with(id, f);
                     return false;
                 }
             }
@@ -575,6 +606,8 @@ impl Worker {
                 checkpoint: run.checkpoint,
                 dedup,
                 large_frames: (batch_changes.max(1) as usize).min(batch::BUFFER_FRAMES),
+                checkpoint_interval: checkpoint_interval(config.checkpoint_interval_ms, tables.values().map(|c| &**c))
+                    .map(|ms| std::time::Duration::from_millis(u64::from(ms))),
             };
             batch::read(&mut run, &inputs, &mut peek, first, &mut types)
         });
@@ -591,13 +624,13 @@ impl Worker {
             Ok(Err(f)) => {
                 self.types = types;
                 self.abort(id);
-                self.fail(id, f.state, f.message);
+                self.fail_with(id, f);
                 return false;
             }
             Err(e) => {
                 self.types = TypeRegistry::new();
                 self.abort(id);
-                self.fail(id, "error", format!("cannot read replication slot {}: {e}", row.slot));
+                self.fail(id, SinkState::Error, format!("cannot read replication slot {}: {e}", row.slot));
                 return false;
             }
         };
@@ -620,9 +653,8 @@ impl Worker {
             let flush = if exactly_once { target.is_some() && !covered } else { batch.sent };
             if flush {
                 if let Err(e) = producer.flush(checkpoint) {
-                    let state = if e.class == ErrorClass::Retry { "retrying" } else { "error" };
                     self.abort(id);
-                    self.fail(id, state, e.message);
+                    self.fail_with(id, Failure::sink(e));
                     return false;
                 }
                 let acked = batch::unix_micros_now();
@@ -634,8 +666,11 @@ impl Worker {
                 crate::stats::update(&row.id, |c| add(c, &counted));
                 crate::stats::add_tables(&row.id, &batch.tables);
                 record_latencies(&row.id, &batch.sent_log, acked);
-                if gucs::string(&gucs::TEST_FAILPOINT) == "after_kafka_commit" {
-                    pgrx::log!("pg_cdc worker: failpoint after_kafka_commit: exiting before the slot is confirmed");
+                if self.failpoint.1.fires(Failpoint::AfterKafkaCommit, &row.name) {
+                    pgrx::log!(
+                        "pg_cdc worker: failpoint after_kafka_commit of sink \"{}\": exiting before the slot is confirmed",
+                        row.name
+                    );
                     // SAFETY: ends this process on purpose (test failpoint); the postmaster restarts it.
                     unsafe { pg_sys::proc_exit(1) };
                 }
@@ -668,13 +703,17 @@ impl Worker {
             let flush = self.sinks.get_mut(id).map(|r| r.assembler.lookups_mut().take_flush()).unwrap_or_default();
             if !flush.is_empty() {
                 if let Err(e) = run_tx(|| lookups::write(&schema, &row.id, &flush)) {
-                    self.fail(id, "error", format!("cannot save the lookup copies of sink \"{}\": {e}", row.name));
+                    self.fail(
+                        id,
+                        SinkState::Error,
+                        format!("cannot save the lookup copies of sink \"{}\": {e}", row.name),
+                    );
                     return false;
                 }
             }
             let (name, slot_name) = (row.name.clone(), row.slot.clone());
             if let Err(e) = run_tx(|| source::confirm(&schema, &name, &slot_name, lsn, &batch.progress)) {
-                self.fail(id, "error", format!("cannot confirm replication slot {}: {e}", row.slot));
+                self.fail(id, SinkState::Error, format!("cannot confirm replication slot {}: {e}", row.slot));
                 return false;
             }
             if !exactly_once {
@@ -685,7 +724,8 @@ impl Worker {
             run.failures = 0;
             run.retry_at = None;
         }
-        self.set_state(id, "running", None);
+        crate::stats::update(id, |c| c.compliance_hold = 0);
+        self.set_state(id, SinkState::Running, None);
         if batch.rows > batch::BUFFER_FRAMES as u64 {
             // A big batch filled librdkafka's queue and the buffers; give the freed memory back
             // (glibc keeps it otherwise, and the worker's private memory stays at its peak).

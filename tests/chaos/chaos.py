@@ -148,8 +148,8 @@ def wait_worker(timeout=60):
 class Faults:
     KINDS = ("terminate", "sigkill", "pg_immediate", "broker_restart", "broker_outage", "failpoint", "zombie")
 
-    def __init__(self, rng, txn_id, topic, no_dedup):
-        self.rng, self.txn_id, self.topic, self.no_dedup = rng, txn_id, topic, no_dedup
+    def __init__(self, rng, txn_id, topic, sink, no_dedup):
+        self.rng, self.txn_id, self.topic, self.sink, self.no_dedup = rng, txn_id, topic, sink, no_dedup
         self.count = collections.Counter()
         self.nudges = 0  # transactions the failpoint wrote itself (writer 0)
 
@@ -180,7 +180,7 @@ class Faults:
             # our own (writer 0, gap-free like the others, checked by the oracle the same way).
             with connect() as c:
                 old = wait_worker()
-                c.execute("ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit'")
+                c.execute("ALTER SYSTEM SET cdc.test_failpoint = %s", (f"after_kafka_commit:{self.sink}",))
                 c.execute("SELECT pg_reload_conf()")
                 deadline, nudge_at = time.time() + 180, time.time() + 30
                 while time.time() < deadline and worker_pid(c) in (None, old):
@@ -344,7 +344,7 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
     per_writer = a.transactions // a.writers
     interval = a.writers / a.rate if a.rate else 0
     writers = [Writer(i + 1, random.Random(a.seed * 1000 + i), per_writer, stop, interval) for i in range(a.writers)]
-    faults = Faults(rng, txn_id, topic, a.control_no_dedup)
+    faults = Faults(rng, txn_id, topic, sink, a.control_no_dedup)
     wanted = fault_counts(a)
     schedule = [k for k in Faults.KINDS for _ in range(wanted[k])]
     rng.shuffle(schedule)

@@ -66,11 +66,11 @@ def test_crash_between_kafka_commit_and_slot_advance_is_deduplicated(pg, sinks, 
     t, topic, name = setup(pg, sinks, unique, "eofp")
     pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")
     consume(topic, 1)
-    crash_at_failpoint(pg, lambda: insert_ten(pg, t))
+    crash_at_failpoint(pg, name, lambda: insert_ten(pg, t))
     pg.execute(f"INSERT INTO {t} VALUES (11, 'after')")
     msgs = consume(topic, 12, timeout=60)
     assert_exactly_once(msgs, range(12))
-    assert "failpoint after_kafka_commit" in server_log()
+    assert f'failpoint after_kafka_commit of sink "{name}"' in server_log()
     wait_for(lambda: f'pg_cdc sink "{name}": skipped' in server_log(), what="dedup logged")
     # The counters saw it too: ten re-read events detected and filtered, none delivered twice.
     status = wait_for(lambda: (s := delivery_status(pg, name))["deduplication"]["duplicate_events_filtered"] >= 10 and s,
@@ -92,7 +92,7 @@ def test_control_without_dedup_the_same_crash_duplicates(pg, sinks, unique):
     pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")
     consume(topic, 1)
     with server_settings({"cdc.test_skip_dedup": "on"}):
-        crash_at_failpoint(pg, lambda: insert_ten(pg, t))
+        crash_at_failpoint(pg, name, lambda: insert_ten(pg, t))
         msgs = consume(topic, 21, timeout=60)
         status = delivery_status(pg, name)
     counts = collections.Counter(ids_of(msgs))
@@ -131,14 +131,14 @@ def test_regression_checkpoint_never_moves_backwards(pg, sinks, unique):
     pg.execute("ALTER SYSTEM SET cdc.batch_changes = 10")
     pg.execute("SELECT pg_reload_conf()")
     try:
-        t, topic, _ = setup(pg, sinks, unique, "eoback")
+        t, topic, name = setup(pg, sinks, unique, "eoback")
         pg.execute(f"INSERT INTO {t} VALUES (0, 'a')")
         consume(topic, 1)
         pg.execute("CHECKPOINT")  # the slot's persisted position: just after row 0
         for i in range(1, 51):
             pg.execute(f"INSERT INTO {t} VALUES (%s, 'b')", (i,))
         consume(topic, 51)
-        pg.execute("ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit'")
+        pg.execute("ALTER SYSTEM SET cdc.test_failpoint = %s", (f"after_kafka_commit:{name}",))
         pg.execute("SELECT pg_reload_conf()")
         subprocess.run(["scripts/pg.sh", "crash"], check=True)  # slot back to just after row 0
         conn = connect()

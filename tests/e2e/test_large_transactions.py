@@ -116,7 +116,7 @@ def test_large_transaction_reread_after_a_crash_is_deduplicated(pg, sinks, uniqu
     pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")
     consume(topic, 1)
     with server_settings({"cdc.batch_changes": 100}):
-        crash_at_failpoint(pg, lambda: pg.execute(f"INSERT INTO {t} SELECT g, 'x' FROM generate_series(1, 2000) g"))
+        crash_at_failpoint(pg, name, lambda: pg.execute(f"INSERT INTO {t} SELECT g, 'x' FROM generate_series(1, 2000) g"))
         pg.execute(f"INSERT INTO {t} VALUES (2001, 'after')")
         msgs = consume(topic, 2002, timeout=90)
     ids = [m["value"]["after"]["id"] for m in msgs]

@@ -95,6 +95,12 @@ pub struct CaptureConfig {
     pub computed: Vec<(String, String)>,
     /// `enrich` transformations, in config order.
     pub enrich: Vec<Enrich>,
+    /// `exactly_once.checkpoint_interval_ms`: the longest a sink's delivery unit (a Kafka
+    /// transaction) carrying this table's events stays open before it is committed.
+    pub checkpoint_interval_ms: Option<u32>,
+    /// `exactly_once.enabled: true`: the table asks for exactly-once delivery (`cdc_enable` and
+    /// `cdc_add_sink` warn about sinks that deliver it at least once).
+    pub exactly_once_required: bool,
 }
 
 /// One `enrich` transformation: columns added to the event from the row of a lookup table whose
@@ -168,7 +174,14 @@ impl CaptureConfig {
             filter: None,
             computed: vec![],
             enrich: vec![],
+            checkpoint_interval_ms: None,
+            exactly_once_required: false,
         }
+    }
+
+    /// Whether events of the table need the tokenization key (a PII column or a mask tokenizes).
+    pub fn tokenizes(&self) -> bool {
+        self.redactions.iter().any(|(_, m)| *m == Method::Tokenize)
     }
 
     /// Whether changes of the table need the context trigger.
@@ -582,13 +595,28 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
             compliance = Some(Compliance { method, audit_retention_days: days });
         }
     }
-    // Delivery is a property of each sink (Kafka sinks are exactly-once by default); the
-    // capture-level block is validated and recorded. Each peek batch is one Kafka transaction,
-    // committed as soon as its events are produced.
+    // Delivery is a property of each sink (Kafka sinks are exactly-once by default), and one
+    // Kafka transaction carries the changes of every table of the sink, so a table cannot turn it
+    // off; it can bound how long a delivery unit carrying its events stays open.
+    let mut checkpoint_interval_ms = None;
+    let mut exactly_once_required = false;
     if let Some(e) = o.object("exactly_once")? {
         e.check_keys(&["enabled", "checkpoint_interval_ms"])?;
-        e.int("checkpoint_interval_ms", 1, 3_600_000)?;
-        e.bool("enabled")?;
+        checkpoint_interval_ms = e.int("checkpoint_interval_ms", 1, 3_600_000)?.map(|v| v as u32);
+        match e.bool("enabled")? {
+            Some(false) => {
+                return Err(invalid(
+                    "config.exactly_once.enabled = false cannot take effect on a table: delivery is a property of each sink, \
+                     and one delivery carries the changes of all of its tables",
+                )
+                .hint(
+                    "Add the sink with \"exactly_once\": false in its config (cdc_add_sink) for at-least-once delivery, \
+                     and leave exactly_once.enabled out of the capture config.",
+                ))
+            }
+            Some(true) => exactly_once_required = true,
+            None => {}
+        }
     }
     if let Some(s) = o.object("schema_evolution")? {
         s.check_keys(&["enabled", "compatibility_mode", "schema_registry", "auto_register"])?;
@@ -733,6 +761,8 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         filter,
         computed,
         enrich,
+        checkpoint_interval_ms,
+        exactly_once_required,
     })
 }
 
@@ -804,9 +834,19 @@ pub struct KafkaSinkConfig {
     pub exactly_once: bool,
     /// `transactional.id` override; `None` derives one from the system identifier, database and sink.
     pub transactional_id: Option<String>,
-    /// Events carry the tables' computed columns (default true). Masks and PII redaction apply
-    /// whatever this says.
+    /// Events carry the tables' computed and enriched columns (default true). Masks and PII
+    /// redaction apply whatever this says.
     pub include_transformations: bool,
+    /// `checkpoint_interval_ms`: the longest one Kafka transaction stays open (see
+    /// [`checkpoint_interval`]).
+    pub checkpoint_interval_ms: Option<u32>,
+}
+
+/// How long one delivery unit of a sink (a Kafka transaction) may stay open: the smallest
+/// `checkpoint_interval_ms` of the sink's config and of the capture configs of its tables, or
+/// `None` when none sets one (a unit then carries one whole read of the slot).
+pub fn checkpoint_interval<'a>(sink: Option<u32>, tables: impl IntoIterator<Item = &'a CaptureConfig>) -> Option<u32> {
+    tables.into_iter().filter_map(|c| c.checkpoint_interval_ms).chain(sink).min()
 }
 
 /// Kafka sink keys, as in the product description.
@@ -823,6 +863,7 @@ pub const KAFKA_KEYS: &[&str] = &[
     "transactional_id",
     "partition_key",
     "include_transformations",
+    "checkpoint_interval_ms",
     "tables",
     "properties",
 ];
@@ -990,6 +1031,7 @@ fn parse_kafka_config(config: &Value) -> CdcResult<KafkaSinkConfig> {
         ));
     }
     let include_transformations = o.bool("include_transformations")?.unwrap_or(true);
+    let checkpoint_interval_ms = o.int("checkpoint_interval_ms", 1, 3_600_000)?.map(|v| v as u32);
     let tables = o.strings("tables")?;
     let mut properties = BTreeMap::new();
     if let Some(p) = o.object("properties")? {
@@ -1012,6 +1054,7 @@ fn parse_kafka_config(config: &Value) -> CdcResult<KafkaSinkConfig> {
         exactly_once,
         transactional_id,
         include_transformations,
+        checkpoint_interval_ms,
         bootstrap_servers,
         topic,
         format,

@@ -84,9 +84,17 @@ pub enum PipelineError {
         /// What was wrong.
         reason: String,
     },
-    /// A table's capture config cannot be applied (the tokenization key is missing, ...): the
-    /// sink stops rather than publish what the config says to hide.
+    /// A table's capture config cannot be applied (it no longer fits the table, a lookup copy is
+    /// missing): the sink stops rather than publish events the config does not describe.
     Config {
+        /// The table, `schema.name`.
+        table: String,
+        /// What is missing.
+        reason: String,
+    },
+    /// A table's events cannot be redacted as its config says (the tokenization key is missing
+    /// or unreadable): the sink holds them back rather than publish what the config says to hide.
+    Compliance {
         /// The table, `schema.name`.
         table: String,
         /// What is missing.
@@ -99,7 +107,9 @@ impl std::fmt::Display for PipelineError {
         match self {
             PipelineError::Decode { lsn, error } => write!(f, "at LSN {lsn}: {error}"),
             PipelineError::Protocol { lsn, reason } => write!(f, "at LSN {lsn}: {reason}"),
-            PipelineError::Config { table, reason } => write!(f, "table {table}: {reason}"),
+            PipelineError::Config { table, reason } | PipelineError::Compliance { table, reason } => {
+                write!(f, "table {table}: {reason}")
+            }
         }
     }
 }
@@ -378,15 +388,25 @@ impl Assembler {
     /// Counts the transformations of a published change, once encoded; `errors_before` is
     /// [`Self::computed_errors`] from before it was encoded.
     fn count_published(&mut self, p: &Pending<'_>, errors_before: u64) {
-        if let Pending::Row { plan, new, .. } = p {
+        if let Pending::Row { plan, new, old, .. } = p {
             let computed = new.is_some() && !plan.computed.is_empty();
             let masked = plan.redact.iter().any(Option::is_some);
-            if computed || masked {
+            let audited = plan.config.compliance.is_some();
+            if computed || masked || audited {
                 let errors = Self::computed_errors(p) - errors_before;
+                let events = p.event_count() as u64;
+                // Values hidden: the redacted columns that hold a value in the event's image (the
+                // new row, or the old one of a DELETE), once per event.
+                let image = new.as_ref().or(old.as_ref().map(|(_, t)| t));
+                let hidden = image.map_or(0, |row| {
+                    plan.redact.iter().zip(row).filter(|(m, v)| m.is_some() && **v != TupleValue::Null).count()
+                });
                 let c = self.counters.entry(plan.relation.oid).or_default();
                 c.computations += u64::from(computed);
                 c.masks += u64::from(masked);
                 c.expression_errors += errors;
+                c.pii_redactions += hidden as u64 * events;
+                c.audit_records += if audited { events } else { 0 };
             }
         }
     }
@@ -621,7 +641,7 @@ impl Assembler {
                             .map_err(|e| PipelineError::Config { table: table.clone(), reason: e.message })?;
                     }
                     if plan.needs_token_key() && self.encoder.token_key.is_none() {
-                        return Err(PipelineError::Config {
+                        return Err(PipelineError::Compliance {
                             table,
                             reason: format!("its config tokenizes columns, but {}", crate::redact::MissingKey),
                         });

@@ -151,7 +151,10 @@ pub struct MissingKey;
 
 impl fmt::Display for MissingKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("no tokenization key is configured (cdc.tokenization_key_file)")
+        f.write_str(
+            "no tokenization key is configured (cdc.tokenization_key_file, or pg_cdc_token.key in the data directory; \
+             SELECT cdc_create_tokenization_key() makes one)",
+        )
     }
 }
 

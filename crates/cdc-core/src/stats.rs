@@ -34,6 +34,14 @@ pub struct DeliveryCounters {
     pub source_transactions_delivered: u64,
     /// PostgreSQL transactions too large to hold in memory, read in two passes.
     pub large_transactions: u64,
+    /// Column values hidden (PII columns and masks) in the events delivered: per event, the hidden
+    /// columns that hold a value in its image.
+    pub pii_redactions: u64,
+    /// Events delivered that carried a `compliance` block (tables with `compliance.redact_pii`).
+    pub audit_records: u64,
+    /// 1 while the sink holds events back for a compliance reason (a table's events cannot be
+    /// redacted as configured: the tokenization key is missing); the reason is its `last_error`.
+    pub compliance_hold: u64,
 }
 
 /// Filter and transformation counts of one table in one sink's pipeline (`cdc_filter_metrics`).
@@ -70,6 +78,10 @@ pub struct TableCounters {
     pub transactions: u64,
     /// Events of the table delivered.
     pub events: u64,
+    /// Column values hidden in the published events (see [`DeliveryCounters::pii_redactions`]).
+    pub pii_redactions: u64,
+    /// Published events that carried a `compliance` block.
+    pub audit_records: u64,
 }
 
 impl TableCounters {
@@ -89,6 +101,8 @@ impl TableCounters {
         self.lookup_hits += d.lookup_hits;
         self.transactions += d.transactions;
         self.events += d.events;
+        self.pii_redactions += d.pii_redactions;
+        self.audit_records += d.audit_records;
     }
 }
 
@@ -155,6 +169,8 @@ impl DeliveryStatus<'_> {
     pub fn to_json(&self) -> Value {
         let c = self.counters.unwrap_or_default();
         let exactly_once = self.delivery_mode == "exactly_once";
+        // Held back for a compliance reason only while the sink is not delivering.
+        let held = c.compliance_hold != 0 && self.state != "running";
         // Kafka transactions and deduplication exist only in exactly-once mode.
         let eo = |v: u64| if exactly_once { json!(v) } else { Value::Null };
         json!({
@@ -185,6 +201,12 @@ impl DeliveryStatus<'_> {
                 "bytes": c.bytes_delivered,
                 "source_transactions": c.source_transactions_delivered,
                 "large_transactions": c.large_transactions,
+            },
+            "compliance_metrics": {
+                "pii_redactions": c.pii_redactions,
+                "audit_records_created": c.audit_records,
+                "compliance_status": if held { "NON_COMPLIANT" } else { "COMPLIANT" },
+                "compliance_issue": if held { self.last_error.map(Value::from).unwrap_or(Value::Null) } else { Value::Null },
             },
             "counters_since": self.counters_since,
         })
@@ -232,6 +254,30 @@ mod tests {
             json!({"duplicate_events_detected": 12, "duplicate_events_filtered": 12, "unique_events_delivered": 900})
         );
         assert_eq!(v["last_error"], Value::Null);
+        assert_eq!(
+            v["compliance_metrics"],
+            json!({"pii_redactions": 0, "audit_records_created": 0, "compliance_status": "COMPLIANT",
+                   "compliance_issue": null})
+        );
+    }
+
+    #[test]
+    fn a_sink_holding_back_events_for_a_compliance_reason_is_non_compliant() {
+        let c = DeliveryCounters { pii_redactions: 10, audit_records: 5, compliance_hold: 1, ..Default::default() };
+        let v = DeliveryStatus {
+            sink: "s",
+            delivery_mode: "exactly_once",
+            state: "error",
+            last_error: Some("table public.accounts: its config tokenizes columns, but no key"),
+            since: "",
+            counters: Some(c),
+            counters_since: "",
+        }
+        .to_json();
+        assert_eq!(v["compliance_metrics"]["compliance_status"], "NON_COMPLIANT");
+        assert_eq!(v["compliance_metrics"]["pii_redactions"], 10);
+        assert_eq!(v["compliance_metrics"]["audit_records_created"], 5);
+        assert!(v["compliance_metrics"]["compliance_issue"].as_str().unwrap_or_default().contains("accounts"));
     }
 
     #[test]

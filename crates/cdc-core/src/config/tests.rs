@@ -182,7 +182,6 @@ fn planned_features_say_so() {
     }
     // Their "off" values are accepted.
     let ok = json!({"include_query_text": false, "include_user_context": false, "transformations": [],
-                    "exactly_once": {"enabled": false, "checkpoint_interval_ms": 1000},
                     "compliance": {"redact_pii": false}, "schema_evolution": {}});
     assert!(parse_capture_config(&ok, &shape()).is_ok());
     assert_eq!(err(json!({"capture_mode": "everything"})).kind.sqlstate(), "22023");
@@ -379,4 +378,53 @@ fn qualified_names() {
     for bad in ["", "o1; drop table o1", "a..b", ".a", "a.", "\"\"", "\"open", "1abc", "a b", "a.b.c.d"] {
         assert!(!is_qualified_name(bad), "{bad}");
     }
+}
+
+#[test]
+fn exactly_once_in_the_capture_config() {
+    // The seed's block, as written: recorded, and it bounds the delivery unit.
+    let c = parse_capture_config(&json!({"exactly_once": {"enabled": true, "checkpoint_interval_ms": 1000}}), &shape())
+        .unwrap();
+    assert_eq!(c.checkpoint_interval_ms, Some(1000));
+    assert!(c.exactly_once_required);
+    // Turning it off cannot take effect on a table: refused, and the hint names the sink setting.
+    let e = err(json!({"exactly_once": {"enabled": false, "checkpoint_interval_ms": 1000}}));
+    assert_eq!(e.kind.sqlstate(), "22023");
+    assert!(e.message.starts_with("config.exactly_once.enabled = false cannot take effect"), "{}", e.message);
+    assert!(e.hint.as_deref().unwrap_or_default().contains("\"exactly_once\": false"), "{:?}", e.hint);
+    assert_eq!(err(json!({"exactly_once": {"checkpoint_interval_ms": 0}})).kind.sqlstate(), "22023");
+    assert_eq!(err(json!({"exactly_once": {"checkpiont_interval_ms": 10}})).kind.sqlstate(), "22023");
+}
+
+#[test]
+fn the_smallest_checkpoint_interval_wins() {
+    let with = |ms: Option<u32>| {
+        let mut c = CaptureConfig::with_key(vec![]);
+        c.checkpoint_interval_ms = ms;
+        c
+    };
+    let (a, b, none) = (with(Some(1000)), with(Some(250)), with(None));
+    assert_eq!(checkpoint_interval(None, [&a, &b, &none]), Some(250));
+    assert_eq!(checkpoint_interval(Some(100), [&a, &b]), Some(100));
+    assert_eq!(checkpoint_interval(Some(5000), [&a]), Some(1000));
+    assert_eq!(checkpoint_interval(None, [&none]), None);
+    let s = parse_sink_config("kafka", &json!({"topic": "t", "checkpoint_interval_ms": 500})).unwrap();
+    assert_eq!(s.checkpoint_interval_ms, Some(500));
+    assert!(parse_sink_config("kafka", &json!({"topic": "t", "checkpoint_interval_ms": "soon"})).is_err());
+}
+
+#[test]
+fn tokenizing_configs_are_known() {
+    let tok = parse_capture_config(&json!({"compliance": {"redact_pii": true, "pii_columns": ["status"]}}), &shape());
+    assert!(tok.unwrap().tokenizes(), "tokenize is the default method");
+    let mask = parse_capture_config(
+        &json!({"transformations": [{"type": "mask", "column": "status", "method": "tokenize"}]}),
+        &shape(),
+    );
+    assert!(mask.unwrap().tokenizes());
+    let hash = parse_capture_config(
+        &json!({"compliance": {"redact_pii": true, "pii_columns": ["status"], "redaction_method": "hash"}}),
+        &shape(),
+    );
+    assert!(!hash.unwrap().tokenizes());
 }

@@ -1,0 +1,100 @@
+//! The lifecycle of a sink: one enum, whose labels are the only strings ever stored in
+//! `_cdc_sinks.state` (a CHECK constraint in `sql/bootstrap.sql` and in each upgrade script lists
+//! the same labels; a unit test keeps the three in step).
+//!
+//! ```text
+//!  cdc_add_sink ─▶ starting ──(first delivery)──▶ running ◀──(delivered again)──┐
+//!       │              ▲                              │                           │
+//!       │ (slot made   │ (worker made the slot)       ├─ broker away, timeout ─▶ retrying
+//!       ▼  after COMMIT)                              └─ needs an operator ────▶ error
+//!  creating_slot ──────┘
+//! ```
+//! `retrying` and `error` both keep the slot and try again with a backoff; `error` says that
+//! retrying alone will not fix it (a dropped slot, an invalid config, a missing key).
+use std::fmt;
+
+/// Where a sink is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SinkState {
+    /// Added inside a transaction that had already written: the worker creates its slot after
+    /// the commit.
+    CreatingSlot,
+    /// The slot exists; nothing delivered since the worker (re)started the sink.
+    Starting,
+    /// Delivering.
+    Running,
+    /// A transient failure (broker unreachable, timeout): backing off, then trying again.
+    Retrying,
+    /// A failure an operator must look at (`last_error` says what); still tried again slowly.
+    Error,
+}
+
+impl SinkState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [SinkState; 5] =
+        [SinkState::CreatingSlot, SinkState::Starting, SinkState::Running, SinkState::Retrying, SinkState::Error];
+
+    /// The label stored in `_cdc_sinks.state` and shown by every monitoring function.
+    pub fn label(self) -> &'static str {
+        match self {
+            SinkState::CreatingSlot => "creating_slot",
+            SinkState::Starting => "starting",
+            SinkState::Running => "running",
+            SinkState::Retrying => "retrying",
+            SinkState::Error => "error",
+        }
+    }
+
+    /// The state a stored label names.
+    pub fn parse(label: &str) -> Option<SinkState> {
+        SinkState::ALL.into_iter().find(|s| s.label() == label)
+    }
+}
+
+impl fmt::Display for SinkState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_round_trip() {
+        for s in SinkState::ALL {
+            assert_eq!(SinkState::parse(s.label()), Some(s));
+        }
+        assert_eq!(SinkState::parse("paused"), None);
+    }
+
+    /// The labels a CHECK constraint `CHECK (state IN ('a', 'b', ...))` named `name` allows in `sql`.
+    fn check_labels(sql: &str, name: &str) -> Vec<String> {
+        let at = sql.find(name).unwrap_or_else(|| panic!("no constraint {name}"));
+        let rest = &sql[at..];
+        let open = rest.find("IN (").expect("IN (") + 4;
+        let close = rest[open..].find(')').expect(")") + open;
+        rest[open..close].split(',').map(|s| s.trim().trim_matches('\'').to_string()).collect()
+    }
+
+    #[test]
+    fn the_catalog_allows_exactly_these_labels() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sql");
+        let labels: Vec<String> = SinkState::ALL.iter().map(|s| s.label().to_string()).collect();
+        // The fresh install, and every upgrade script that (re)defines the constraint.
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&root).expect("sql/") {
+            let path = entry.expect("entry").path();
+            if !path.is_file() {
+                continue; // sql/history: install scripts of earlier releases, before the constraint
+            }
+            let sql = std::fs::read_to_string(&path).expect("read");
+            if sql.contains("_cdc_sinks_state_check") {
+                assert_eq!(check_labels(&sql, "_cdc_sinks_state_check"), labels, "{}", path.display());
+                checked += 1;
+            }
+        }
+        assert!(checked >= 2, "bootstrap.sql and the upgrade script define the constraint ({checked} found)");
+    }
+}
