@@ -26,8 +26,9 @@ pub struct KeySource {
     pub path: String,
     /// `cdc.tokenization_key_version`.
     pub version: u32,
-    /// (device, inode, size, modification time) of the file, `None` when it cannot be read.
-    stamp: Option<(u64, u64, u64, i64, i64)>,
+    /// (device, inode, size, modification time, change time) of the file (a chmod changes the
+    /// last), `None` when it cannot be read.
+    stamp: Option<(u64, u64, u64, (i64, i64), (i64, i64))>,
 }
 
 /// The key source now: the setting's file, else the default file when it exists.
@@ -44,7 +45,7 @@ pub fn settings() -> KeySource {
     let stamp = (!path.is_empty())
         .then(|| std::fs::metadata(&path).ok())
         .flatten()
-        .map(|m| (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()));
+        .map(|m| (m.dev(), m.ino(), m.size(), (m.mtime(), m.mtime_nsec()), (m.ctime(), m.ctime_nsec())));
     KeySource { path, version, stamp }
 }
 

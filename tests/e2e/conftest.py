@@ -196,3 +196,42 @@ def crash_at_failpoint(pg, sink, write):
         time.sleep(1.0)  # the worker re-reads its settings at its next tick
         write()
         wait_for(lambda: worker_pid(pg) not in (None, old), timeout=30, what="worker exited at the failpoint")
+
+
+@contextlib.contextmanager
+def hold_worker(pg):
+    """Holds the worker at the start of its next pass (it waits for a lock on _cdc_sinks) while the
+    block runs, so everything the block commits is read afterwards as one backlog."""
+    with connect() as holder:
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE _cdc_sinks IN ACCESS EXCLUSIVE MODE")
+        wait_for(lambda: pg.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                                    (worker_pid(pg),)).fetchone() == ("Lock",), what="worker waiting")
+        yield
+        holder.execute("COMMIT")
+
+
+def progress_records(pg, sink):
+    """The checkpoint records (end LSNs, in order) committed to a sink's progress topic, read with
+    an independent read_committed consumer: one per Kafka transaction the sink committed."""
+    slot = pg.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (sink,)).fetchone()[0]
+    c = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "e2e-" + uuid.uuid4().hex,
+                  "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                  "enable.auto.commit": False})
+    c.subscribe(["pg_cdc.progress." + slot.removeprefix("_cdc_")])
+    out, idle = [], time.time() + 5
+    try:
+        while time.time() < idle:
+            m = c.poll(0.5)
+            if m is None or m.error():
+                continue
+            out.append(json.loads(m.value())["end_lsn"])
+            idle = time.time() + 2
+    finally:
+        c.close()
+    return out
+
+
+def wal_lsn(pg):
+    """The current WAL position as a number (what events and checkpoints carry)."""
+    return int(pg.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()[0])

@@ -9,7 +9,7 @@ import subprocess
 import psycopg
 import pytest
 
-from conftest import PG_DSN, consume, server_log, server_settings, sink_state, wait_for
+from conftest import PG_DSN, consume, delivery_status, server_log, server_settings, sink_state, wait_for
 
 KEY = b"e2e tokenization key: 0123456789abcdef0123456789abcdef"
 
@@ -114,6 +114,12 @@ def test_seed_example_2_financial_audit_stream(pg, sinks, unique, token_key):
     assert upd["diff"]["ssn"] == {"from": token("123-45-6789"), "to": token("987-65-4321")}
     assert upd["diff"]["amount"] == {"from": 15000.00, "to": 15500.00}
     assert upd["compliance"]["audit_id"] != comp["audit_id"]
+    # compliance_metrics, counted by the worker: two events with a compliance block, each hiding two
+    # PII values (account_number and ssn).
+    metrics = wait_for(lambda: (m := compliance(pg, f"kafka_compliance_{unique}"))["audit_records_created"] == 2 and m,
+                       what="compliance counted")
+    assert metrics == {"pii_redactions": 4, "audit_records_created": 2, "compliance_status": "COMPLIANT",
+                       "compliance_issue": None}
     pg.execute("SELECT cdc_disable(%s)", (t,))
     assert pg.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = '_cdc_context'",
                       (t,)).fetchone()[0] == 0, "cdc_disable takes the context trigger off"
@@ -142,31 +148,112 @@ def test_forged_context_is_dropped_and_query_text_is_opt_in(pg, sinks, unique, t
     pg.execute("SELECT cdc_disable(%s)", (f"plain_{unique}",))
 
 
-def test_tokenize_without_a_key_stops_the_sink_and_sends_nothing_in_the_clear(pg, sinks, unique):
-    t, topic, name = f"nokey_{unique}", f"nokey-{unique}", f"nokey_{unique}"
+def enable_error(pg, t, config):
+    """The error cdc_enable(t, config) raises (it must raise)."""
+    with pytest.raises(psycopg.Error) as e:
+        pg.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, config))
+    return e.value
+
+
+def compliance(pg, sink):
+    return delivery_status(pg, sink)["compliance_metrics"]
+
+
+def test_tokenize_needs_a_key_before_capture_starts_and_a_lost_key_stops_only_its_sinks(pg, sinks, unique):
+    """A table whose config tokenizes is refused (55000, with a one-step HINT) while no key is usable,
+    so it can never stop the sinks that carry it, and the other tables they carry, afterwards.
+    cdc_create_tokenization_key() makes one in the data directory (used with no setting). A key that
+    disappears later stops the sinks carrying that table (fail closed, naming it; compliance_metrics
+    says NON_COMPLIANT) and nothing else; once it is back they deliver, tokenized."""
+    data_dir = pg.execute("SELECT current_setting('data_directory')").fetchone()[0]
+    default = os.path.join(data_dir, "pg_cdc_token.key")
+    assert not os.path.exists(default), "no default key left by an earlier run"
+    t, other = f"tok_{unique}", f"tokother_{unique}"
     pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, ssn text)")
-    pg.execute("SELECT cdc_enable(%s, '{\"compliance\": {\"redact_pii\": true, \"pii_columns\": [\"ssn\"]}}')", (t,))
-    sinks.add(name, topic)
-    pg.execute(f"INSERT INTO {t} VALUES (1, '123-45-6789')")
-    state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, what="error state")
-    assert "tokenization key" in state[1] and "123-45-6789" not in state[1], state[1]
-    # Once the DBA configures a key, the sink recovers on its own and delivers the row tokenized.
-    with key_file(f"late-{unique}.key", KEY):
-        msg = consume(topic, 1, timeout=60)[0]
-        assert msg["value"]["after"] == {"id": 1, "ssn": token("123-45-6789")}
-        assert b"123-45-6789" not in msg["raw"]
+    pg.execute(f"CREATE TABLE {other} (id int PRIMARY KEY)")
+    pg.execute("SELECT cdc_enable(%s)", (other,))
+    for config in ('{"compliance": {"redact_pii": true, "pii_columns": ["ssn"]}}',
+                   '{"transformations": [{"type": "mask", "column": "ssn", "method": "tokenize"}]}'):
+        e = enable_error(pg, t, config)
+        assert e.sqlstate == "55000", e
+        assert f"the capture config of {t} tokenizes columns, but no tokenization key is configured" in str(e)
+        assert "cdc_create_tokenization_key()" in e.diag.message_hint
+    assert pg.execute("SELECT count(*) FROM _cdc_publications WHERE table_name = %s", (t,)).fetchone()[0] == 0
+
+    path = pg.execute("SELECT cdc_create_tokenization_key()").fetchone()[0]
+    try:
+        assert path == default
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        with open(path, "rb") as f:
+            key = f.read().strip()
+        assert len(key) == 64 and all(c in b"0123456789abcdef" for c in key)
+        with pytest.raises(psycopg.Error) as again:
+            pg.execute("SELECT cdc_create_tokenization_key()")
+        assert again.value.sqlstate == "42710", "never replaced: a new key would change every token"
+
+        pg.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, '{"compliance": {"redact_pii": true, "pii_columns": ["ssn"]}}'))
+        carrier = sinks.add(f"tokcarrier_{unique}", f"tokcarrier-{unique}", tables=[t, other])
+        bystander = sinks.add(f"tokbystander_{unique}", f"tokbystander-{unique}", tables=[other])
+        pg.execute(f"INSERT INTO {t} VALUES (1, '123-45-6789')")
+        first = consume(f"tokcarrier-{unique}", 1)[0]
+        assert first["value"]["after"] == {"id": 1, "ssn": token("123-45-6789", key)}
+        wait_for(lambda: compliance(pg, carrier)["audit_records_created"] == 1, what="counted")
+        assert compliance(pg, carrier) == {"pii_redactions": 1, "audit_records_created": 1,
+                                           "compliance_status": "COMPLIANT", "compliance_issue": None}
+
+        os.remove(path)  # the key disappears
+        pg.execute(f"INSERT INTO {t} VALUES (2, '987-65-4321')")
+        for i in range(1, 4):
+            pg.execute(f"INSERT INTO {other} VALUES (%s)", (i,))
+        state = wait_for(lambda: (s := sink_state(pg, carrier)) and s[0] == "error" and s, what="error state")
+        assert f"table public.{t}" in state[1] and "tokenization key" in state[1], state[1]
+        metrics = compliance(pg, carrier)
+        assert metrics["compliance_status"] == "NON_COMPLIANT" and t in metrics["compliance_issue"], metrics
+        # The sink that does not carry the table keeps delivering.
+        assert sorted(m["value"]["after"]["id"] for m in consume(f"tokbystander-{unique}", 3)) == [1, 2, 3]
+        assert sink_state(pg, bystander)[0] == "running"
+        # A new sink carrying the table is refused while the key is gone; one that does not is fine.
+        with pytest.raises(psycopg.Error) as refused:
+            sinks.add(f"toklate_{unique}", f"toklate-{unique}", tables=[t])
+        assert refused.value.sqlstate == "55000" and f"carries {t}" in str(refused.value), refused.value
+        sinks.add(f"tokfine_{unique}", f"tokfine-{unique}", tables=[other])
+
+        with open(path, "wb") as f:  # the key is back
+            f.write(key + b"\n")
+        os.chmod(path, 0o600)
+        subprocess.run(["chown", "postgres", path], check=False)
+        msgs = consume(f"tokcarrier-{unique}", 5, timeout=90)
+        assert sorted((m["value"]["metadata"]["table"], m["value"]["after"]["id"]) for m in msgs) == \
+            sorted([(t, 1), (t, 2), (other, 1), (other, 2), (other, 3)]), "every change once, none lost while held"
+        tokenized = [m["value"]["after"] for m in msgs if m["value"]["metadata"]["table"] == t]
+        assert tokenized == [{"id": 1, "ssn": token("123-45-6789", key)}, {"id": 2, "ssn": token("987-65-4321", key)}]
+        raw = b"".join(m["raw"] for m in msgs)
+        assert b"987-65-4321" not in raw and b"123-45-6789" not in raw
+        wait_for(lambda: compliance(pg, carrier)["compliance_status"] == "COMPLIANT", what="compliant again")
+        assert compliance(pg, carrier)["audit_records_created"] == 2
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
     pg.execute("SELECT cdc_disable(%s)", (t,))
+    pg.execute("SELECT cdc_disable(%s)", (other,))
 
 
-def test_key_file_readable_by_others_is_refused(pg, sinks, unique):
+def test_a_key_file_readable_by_others_is_refused_at_enable_and_stops_delivery_later(pg, sinks, unique):
     t, name = f"perm_{unique}", f"perm_{unique}"
     pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, ssn text)")
-    pg.execute("SELECT cdc_enable(%s, '{\"transformations\": [{\"type\": \"mask\", \"column\": \"ssn\", \"method\": \"tokenize\"}]}')", (t,))
-    with key_file(f"open-{unique}.key", KEY, mode=0o644):
-        sinks.add(name, f"perm-{unique}")
+    config = '{"transformations": [{"type": "mask", "column": "ssn", "method": "tokenize"}]}'
+    with key_file(f"open-{unique}.key", KEY, mode=0o644) as path:
+        e = enable_error(pg, t, config)
+        assert e.sqlstate == "55000" and "can be read by group or others" in str(e), e
+        os.chmod(path, 0o600)
+        pg.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, config))
+        sinks.add(name, f"perm-{unique}", tables=[t])
         pg.execute(f"INSERT INTO {t} VALUES (1, '123-45-6789')")
+        assert consume(f"perm-{unique}", 1)[0]["value"]["after"]["ssn"] == token("123-45-6789")
+        os.chmod(path, 0o644)  # loosened later: the worker stops the sink instead of using it
+        pg.execute(f"INSERT INTO {t} VALUES (2, '987-65-4321')")
         state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, what="error state")
-        assert "tokenization key" in state[1]
+        assert "tokenization key" in state[1] and t in state[1], state[1]
         assert "can be read by group or others" in server_log()
         assert KEY.decode() not in server_log(), "the key never reaches the log"
     pg.execute("SELECT cdc_disable(%s)", (t,))

@@ -3,7 +3,7 @@ seed's CDC configuration block), cdc_filter_metrics and cdc_preview."""
 import json
 import time
 
-from conftest import connect, consume, restart_worker, server_settings, wait_for, worker_pid
+from conftest import connect, consume, hold_worker, restart_worker, server_settings, sink_state, wait_for, worker_pid
 
 
 def example_4(sensors):
@@ -99,14 +99,9 @@ def test_enrichment_uses_the_lookup_row_as_of_the_commit(pg, sinks, unique):
     assert consume(topic, 1)[0]["value"]["after"]["owner"] == "Facilities Team"
 
     # Hold the worker at its next catalog read, so both changes below commit before it reads either.
-    with connect() as holder:
-        holder.execute("BEGIN")
-        holder.execute("LOCK TABLE _cdc_sinks IN ACCESS EXCLUSIVE MODE")
-        wait_for(lambda: pg.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-                                    (worker_pid(pg),)).fetchone() == ("Lock",), what="worker waiting")
+    with hold_worker(pg):
         pg.execute(reading, ("R-1",))
         pg.execute(f"UPDATE {s} SET owner = 'Night Shift', location = 'Building C' WHERE sensor_id = 'SENS-001'")
-        holder.execute("COMMIT")
     got = consume(topic, 2)[1]["value"]["after"]
     assert (got["reading_id"], got["owner"], got["location"]) == ("R-1", "Facilities Team", "Building A, Floor 3"), \
         "the values in force when the reading committed, not when the worker read it"

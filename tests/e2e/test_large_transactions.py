@@ -7,8 +7,8 @@ import uuid
 
 from confluent_kafka import Consumer
 
-from conftest import (BOOTSTRAP, connect, consume, crash_at_failpoint, delivery_status, restart_worker, server_settings,
-                      wait_for, worker_pid)
+from conftest import (BOOTSTRAP, connect, consume, crash_at_failpoint, delivery_status, hold_worker, restart_worker,
+                      server_settings, wait_for, worker_pid)
 
 
 def private_kib(pid):
@@ -142,17 +142,10 @@ def test_regression_a_big_peek_of_small_transactions_keeps_memory_bounded(pg, si
     sinks.add(name, topic)
     with server_settings({"cdc.batch_changes": 1_000_000}):
         baseline, sampler = sample_a_fresh_worker(pg, t, topic)  # the fresh worker starts with the setting
-        pid = sampler.pid
-        with connect() as holder:
-            holder.execute("BEGIN")
-            holder.execute("LOCK TABLE _cdc_sinks IN ACCESS EXCLUSIVE MODE")
-            wait_for(lambda: pg.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-                                        (pid,)).fetchone() == ("Lock",), what="worker waiting")
-            with connect() as loader:
-                for i in range(3000):
-                    loader.execute(f"INSERT INTO {t} SELECT g, repeat('x', 400) FROM generate_series(%s::int, %s::int) g",
-                                   (i * 100 + 1, i * 100 + 100))
-            holder.execute("COMMIT")
+        with hold_worker(pg), connect() as loader:
+            for i in range(3000):
+                loader.execute(f"INSERT INTO {t} SELECT g, repeat('x', 400) FROM generate_series(%s::int, %s::int) g",
+                               (i * 100 + 1, i * 100 + 100))
         msgs = consume(topic, 300_001, timeout=300)
         sampler.stop.set()
         sampler.join()

@@ -694,3 +694,27 @@ fn enrichment_in_two_passes_matches_the_buffered_path() {
         assert_eq!(events, whole.transactions[n].events, "transaction {n}");
     }
 }
+
+#[test]
+fn a_sink_without_transformations_gets_no_enriched_columns() {
+    let fr = frames("enrich");
+    let (sink, mut a) = enrich_sink(&fr);
+    a.set_transformations(false);
+    let txns = a.process(&fr, &sink, &types("enrich")).unwrap().transactions;
+    let ev = events(&txns);
+    let first = &ev[0].1["after"];
+    assert_eq!(
+        *first,
+        json!({"reading_id": 1, "sensor_id": "TEMP-001", "reading_value": 95.5, "threshold": 90, "baseline": 80,
+               "alert_level": "warning"}),
+        "no enriched (location, sensor_type, owner) and no computed (deviation_pct) columns; the mask still applies"
+    );
+    // The partition_key names an enriched column, which this sink does not look up: the message is
+    // keyed by the key columns instead.
+    assert_eq!(ev[0].0, Some(json!({"reading_id": 1})));
+    let mut total = crate::stats::TableCounters::default();
+    for c in txns.iter().filter_map(|t| t.counters.get(&relation_oids(&fr)["sensor_readings"])) {
+        total.add(c);
+    }
+    assert_eq!((total.enrichments, total.lookups), (0, 0), "nothing looked up: {total:?}");
+}
