@@ -1095,6 +1095,39 @@ class Bench:
         return ok
 
 
+def foreign_capture(conn):
+    """What, besides the benchmark's own bench_* objects, would decode or publish the benchmark's
+    load: pg_cdc sinks (every sink captures every captured table unless `tables` limits it, and
+    every slot decodes all WAL) and logical replication slots some other client streams from.
+    Returns one line per finding, with the statement that removes it."""
+    found, cdc_slots = [], set()
+    if conn.execute("SELECT to_regclass('_cdc_sinks') IS NOT NULL").fetchone()[0]:
+        for name, state, slot in conn.execute("SELECT sink_name, state, slot_name FROM _cdc_sinks ORDER BY 1").fetchall():
+            cdc_slots.add(slot)
+            if not name.startswith("bench_"):
+                found.append(f"pg_cdc sink {name!r} ({state}): SELECT cdc_drop_sink('{name}');")
+    for slot, pid in conn.execute(
+            "SELECT slot_name, active_pid FROM pg_replication_slots WHERE slot_type = 'logical' AND active "
+            "ORDER BY 1").fetchall():
+        if slot not in cdc_slots and not slot.startswith("bench_"):
+            found.append(f"logical replication slot {slot!r} in use by process {pid}: "
+                         f"SELECT pg_terminate_backend({pid}); SELECT pg_drop_replication_slot('{slot}');")
+    return found
+
+
+def refuse_a_busy_cluster(env):
+    """Stops before anything is measured when the cluster has capture the benchmark did not create:
+    it would decode and publish the benchmark's tables too (measured once: 42k instead of 199k
+    events/s with three sinks left over from tests and the demo), and every figure would be wrong."""
+    with psycopg.connect(env.dsn, autocommit=True) as conn:
+        found = foreign_capture(conn)
+    if found:
+        raise SystemExit("bench-e2e: refusing to run on a cluster with capture the benchmark did not create "
+                         "(it would capture the benchmark's load too and skew every figure):\n  "
+                         + "\n  ".join(found) + "\nDrop them (or run on a fresh cluster: make down; rm -rf "
+                         f"{env.run_root}; make up), then run the benchmark again.")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: about 4 minutes instead of 20")
@@ -1110,7 +1143,9 @@ def main():
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
-    bench = Bench(Env.from_environ(), sizes, args.out, sections)
+    env = Env.from_environ()
+    refuse_a_busy_cluster(env)
+    bench = Bench(env, sizes, args.out, sections)
     ok = bench.run()
     e2e_report.write(bench.results, args.out, sizes, args.quick)
     if not ok:

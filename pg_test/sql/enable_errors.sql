@@ -38,6 +38,14 @@ SELECT cdc_enable('orders', '{"exactly_once": true}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"exactly_once": {"checkpoint_interval_ms": "1000"}}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"exactly_once": {"checkpoint_interval_ms": 0}}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"exactly_once": {"checkpoint_interval_ms": 1.5}}'); \echo SQLSTATE :SQLSTATE
+-- A message key outside the replica identity: deletes and key changes would not carry it (55000).
+SELECT cdc_enable('orders', '{"key_columns": ["customer", "id"]}'); \echo SQLSTATE :SQLSTATE
+-- full_audit judges the set of operations, not the length of the list.
+SELECT cdc_enable('orders', '{"capture_mode": "full_audit", "operations": ["INSERT", "insert", "UPDATE"]}'); \echo SQLSTATE :SQLSTATE
+-- PII columns without a word on redact_pii are ambiguous.
+SELECT cdc_enable('orders', '{"compliance": {"pii_columns": ["customer"]}}'); \echo SQLSTATE :SQLSTATE
+-- A computed column may not read a column the config leaves out.
+SELECT cdc_enable('orders', '{"exclude_columns": ["customer"], "transformations": [{"type": "compute", "name": "n", "expression": "upper(customer)"}]}'); \echo SQLSTATE :SQLSTATE
 -- Delivery is a property of the sink: a table cannot turn exactly-once off (the HINT names the sink setting).
 SELECT cdc_enable('orders', '{"exactly_once": {"enabled": false, "checkpoint_interval_ms": 1000}}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"transformations": {}}'); \echo SQLSTATE :SQLSTATE

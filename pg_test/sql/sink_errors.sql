@@ -81,6 +81,8 @@ SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "include_transformat
 -- tables: wrong type, names that resolve to nothing.
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "tables": "orders"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "tables": [""]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "tables": []}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "checkpoint_interval_ms": 0}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "tables": ["orders", "orders"]}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "t", "tables": ["orders", "no_such_table"]}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "t", "tables": ["no_such_schema.orders"]}'); \echo SQLSTATE :SQLSTATE

@@ -180,7 +180,7 @@ class Faults:
             # our own (writer 0, gap-free like the others, checked by the oracle the same way).
             with connect() as c:
                 old = wait_worker()
-                c.execute("ALTER SYSTEM SET cdc.test_failpoint = %s", (f"after_kafka_commit:{self.sink}",))
+                c.execute(f"ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit:{self.sink}'")
                 c.execute("SELECT pg_reload_conf()")
                 deadline, nudge_at = time.time() + 180, time.time() + 30
                 while time.time() < deadline and worker_pid(c) in (None, old):

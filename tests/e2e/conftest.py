@@ -235,3 +235,10 @@ def progress_records(pg, sink):
 def wal_lsn(pg):
     """The current WAL position as a number (what events and checkpoints carry)."""
     return int(pg.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()[0])
+
+
+def wait_setting(conn, name, value):
+    """Waits until a reloaded server setting has reached `conn`'s backend (a backend applies a
+    reload between statements, once the postmaster's signal has arrived)."""
+    wait_for(lambda: conn.execute("SELECT current_setting(%s)", (name,)).fetchone()[0] == str(value),
+             timeout=10, what=f"{name} = {value} in this session")

@@ -9,7 +9,7 @@ import subprocess
 import psycopg
 import pytest
 
-from conftest import PG_DSN, consume, delivery_status, server_log, server_settings, sink_state, wait_for
+from conftest import PG_DSN, consume, delivery_status, server_log, server_settings, sink_state, wait_for, wait_setting
 
 KEY = b"e2e tokenization key: 0123456789abcdef0123456789abcdef"
 
@@ -38,9 +38,11 @@ def key_file(name, contents=KEY + b"\n", mode=0o600, version=None):
 
 
 @pytest.fixture
-def token_key():
-    """A tokenization key file the server can read (mode 0600), key version 7."""
+def token_key(pg):
+    """A tokenization key file the server can read (mode 0600), key version 7, in force in `pg`'s
+    session too (cdc_enable checks it there)."""
     with key_file("e2e-token.key", version=7) as path:
+        wait_setting(pg, "cdc.tokenization_key_file", path)
         yield path
 
 
@@ -243,6 +245,7 @@ def test_a_key_file_readable_by_others_is_refused_at_enable_and_stops_delivery_l
     pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, ssn text)")
     config = '{"transformations": [{"type": "mask", "column": "ssn", "method": "tokenize"}]}'
     with key_file(f"open-{unique}.key", KEY, mode=0o644) as path:
+        wait_setting(pg, "cdc.tokenization_key_file", path)
         e = enable_error(pg, t, config)
         assert e.sqlstate == "55000" and "can be read by group or others" in str(e), e
         os.chmod(path, 0o600)

@@ -138,7 +138,7 @@ def test_regression_checkpoint_never_moves_backwards(pg, sinks, unique):
         for i in range(1, 51):
             pg.execute(f"INSERT INTO {t} VALUES (%s, 'b')", (i,))
         consume(topic, 51)
-        pg.execute("ALTER SYSTEM SET cdc.test_failpoint = %s", (f"after_kafka_commit:{name}",))
+        pg.execute(f"ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit:{name}'")
         pg.execute("SELECT pg_reload_conf()")
         subprocess.run(["scripts/pg.sh", "crash"], check=True)  # slot back to just after row 0
         conn = connect()

@@ -448,12 +448,6 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
             if list.is_empty() {
                 return Err(invalid("config.operations must list at least one operation"));
             }
-            if audit && list.len() < 3 {
-                let has = |w: &str| list.iter().any(|op| op.eq_ignore_ascii_case(w));
-                if !(has("INSERT") && has("UPDATE") && has("DELETE")) {
-                    return Err(audit_refuses("config.operations", "it must include INSERT, UPDATE and DELETE"));
-                }
-            }
             let mut ops = Operations { insert: false, update: false, delete: false, truncate: false };
             for (i, op) in list.iter().enumerate() {
                 match op.to_ascii_uppercase().as_str() {
@@ -466,6 +460,10 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
                             .hint("Valid operations: INSERT, UPDATE, DELETE, TRUNCATE."))
                     }
                 }
+            }
+            // Judged on the set, not the list's length: ["INSERT", "insert", "UPDATE"] has no DELETE.
+            if audit && !(ops.insert && ops.update && ops.delete) {
+                return Err(audit_refuses("config.operations", "it must include INSERT, UPDATE and DELETE"));
             }
             ops
         }
@@ -568,12 +566,40 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         ));
     }
 
+    // Deletes (and key changes) carry only the replica identity columns without a before image: a
+    // key column outside them would key those events by null.
+    if let Some(shape) = shape.filter(|s| s.replica_identity != b'f' && !before_image) {
+        let identity = if shape.replica_identity == b'i' { &shape.replica_identity_index } else { &shape.primary_key };
+        let outside = key_columns.iter().find(|c| !identity.contains(c));
+        if let Some(c) = outside.filter(|_| operations.update || operations.delete) {
+            return Err(CdcError::new(
+                ErrorKind::PrerequisiteState,
+                format!(
+                    "config.key_columns: column \"{c}\" is not part of the replica identity of {}, so deletes and key \
+                     changes would not carry it",
+                    shape.display_name
+                ),
+            )
+            .hint(
+                "Add \"include_before_image\": true (deletes then carry the whole row), pick key columns of the primary \
+                 key or replica identity index, or capture inserts only.",
+            ));
+        }
+    }
+
     let mut redactions: Vec<(String, Method)> = Vec::new();
     let mut compliance = None;
     if let Some(c) = o.object("compliance")? {
         c.check_keys(&["redact_pii", "pii_columns", "redaction_method", "audit_retention_days"])?;
-        let on = c.bool("redact_pii")?.unwrap_or(false);
+        let given = c.bool("redact_pii")?;
+        let on = given.unwrap_or(false);
         let pii = c.strings("pii_columns")?.unwrap_or_default();
+        // Listed PII columns without a word on redact_pii are ambiguous: refused for new configs
+        // (a config recorded by an earlier version keeps its meaning: listed, not hidden).
+        if shape.is_some() && given.is_none() && !pii.is_empty() {
+            return Err(invalid("config.compliance.pii_columns is set but config.compliance.redact_pii is not")
+                .hint("Add \"redact_pii\": true to hide them (or false to publish them as they are)."));
+        }
         for (i, col) in pii.iter().enumerate() {
             check_column(&format!("config.compliance.pii_columns[{i}]"), col)?;
         }
@@ -728,8 +754,14 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
             check_column("config.partition_key", p)?;
         }
     }
-    // A computed column over a hidden one would publish what the config hides.
-    let hidden: Vec<&str> = redactions.iter().map(|(c, _)| c.as_str()).collect();
+    // A computed column over a hidden one would publish what the config hides: masked and PII
+    // columns, and (for new configs: the table's columns are known) the columns left out of the images.
+    let mut hidden: Vec<&str> = redactions.iter().map(|(c, _)| c.as_str()).collect();
+    if let Some(shape) = shape {
+        let left_out =
+            |c: &&String| include_columns.as_ref().is_some_and(|i| !i.contains(c)) || exclude_columns.contains(c);
+        hidden.extend(shape.columns.iter().filter(left_out).map(String::as_str));
+    }
     for (path, parsed) in &computed_at {
         check_expression(shape, path, parsed, &hidden)?;
     }
@@ -1033,6 +1065,10 @@ fn parse_kafka_config(config: &Value) -> CdcResult<KafkaSinkConfig> {
     let include_transformations = o.bool("include_transformations")?.unwrap_or(true);
     let checkpoint_interval_ms = o.int("checkpoint_interval_ms", 1, 3_600_000)?.map(|v| v as u32);
     let tables = o.strings("tables")?;
+    if tables.as_ref().is_some_and(Vec::is_empty) {
+        return Err(invalid("config.tables must list at least one table")
+            .hint("Leave \"tables\" out to deliver every captured table."));
+    }
     let mut properties = BTreeMap::new();
     if let Some(p) = o.object("properties")? {
         for (k, v) in p.map {

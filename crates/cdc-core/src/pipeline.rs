@@ -156,8 +156,8 @@ impl Pending<'_> {
     /// Events this change produces: an UPDATE that changes the key also retracts the old key.
     fn event_count(&self) -> usize {
         match self {
-            Pending::Row { plan, op: Op::Update, old: Some((_, old)), new: Some(new), mark, .. } => {
-                1 + usize::from(retracts(plan, old, new, mark))
+            Pending::Row { plan, op: Op::Update, old: Some((kind, old)), new: Some(new), mark, .. } => {
+                1 + usize::from(retracts(plan, *kind, old, new, mark))
             }
             Pending::Row { .. } => 1,
             Pending::Truncate { plans, .. } => plans.len(),
@@ -167,12 +167,22 @@ impl Pending<'_> {
 
 /// Whether an UPDATE retracts its old key first: the key changed, and the consumer has the old
 /// row (not when the row just entered the filter: its old version was never published).
-fn retracts(plan: &RelationPlan, old: &Tuple<'_>, new: &Tuple<'_>, mark: &FilterMark) -> bool {
-    !matches!(mark, FilterMark::Entered(_)) && key_changed(plan, old, new)
+fn retracts(plan: &RelationPlan, kind: OldKind, old: &Tuple<'_>, new: &Tuple<'_>, mark: &FilterMark) -> bool {
+    !matches!(mark, FilterMark::Entered(_)) && key_changed(plan, kind, old, new)
 }
 
-fn key_changed(plan: &RelationPlan, old: &Tuple<'_>, new: &Tuple<'_>) -> bool {
-    use crate::decode::TupleValue::UnchangedToast;
+/// Whether the message key of a row changed. Only the key columns are a row's identity: a
+/// `partition_key` groups rows (its value changing retracts nothing). A key-only old image holds
+/// the replica identity columns and nulls for the rest, so a key column outside the replica
+/// identity (never null there: key columns identify rows) cannot be compared without a before image.
+fn key_changed(plan: &RelationPlan, kind: OldKind, old: &Tuple<'_>, new: &Tuple<'_>) -> bool {
+    use crate::decode::TupleValue::{Null, UnchangedToast};
+    if plan.partition.is_some() || plan.partition_enriched.is_some() {
+        return false;
+    }
+    if kind == OldKind::Key && plan.key.iter().any(|&i| old.get(i).copied() == Some(Null)) {
+        return false;
+    }
     plan.key.iter().any(|&i| {
         let n = new.get(i).copied();
         n != Some(UnchangedToast) && old.get(i).copied() != n
@@ -744,8 +754,8 @@ impl Assembler {
                 let ctx = ctx.as_deref();
                 let old_ref = old.as_ref().map(|(k, t)| (*k, t));
                 let enrich = enrich && !plan.enrich.is_empty();
-                if let (Op::Update, Some((_, o)), Some(n)) = (op, old, new) {
-                    if retracts(plan, o, n, mark) {
+                if let (Op::Update, Some((kind, o)), Some(n)) = (op, old, new) {
+                    if retracts(plan, *kind, o, n, mark) {
                         // The row left its old key: retract it first, so compacted topics and
                         // upserting consumers drop the old key.
                         let enriched = if enrich { self.enrich_rows(plan, Some(o), *lsn)? } else { Vec::new() };

@@ -428,3 +428,59 @@ fn tokenizing_configs_are_known() {
     );
     assert!(!hash.unwrap().tokenizes());
 }
+
+#[test]
+fn full_audit_needs_insert_update_and_delete_whatever_the_list_looks_like() {
+    for ops in [json!(["INSERT", "UPDATE", "TRUNCATE"]), json!(["insert", "INSERT", "UPDATE"]), json!(["INSERT"])] {
+        let e = err(json!({"capture_mode": "full_audit", "operations": ops}));
+        assert!(e.message.contains("must include INSERT, UPDATE and DELETE"), "{ops}: {}", e.message);
+    }
+    let ok = json!({"capture_mode": "full_audit", "operations": ["delete", "UPDATE", "insert", "TRUNCATE"]});
+    assert!(parse_capture_config(&ok, &shape()).is_ok());
+}
+
+#[test]
+fn pii_columns_need_a_word_on_redact_pii() {
+    let e = err(json!({"compliance": {"pii_columns": ["status"]}}));
+    assert_eq!(e.kind.sqlstate(), "22023");
+    assert!(e.hint.as_deref().unwrap_or_default().contains("\"redact_pii\": true"));
+    // A config recorded by an earlier version keeps its meaning (listed, not hidden).
+    let stored = parse_stored_capture_config(&json!({"compliance": {"pii_columns": ["status"]}}), vec![]).unwrap();
+    assert!(stored.redactions.is_empty());
+}
+
+#[test]
+fn a_computed_column_may_not_read_a_column_left_out_of_the_images() {
+    let e = err(json!({"exclude_columns": ["status"],
+                       "transformations": [{"type": "compute", "name": "s", "expression": "upper(status)"}]}));
+    assert!(e.message.contains("column \"status\" is hidden by the config"), "{}", e.message);
+    let e = err(json!({"include_columns": ["order_id", "total"],
+                       "transformations": [{"type": "compute", "name": "s", "expression": "upper(status)"}]}));
+    assert!(e.message.contains("column \"status\" is hidden by the config"), "{}", e.message);
+    assert!(parse_capture_config(
+        &json!({"include_columns": ["order_id", "status"],
+                "transformations": [{"type": "compute", "name": "s", "expression": "upper(status)"}]}),
+        &shape()
+    )
+    .is_ok());
+}
+
+#[test]
+fn an_empty_table_list_is_refused() {
+    let e = parse_sink_config("kafka", &json!({"topic": "t", "tables": []})).unwrap_err();
+    assert_eq!(e.message, "config.tables must list at least one table");
+}
+
+#[test]
+fn key_columns_outside_the_replica_identity_need_before_images() {
+    let e = err(json!({"key_columns": ["customer_id"]}));
+    assert_eq!(e.kind.sqlstate(), "55000");
+    assert!(e.message.contains("not part of the replica identity of orders"), "{}", e.message);
+    for ok in [
+        json!({"key_columns": ["customer_id"], "include_before_image": true}),
+        json!({"key_columns": ["customer_id"], "operations": ["INSERT"]}),
+        json!({"key_columns": ["order_id"]}),
+    ] {
+        assert!(parse_capture_config(&ok, &shape()).is_ok(), "{ok}");
+    }
+}

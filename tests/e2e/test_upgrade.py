@@ -1,0 +1,56 @@
+"""ALTER EXTENSION pg_cdc UPDATE from the previous release while a sink delivers and the application
+writes: the sink, its slot and its progress are kept, and every row arrives exactly once."""
+import threading
+import time
+
+from conftest import connect, consume, delivery_status, wait_for
+
+
+def test_update_from_0_1_0_while_delivering_keeps_every_sink_exactly_once(pg, sinks, unique):
+    t, topic, name = f"upg_{unique}", f"upg-{unique}", f"upg_{unique}"
+    default = pg.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'pg_cdc'").fetchone()[0]
+    pg.execute("DROP EXTENSION pg_cdc CASCADE")
+    pg.execute("CREATE EXTENSION pg_cdc VERSION '0.1.0'")
+    try:
+        pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, phase text)")
+        pg.execute("SELECT cdc_enable(%s)", (t,))
+        sinks.add(name, topic, tables=[t])
+        before = pg.execute("SELECT sink_id, slot_name FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()
+
+        # The application keeps writing, one transaction per row, through the update.
+        stop, written = threading.Event(), []
+
+        def write():
+            with connect() as app:
+                i = 0
+                while not stop.is_set():
+                    i += 1
+                    app.execute(f"INSERT INTO {t} VALUES (%s, %s)", (i, "0.1.0"))
+                    written.append(i)
+                    time.sleep(0.005)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            consume(topic, 50, timeout=60)  # delivering on 0.1.0
+            with connect() as dba:
+                dba.execute("ALTER EXTENSION pg_cdc UPDATE")
+                assert dba.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] == default
+            time.sleep(2.0)
+        finally:
+            stop.set()
+            writer.join()
+        n = len(written)
+        msgs = consume(topic, n, timeout=120)
+        ids = [m["value"]["after"]["id"] for m in msgs]
+        assert sorted(ids) == list(range(1, n + 1)), f"{len(ids)} events for {n} rows (each exactly once)"
+        after = pg.execute("SELECT sink_id, slot_name, state FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()
+        assert after[:2] == before and after[2] == "running"
+        published = wait_for(lambda: (p := pg.execute("SELECT events_published FROM _cdc_offsets WHERE sink_name = %s",
+                                                       (name,)).fetchone()) and p[0] >= n and p[0], what="offsets")
+        assert published == n
+        assert delivery_status(pg, name)["deduplication"]["duplicate_events_filtered"] == 0
+        pg.execute("SELECT cdc_disable(%s)", (t,))
+    finally:
+        if pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] != default:
+            pg.execute("ALTER EXTENSION pg_cdc UPDATE")
