@@ -26,10 +26,13 @@ pub struct KeySource {
     pub path: String,
     /// `cdc.tokenization_key_version`.
     pub version: u32,
-    /// (device, inode, size, modification time, change time) of the file (a chmod changes the
-    /// last), `None` when it cannot be read.
-    stamp: Option<(u64, u64, u64, (i64, i64), (i64, i64))>,
+    /// What the file looked like, `None` when it cannot be read.
+    stamp: Option<FileStamp>,
 }
+
+/// (device, inode, size, modification time, change time) of a file: any write, replacement or
+/// chmod changes one of them.
+type FileStamp = (u64, u64, u64, (i64, i64), (i64, i64));
 
 /// The key source now: the setting's file, else the default file when it exists.
 pub fn settings() -> KeySource {
