@@ -21,7 +21,9 @@ END $$;
 REVOKE EXECUTE ON FUNCTION _cdc_context_message(boolean) FROM PUBLIC;
 
 -- A captured table that is dropped leaves no catalog rows behind (its publication membership goes
--- with it). During DROP EXTENSION the catalog is already gone: nothing to do then.
+-- with it). Only whole tables: ALTER TABLE ... DROP COLUMN reports the column as a pg_class object
+-- with its attribute number in objsubid, and must not make pg_cdc forget the table. During DROP
+-- EXTENSION the catalog is already gone: nothing to do then.
 CREATE FUNCTION _cdc_forget_dropped_tables() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog AS $$
 BEGIN
@@ -29,12 +31,12 @@ BEGIN
         RETURN;
     END IF;
     DELETE FROM @extschema@._cdc_offsets o USING pg_event_trigger_dropped_objects() d
-     WHERE d.classid = 'pg_class'::regclass AND d.objid = o.table_oid;
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = o.table_oid;
     -- Copies of a dropped lookup table, and of the lookups of a dropped captured table.
     DELETE FROM @extschema@._cdc_lookups l USING pg_event_trigger_dropped_objects() d
-     WHERE d.classid = 'pg_class'::regclass AND d.objid IN (l.table_oid, l.lookup_oid);
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid IN (l.table_oid, l.lookup_oid);
     DELETE FROM @extschema@._cdc_publications p USING pg_event_trigger_dropped_objects() d
-     WHERE d.classid = 'pg_class'::regclass AND d.objid = p.table_oid;
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = p.table_oid;
 END $$;
 REVOKE EXECUTE ON FUNCTION _cdc_forget_dropped_tables() FROM PUBLIC;
 CREATE EVENT TRIGGER _cdc_forget_dropped_tables ON sql_drop EXECUTE FUNCTION _cdc_forget_dropped_tables();

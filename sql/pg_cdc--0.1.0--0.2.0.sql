@@ -13,3 +13,20 @@ CREATE FUNCTION @extschema@."cdc_create_tokenization_key"() RETURNS TEXT
 STRICT VOLATILE
 LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_create_tokenization_key_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.cdc_create_tokenization_key() FROM PUBLIC;
+
+-- Fix: ALTER TABLE ... DROP COLUMN of a captured table made pg_cdc forget the table (the sql_drop
+-- event trigger took the dropped column for the table): only whole tables are forgotten now.
+CREATE OR REPLACE FUNCTION @extschema@._cdc_forget_dropped_tables() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+BEGIN
+    IF to_regclass('@extschema@._cdc_publications') IS NULL THEN
+        RETURN;
+    END IF;
+    DELETE FROM @extschema@._cdc_offsets o USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = o.table_oid;
+    -- Copies of a dropped lookup table, and of the lookups of a dropped captured table.
+    DELETE FROM @extschema@._cdc_lookups l USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid IN (l.table_oid, l.lookup_oid);
+    DELETE FROM @extschema@._cdc_publications p USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = p.table_oid;
+END $$;

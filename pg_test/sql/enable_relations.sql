@@ -69,8 +69,11 @@ SELECT cdc_disable('parent_t');
 DROP TABLE child_t, parent_t;
 
 -- A captured table that is dropped leaves no catalog row behind (event trigger).
-CREATE TABLE dropped_t (id int PRIMARY KEY);
+CREATE TABLE dropped_t (id int PRIMARY KEY, gone text);
 SELECT cdc_enable('dropped_t') IS NOT NULL AS enabled;
+-- Regression: dropping one of its columns is not dropping the table (capture used to be forgotten).
+ALTER TABLE dropped_t DROP COLUMN gone;
+SELECT count(*) AS still_captured FROM _cdc_publications WHERE table_name = 'dropped_t';
 DROP TABLE dropped_t;
 SELECT count(*) AS leftover FROM _cdc_publications WHERE table_name = 'dropped_t';
 

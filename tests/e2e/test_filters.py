@@ -201,3 +201,35 @@ def test_preview_shows_the_event_without_publishing(pg, unique):
     assert pg.execute("SHOW DateStyle").fetchone()[0] == "German, DMY", "the caller's setting is left as it was"
     pg.execute("RESET DateStyle")
     pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_ddl_that_breaks_a_filter_stops_the_tables_sinks_until_it_is_enabled_again(pg, sinks, unique):
+    """Without schema enforcement, DROP COLUMN of a column the filter reads commits. The sinks that
+    carry the table then stop in state error with the reason (never a silently different filter);
+    a sink that does not carry it goes on; cdc_enable with a config that fits lets them go on, and
+    nothing committed meanwhile is lost."""
+    t, other = f"ddl_{unique}", f"ddlother_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, amount int, note text)")
+    pg.execute(f"CREATE TABLE {other} (id int PRIMARY KEY)")
+    pg.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, json.dumps({"filter": "amount > 10"})))
+    pg.execute("SELECT cdc_enable(%s)", (other,))
+    carrier = sinks.add(f"ddlcarrier_{unique}", f"ddlcarrier-{unique}", tables=[t, other])
+    sinks.add(f"ddlbystander_{unique}", f"ddlbystander-{unique}", tables=[other])
+    pg.execute(f"INSERT INTO {t} VALUES (1, 20, 'kept'), (2, 5, 'filtered out')")
+    assert [m["value"]["after"]["id"] for m in consume(f"ddlcarrier-{unique}", 1)] == [1]
+
+    pg.execute(f"ALTER TABLE {t} DROP COLUMN amount")
+    pg.execute(f"INSERT INTO {t} VALUES (3, 'after the drop')")
+    pg.execute(f"INSERT INTO {other} VALUES (1)")
+    state = wait_for(lambda: (s := sink_state(pg, carrier)) and s[0] == "error" and s, what="error state")
+    assert f"public.{t}" in state[1] and "no longer fits" in state[1] and "amount" in state[1], state[1]
+    assert [m["value"]["after"]["id"] for m in consume(f"ddlbystander-{unique}", 1)] == [1]
+    assert sink_state(pg, f"ddlbystander_{unique}")[0] == "running"
+
+    pg.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, json.dumps({"filter": "note IS NOT NULL"})))
+    msgs = consume(f"ddlcarrier-{unique}", 3, timeout=90)
+    got = sorted((m["value"]["metadata"]["table"], m["value"]["after"]["id"]) for m in msgs)
+    assert got == sorted([(t, 1), (t, 3), (other, 1)]), got
+    wait_for(lambda: sink_state(pg, carrier)[0] == "running", what="running again")
+    for x in (t, other):
+        pg.execute("SELECT cdc_disable(%s)", (x,))
