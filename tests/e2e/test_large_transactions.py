@@ -98,7 +98,9 @@ def test_million_row_transaction_is_delivered_whole_with_bounded_memory(pg, sink
     assert len(xids) == 1 and sizes == {n}, f"one transaction of {n} events: {xids} {sizes}"
     peak_mb = sampler.peak / 1024
     print(f"\nworker private memory: baseline {baseline / 1024:.0f} MB, peak {peak_mb:.0f} MB while delivering {n} rows")
-    assert sampler.peak - baseline < 256 * 1024, f"worker private memory grew by {(sampler.peak - baseline) / 1024:.0f} MB"
+    # The README's promise: under 100 MB of worker private memory (measured: 6 MB -> 60 MB; it was
+    # 92 MB before the decoding buffer and the producer queue were bounded, and this test asserted 256).
+    assert sampler.peak < 100 * 1024, f"worker private memory peaked at {peak_mb:.0f} MB"
     status = delivery_status(pg, name)
     assert status["delivered"]["large_transactions"] >= 1
     assert status["delivered"]["events"] >= n
