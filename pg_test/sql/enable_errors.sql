@@ -162,6 +162,7 @@ SELECT config ->> 'capture_mode' AS capture_mode FROM _cdc_publications WHERE ta
 
 -- The table's filter metrics and preview: NULL and tables that are not captured.
 SELECT cdc_preview('orders', max_rows => -1); \echo SQLSTATE :SQLSTATE
+SELECT cdc_preview('orders', max_rows => NULL); \echo SQLSTATE :SQLSTATE
 SELECT cdc_disable('orders');
 SELECT cdc_filter_metrics(NULL); \echo SQLSTATE :SQLSTATE
 SELECT cdc_filter_metrics('orders'); \echo SQLSTATE :SQLSTATE

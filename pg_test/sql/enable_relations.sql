@@ -123,6 +123,18 @@ SELECT cdc_enable('"Orders"'); \echo SQLSTATE :SQLSTATE
 SELECT count(*) AS captured FROM _cdc_publications;
 SELECT count(*) AS published_tables FROM pg_publication_tables WHERE pubname = '_cdc_publication';
 
+-- A table that captures user context has a trigger on pg_cdc's function: DROP EXTENSION without
+-- CASCADE is refused (2BP01) until it is cdc_disable'd (the sql-reference says so).
+CREATE TABLE with_context (id int PRIMARY KEY);
+SELECT cdc_enable('with_context', '{"include_user_context": true}') IS NOT NULL AS enabled;
+BEGIN;
+\set VERBOSITY terse
+DROP EXTENSION pg_cdc; \echo SQLSTATE :SQLSTATE
+\set VERBOSITY default
+ROLLBACK;
+SELECT cdc_disable('with_context');
+DROP TABLE with_context;
+
 -- Clean up.
 SET client_min_messages = warning;
 DROP SCHEMA cdc_regress CASCADE;

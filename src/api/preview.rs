@@ -34,7 +34,8 @@ VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 "#)]
 fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows: Option<i32>) -> JsonB {
     let oid = required(table_name, "table_name");
-    let limit = max_rows.unwrap_or(3);
+    // Its default is 3; an explicit NULL is refused like every NULL argument (22004).
+    let limit = required(max_rows, "max_rows");
     if !(0..=1000).contains(&limit) {
         raise(CdcError::new(ErrorKind::InvalidParameter, format!("max_rows must be between 0 and 1000, not {limit}")));
     }

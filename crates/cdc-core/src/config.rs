@@ -554,7 +554,7 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
             || before_image;
         !identified
     });
-    if let Some(shape) = unidentified.filter(|_| !operations.insert_only()) {
+    if let Some(shape) = unidentified.filter(|_| operations.update || operations.delete) {
         return Err(CdcError::new(
             ErrorKind::PrerequisiteState,
             format!("table {} has no replica identity, so its updates and deletes cannot be captured", shape.display_name),

@@ -484,3 +484,15 @@ fn key_columns_outside_the_replica_identity_need_before_images() {
         assert!(parse_capture_config(&ok, &shape()).is_ok(), "{ok}");
     }
 }
+
+#[test]
+fn a_table_without_identity_may_capture_truncates_alone() {
+    let mut keyless = shape();
+    keyless.primary_key.clear();
+    assert!(parse_capture_config(&json!({"operations": ["TRUNCATE"]}), &keyless).is_ok());
+    assert!(parse_capture_config(&json!({"operations": ["INSERT", "TRUNCATE"]}), &keyless).is_ok());
+    assert_eq!(
+        parse_capture_config(&json!({"operations": ["DELETE"]}), &keyless).unwrap_err().kind.sqlstate(),
+        "55000"
+    );
+}
