@@ -25,7 +25,7 @@ CREATE FUNCTION pg_temp.cdc_objects() RETURNS TABLE (object text, definition tex
                           WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
                         (SELECT string_agg(x.conname || ' ' || pg_get_constraintdef(x.oid), ', ' ORDER BY x.conname)
                            FROM pg_constraint x WHERE x.conrelid = c.oid),
-                        (SELECT string_agg(pg_get_indexdef(i.indexrelid), ', ' ORDER BY 1)
+                        (SELECT string_agg(pg_get_indexdef(i.indexrelid), ', ' ORDER BY pg_get_indexdef(i.indexrelid))
                            FROM pg_index i WHERE i.indrelid = c.oid))
                  FROM pg_class c WHERE c.oid = d.objid)
            WHEN 'pg_event_trigger'::regclass THEN (
