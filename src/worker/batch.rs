@@ -97,6 +97,8 @@ pub struct Batch {
     pub sent_log: Vec<Sent>,
     /// When the first event was handed over: the sink's delivery unit (a Kafka transaction) opened.
     pub opened_at: Option<std::time::Instant>,
+    /// `_cdc_offsets.last_lsn` per table, read when the first duplicate is skipped.
+    pub recorded: Option<HashMap<u32, u64>>,
 }
 
 /// Events of one transaction (or piece of one) handed to the producer.
@@ -117,6 +119,8 @@ pub fn unix_micros_now() -> i64 {
 
 /// The read's fixed inputs.
 pub struct Inputs<'a> {
+    /// The extension's schema (for `_cdc_offsets`).
+    pub schema: &'a str,
     /// Tables the sink captures.
     pub tables: &'a SinkTables,
     /// Transactions at or below this are already delivered (exactly-once); skip them.
@@ -239,6 +243,14 @@ fn send_whole(
             b.counted.duplicate_events_detected += t.events.len() as u64;
             if inputs.dedup {
                 b.counted.duplicate_events_filtered += t.events.len() as u64;
+                let mut per_table: Vec<(u32, u64)> = Vec::new();
+                for ev in &t.events {
+                    match per_table.iter_mut().find(|(o, _)| *o == ev.table_oid) {
+                        Some((_, n)) => *n += 1,
+                        None => per_table.push((ev.table_oid, 1)),
+                    }
+                }
+                record_unrecorded(run, inputs, b, &per_table, t.commit_lsn, t.commit_time);
                 continue;
             }
         }
@@ -293,6 +305,7 @@ fn send_large(
             b.counted.duplicate_events_detected += lt.event_count() as u64;
             if inputs.dedup {
                 b.counted.duplicate_events_filtered += lt.event_count() as u64;
+                record_unrecorded(run, inputs, b, lt.table_counts(), lt.commit_lsn(), lt.commit_time());
                 b.target = lt.end_lsn();
                 return Ok(());
             }
@@ -325,6 +338,34 @@ fn send_large(
     count_transaction(b, &touched);
     b.target = lt.end_lsn();
     Ok(())
+}
+
+/// A transaction skipped because the sink already holds it may still be missing from
+/// `_cdc_offsets`: the worker that delivered it died between the commit and the slot confirm (the
+/// one transaction that writes both). Its events are counted now for each table whose recorded
+/// position is before it; a transaction re-read because the slot went back after a crash was
+/// recorded already (its position is at or past it) and is not counted twice.
+fn record_unrecorded(
+    run: &SinkRun,
+    inputs: &Inputs<'_>,
+    b: &mut Batch,
+    per_table: &[(u32, u64)],
+    commit_lsn: Lsn,
+    commit_time: i64,
+) {
+    if per_table.is_empty() {
+        return;
+    }
+    let recorded = b.recorded.get_or_insert_with(|| super::source::recorded_offsets(inputs.schema, &run.row.name));
+    for &(oid, n) in per_table {
+        if recorded.get(&oid).is_some_and(|&at| at >= commit_lsn.0) {
+            continue;
+        }
+        let p = b.progress.entry(oid).or_default();
+        p.events += n;
+        p.last_commit_lsn = p.last_commit_lsn.max(commit_lsn.0);
+        p.last_commit_unix_micros = pg_to_unix_micros(commit_time);
+    }
 }
 
 /// Adds the tables of `events` to `touched` (once each).

@@ -387,6 +387,21 @@ pub fn confirm(schema: &str, sink_name: &str, slot: &str, lsn: Lsn, progress: &H
     );
 }
 
+/// Commit LSN of the last transaction recorded in `_cdc_offsets` for each table of a sink.
+pub fn recorded_offsets(schema: &str, sink_name: &str) -> HashMap<u32, u64> {
+    let rows = catalog::json(
+        &format!(
+            "SELECT coalesce(jsonb_object_agg(table_oid::bigint::text, last_lsn), '{{}}') \
+               FROM {schema}._cdc_offsets WHERE sink_name = $1 AND last_lsn IS NOT NULL"
+        ),
+        &[sink_name.into()],
+    )
+    .unwrap_or_default();
+    rows.as_object()
+        .map(|m| m.iter().filter_map(|(k, v)| Some((k.parse().ok()?, v.as_u64()?))).collect())
+        .unwrap_or_default()
+}
+
 /// Records a sink's state (only called when it changed).
 pub fn set_state(schema: &str, sink_id: &str, state: &str, error: Option<&str>) {
     catalog::run(

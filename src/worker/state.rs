@@ -586,6 +586,9 @@ impl Worker {
         }
         let batch_changes = gucs::BATCH_CHANGES.get();
         let dedup = !gucs::TEST_SKIP_DEDUP.get();
+        let Some(schema) = self.schema.clone() else {
+            return false;
+        };
         let mut types = std::mem::take(&mut self.types);
         let Some(mut run) = self.sinks.remove(id) else {
             return false;
@@ -602,6 +605,7 @@ impl Worker {
                 return Ok(Batch { opening: true, ..Batch::default() });
             }
             let inputs = Inputs {
+                schema: &schema,
                 tables: &tables,
                 checkpoint: run.checkpoint,
                 dedup,
@@ -691,9 +695,6 @@ impl Worker {
             crate::stats::update(&row.id, |c| c.read_lsn = c.read_lsn.max(lsn.0));
         }
         let exactly_once = config.exactly_once;
-        let Some(schema) = self.schema.clone() else {
-            return false;
-        };
         if batch.rows == 0 {
             self.maybe_heartbeat(id, confirmed, cat);
         }

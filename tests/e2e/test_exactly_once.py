@@ -81,6 +81,11 @@ def test_crash_between_kafka_commit_and_slot_advance_is_deduplicated(pg, sinks, 
     assert status["delivery_mode"] == "exactly_once" and status["state"] == "running"
     assert status["transaction_status"]["committed_transactions"] >= 3
     assert status["transaction_status"]["open_transactions"] == 0
+    # Regression: _cdc_offsets counts the transaction the crashed worker committed but never
+    # recorded (it used to stay at 2: the skipped duplicates were never added).
+    published = wait_for(lambda: (p := pg.execute("SELECT events_published FROM _cdc_offsets WHERE sink_name = %s",
+                                                  (name,)).fetchone()) and p[0] >= 12 and p[0], what="offsets")
+    assert published == 12
     pg.execute("SELECT cdc_disable(%s)", (t,))
 
 

@@ -130,6 +130,9 @@ def test_large_transaction_reread_after_a_crash_is_deduplicated(pg, sinks, uniqu
                       what="the re-read transaction counted as filtered duplicates")
     assert status["deduplication"]["duplicate_events_detected"] == status["deduplication"]["duplicate_events_filtered"]
     assert status["delivered"]["large_transactions"] >= 1
+    # _cdc_offsets counts the large transaction the crashed worker committed but never recorded.
+    assert wait_for(lambda: pg.execute("SELECT events_published FROM _cdc_offsets WHERE sink_name = %s",
+                                       (name,)).fetchone()[0] == 2002, what="offsets")
     pg.execute("SELECT cdc_disable(%s)", (t,))
 
 

@@ -613,7 +613,10 @@ impl Assembler {
                                 txn.seen += out.len() - before;
                                 self.count_published(&p, errors);
                             }
-                            (Ok(p), None) => txn.seen += p.event_count(),
+                            (Ok(p), None) => {
+                                txn.seen += p.event_count();
+                                txn.count_tables(&p);
+                            }
                             (Err(p), Some(_)) => self.count_dropped(&p, &txn.info, types)?,
                             (Err(_), None) => {}
                         }
@@ -813,6 +816,8 @@ pub struct LargeTransaction {
     counted: usize,
     end_lsn: Option<Lsn>,
     ctx: Option<Arc<UserContext>>,
+    /// Events per table OID, as the counting pass found them.
+    per_table: Vec<(u32, u64)>,
 }
 
 impl Default for LargeTransaction {
@@ -824,11 +829,28 @@ impl Default for LargeTransaction {
             counted: 0,
             end_lsn: None,
             ctx: None,
+            per_table: Vec::new(),
         }
     }
 }
 
 impl LargeTransaction {
+    fn count_tables(&mut self, p: &Pending<'_>) {
+        let mut add = |oid: u32, n: usize| match self.per_table.iter_mut().find(|(o, _)| *o == oid) {
+            Some((_, c)) => *c += n as u64,
+            None => self.per_table.push((oid, n as u64)),
+        };
+        match p {
+            Pending::Row { plan, .. } => add(plan.relation.oid, p.event_count()),
+            Pending::Truncate { plans, .. } => plans.iter().for_each(|plan| add(plan.relation.oid, 1)),
+        }
+    }
+
+    /// Events per table OID found by the counting pass ([`Assembler::count_large`]).
+    pub fn table_counts(&self) -> &[(u32, u64)] {
+        &self.per_table
+    }
+
     /// Transaction id (once the Begin was seen).
     pub fn xid(&self) -> u32 {
         self.info.xid
