@@ -70,9 +70,16 @@ pub fn column_types(table_oid: u32, cols: &[String]) -> Vec<u32> {
 /// table's writers and holds new ones off until the calling transaction ends, so the copy holds
 /// exactly the changes committed before its position and the slot delivers exactly those after.
 pub fn seed(schema: &str, sink_id: &str, spec: &Spec) {
-    let lookup =
-        catalog::select_one::<String>("SELECT $1::bigint::oid::regclass::text", &[i64::from(spec.lookup_oid).into()])
-            .unwrap_or_else(|| pgrx::error!("pg_cdc: lookup table OID {} does not exist", spec.lookup_oid));
+    let lookup = catalog::select_one::<String>(
+        "SELECT oid::regclass::text FROM pg_class WHERE oid = $1::bigint::oid",
+        &[i64::from(spec.lookup_oid).into()],
+    )
+    .unwrap_or_else(|| {
+        crate::errors::raise(
+            cdc_core::CdcError::new(cdc_core::ErrorKind::PrerequisiteState, dropped_message(spec))
+                .hint("cdc_enable the captured table again with a config that fits (without that enrich, or naming a table that exists)."),
+        )
+    });
     catalog::run(&format!("LOCK TABLE {lookup} IN SHARE MODE"), &[]);
     let ids = |extra: &str| format!("sink_id = $1::uuid AND table_oid = $2::bigint::oid AND position = $3{extra}");
     let (sink, table, position) = (sink_id, i64::from(spec.table_oid), spec.position as i32);
@@ -126,6 +133,26 @@ pub fn sinks_of_table(schema: &str, table_oid: u32) -> Vec<String> {
 
 /// The enrich transformations of the captured tables a sink covers (`tables`: its table OIDs,
 /// `None` for all), resolved as `cdc_enable` stored them.
+/// Why a lookup copy cannot be made when its lookup table was dropped (`None`: it exists).
+pub fn dropped(spec: &Spec) -> Option<String> {
+    let exists = catalog::select_one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = $1::bigint::oid)",
+        &[i64::from(spec.lookup_oid).into()],
+    )
+    .unwrap_or(false);
+    (!exists).then(|| dropped_message(spec))
+}
+
+fn dropped_message(spec: &Spec) -> String {
+    let table =
+        catalog::select_one::<String>("SELECT $1::bigint::oid::regclass::text", &[i64::from(spec.table_oid).into()])
+            .unwrap_or_default();
+    format!(
+        "the lookup table (OID {}) of enrich transformation {} of table {table} was dropped, so its events cannot be enriched",
+        spec.lookup_oid, spec.position
+    )
+}
+
 pub fn specs_for_sink(schema: &str, tables: Option<&[u32]>) -> Vec<Spec> {
     let rows = catalog::json(
         &format!(

@@ -434,15 +434,27 @@ impl Worker {
                 let current = lookups::bindings(&schema, id);
                 for spec in lookups::specs_for_sink(&schema, covered.as_deref()) {
                     if !has(&current, spec.table_oid, spec.position as usize) {
+                        if let Some(why) = lookups::dropped(&spec) {
+                            return Err(why);
+                        }
                         lookups::seed(&schema, id, &spec);
                     }
                 }
-                lookups::bindings(&schema, id)
+                Ok(lookups::bindings(&schema, id))
             });
             match seeded {
-                Ok(b) => {
+                Ok(Ok(b)) => {
                     pgrx::log!("pg_cdc sink \"{}\": copied its lookup tables", row.name);
                     bindings = b;
+                }
+                Ok(Err(why)) => {
+                    // Retrying cannot bring a dropped table back: an operator must re-enable.
+                    self.fail(
+                        id,
+                        SinkState::Error,
+                        format!("{why}; cdc_enable the table again with a config that fits"),
+                    );
+                    return false;
                 }
                 Err(e) => {
                     self.fail(id, SinkState::Retrying, format!("cannot copy the lookup tables: {e}"));

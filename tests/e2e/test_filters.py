@@ -3,6 +3,9 @@ seed's CDC configuration block), cdc_filter_metrics and cdc_preview."""
 import json
 import time
 
+import psycopg
+import pytest
+
 from conftest import connect, consume, hold_worker, restart_worker, server_settings, sink_state, wait_for, worker_pid
 
 
@@ -233,3 +236,31 @@ def test_ddl_that_breaks_a_filter_stops_the_tables_sinks_until_it_is_enabled_aga
     wait_for(lambda: sink_state(pg, carrier)[0] == "running", what="running again")
     for x in (t, other):
         pg.execute("SELECT cdc_disable(%s)", (x,))
+
+
+def test_a_dropped_lookup_table_stops_the_sinks_of_the_tables_that_enrich_from_it(pg, sinks, unique):
+    """DROP TABLE of a lookup table: the sinks carrying a table that enriches from it stop in state
+    error saying so (they used to retry forever on a syntax error), a new sink carrying it is refused
+    (55000), and cdc_enable with a config that fits lets them deliver what was committed meanwhile."""
+    t, topic = f"sensor_readings_{unique}", f"lookupdrop-{unique}"
+    s = create_sensor_readings(pg, t)
+    pg.execute("SELECT cdc_enable(table_name => %s, config => %s::jsonb)", (t, example_4(s)))
+    name = sinks.add(f"lookupdrop_{unique}", topic, tables=[t])
+    reading = f"INSERT INTO {t} VALUES (%s, 'SENS-001', 95.5, 80.0, 'warning', now(), 80.0, 1)"
+    pg.execute(reading, ("R-1",))
+    assert consume(topic, 1)[0]["value"]["after"]["owner"] == "Facilities Team"
+
+    pg.execute(f"DROP TABLE {s}")
+    pg.execute(reading, ("R-2",))
+    state = wait_for(lambda: (x := sink_state(pg, name)) and x[0] == "error" and x, what="error state")
+    assert "lookup table" in state[1] and "was dropped" in state[1] and t in state[1], state[1]
+    with pytest.raises(psycopg.Error) as refused:
+        sinks.add(f"lookuplate_{unique}", f"lookuplate-{unique}", tables=[t])
+    assert refused.value.sqlstate == "55000" and "was dropped" in str(refused.value), refused.value
+
+    pg.execute("SELECT cdc_enable(%s, '{}')", (t,))
+    msgs = consume(topic, 2, timeout=90)
+    assert [m["value"]["after"]["reading_id"] for m in msgs] == ["R-1", "R-2"]
+    assert "owner" not in msgs[1]["value"]["after"], "delivered under the config that fits"
+    wait_for(lambda: sink_state(pg, name)[0] == "running", what="running again")
+    pg.execute("SELECT cdc_disable(%s)", (t,))
