@@ -3,10 +3,11 @@
 //! ```text
 //!  loop:
 //!    catalog (one transaction, read-only) ── sinks, captured tables, slots
-//!    for each sink (batch.rs):
-//!      one read-only transaction: a scrollable cursor over a peek of its slot ─▶ frames in pieces
-//!        ─▶ Assembler ─▶ events ─▶ sink.send (large transactions in two passes, see batch.rs)
-//!      sink.flush (no transaction open; Kafka commit with the checkpoint / every acknowledgement)
+//!    for each sink (state.rs; the decisions are cdc_core::deliver's):
+//!      protocol::slot_failure / check_checkpoint ── may it read?
+//!      one read-only transaction: a scrollable cursor over a peek of its slot (batch.rs, the
+//!        ChangeSource) ─▶ deliver::read: Assembler ─▶ events ─▶ sink.send (large transactions in pieces)
+//!      protocol::plan_flush ─▶ sink.flush (no transaction open; Kafka commit with the checkpoint)
 //!      advance the slot + _cdc_offsets + state (one short writing transaction)
 //!    write a running-transactions record every 2 MB of WAL (so restart_lsn follows, see state.rs)
 //!    drop slots of dropped sinks; when nothing happened, sleep cdc.naptime_ms or until WAL is flushed
@@ -158,11 +159,11 @@ pub fn run_tx<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     result
 }
 
-/// Exponential backoff: 500 ms doubled per consecutive failure, capped by `cdc.max_retry_backoff_ms`.
+/// The backoff after `failures` consecutive failures (`cdc_core::deliver::protocol::backoff`),
+/// capped by `cdc.max_retry_backoff_ms`.
 pub fn backoff(failures: u32) -> Duration {
-    let cap = gucs::MAX_RETRY_BACKOFF_MS.get().max(100) as u64;
-    let ms = 500u64.saturating_mul(1u64 << failures.min(16));
-    Duration::from_millis(ms.min(cap))
+    let cap = Duration::from_millis(gucs::MAX_RETRY_BACKOFF_MS.get().max(100) as u64);
+    cdc_core::deliver::protocol::backoff(failures, cap)
 }
 
 /// When a retry is due.

@@ -68,6 +68,8 @@ pub struct TableRow {
     pub config: Value,
     /// Resolved key columns.
     pub key_columns: Vec<String>,
+    /// The table as `_cdc_publications.table_name` has it.
+    pub name: String,
 }
 
 /// A replication slot of this database.
@@ -139,7 +141,7 @@ pub fn load_catalog() -> Catalog {
                 'id', sink_id, 'name', sink_name, 'type', sink_type, 'config', config, 'slot', slot_name,
                 'tables', table_oids::bigint[], 'state', state, 'last_error', last_error) ORDER BY created_at), '[]')
               FROM {schema}._cdc_sinks),
-  'tables', (SELECT coalesce(jsonb_agg(jsonb_build_object('oid', table_oid::bigint, 'config', config, 'key_columns', key_columns)), '[]')
+  'tables', (SELECT coalesce(jsonb_agg(jsonb_build_object('oid', table_oid::bigint, 'config', config, 'key_columns', key_columns, 'name', table_name)), '[]')
                FROM {schema}._cdc_publications WHERE status = 'active'),
   'slots', {SLOTS_SQL},
   'publications', (SELECT coalesce(jsonb_agg(pubname::text), '[]') FROM pg_publication
@@ -342,16 +344,7 @@ pub fn learn_type_oids(oids: &[u32], types: &mut TypeRegistry) {
     }
 }
 
-/// Per-table delivery progress of one publish.
-#[derive(Debug, Default, Clone)]
-pub struct TableProgress {
-    /// Events delivered.
-    pub events: u64,
-    /// Commit LSN of the last delivered transaction touching the table.
-    pub last_commit_lsn: u64,
-    /// Its commit time, Unix microseconds.
-    pub last_commit_unix_micros: i64,
-}
+pub use cdc_core::deliver::read::TableProgress;
 
 /// PostgreSQL 15 logs "starting logical decoding for slot ..." at LOG level for every peek and
 /// advance; at one peek per sink every `cdc.naptime_ms` that would flood the server log. Silence

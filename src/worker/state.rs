@@ -18,11 +18,12 @@ use cdc_sinks::kafka::{with_signals_blocked, KafkaSink, Transactional};
 use cdc_sinks::{Checkpoint, DeliveryMode, ErrorClass, Sink, SinkError};
 use pgrx::pg_sys;
 
-use super::batch::{self, Batch, Failure, Inputs};
+use super::batch::{self, Batch, Failure, Inputs, SlotRead, Unit};
 use super::source::{self, Catalog, Peek, SinkRow};
 use super::{retry_at, run_tx, stop_requested, OrphanSightings};
 use crate::catalog::PUBLICATION_NAMES;
 use crate::{gucs, keys, lookups};
+use cdc_core::deliver::protocol::{self, SlotView};
 
 /// WAL written between two running-transactions records of the worker: the most a peek decodes
 /// again beyond what it returns (see [`Worker::mark_restart_point`]).
@@ -80,26 +81,16 @@ fn start_open(run: &SinkRun, config: &KafkaSinkConfig, cat: &Catalog) -> Opening
 }
 
 /// Installs a producer that finished opening, refusing a slot ahead of its checkpoint.
-fn finish_open(run: &mut SinkRun, opening: Opening, confirmed: Lsn) -> Result<(), Failure> {
+fn finish_open(run: &mut SinkRun, opening: Opening, slot: &SlotView) -> Result<(), Failure> {
     let opened = opening.join().unwrap_or_else(|_| {
         Err(SinkError { class: ErrorClass::Retry, message: "opening the Kafka producer failed unexpectedly".into() })
     });
     let (mut producer, checkpoint) = opened.map_err(Failure::sink)?;
-    if let Some(cp) = checkpoint.filter(|cp| confirmed > cp.end_lsn) {
-        return Err(Failure::new(SinkState::Error, ahead_of_checkpoint(&run.row.slot, confirmed, cp.end_lsn)));
-    }
+    protocol::check_checkpoint(slot, checkpoint)?;
     producer.set_interrupt(stop_requested);
     run.checkpoint = checkpoint;
     run.producer = Some(producer);
     Ok(())
-}
-
-/// The error of a slot confirmed past the pipeline's last Kafka checkpoint.
-fn ahead_of_checkpoint(slot: &str, confirmed: Lsn, checkpoint: Lsn) -> String {
-    format!(
-        "replication slot {slot} is confirmed up to {confirmed}, past the last checkpoint committed to Kafka ({checkpoint}): \
-         changes in between may never have been delivered; pg_cdc stops instead of guessing (drop and re-add the sink)"
-    )
 }
 
 /// Adds one read's counts to a sink's counters.
@@ -151,6 +142,10 @@ pub struct Worker {
     types: TypeRegistry,
     /// Parsed capture configs by (oid, config text), so a config is parsed once.
     configs: HashMap<u32, (String, Arc<CaptureConfig>)>,
+    /// Captured tables whose stored config cannot be read (changed by hand, or by a version that
+    /// no longer accepts it), with the reason: the sinks that carry them stop instead of dropping
+    /// their changes.
+    unreadable: HashMap<u32, String>,
     orphans: OrphanSightings,
     schema: Option<String>,
     last_missing_extension_log: Option<Instant>,
@@ -175,6 +170,7 @@ impl Worker {
             sinks: HashMap::new(),
             types: TypeRegistry::new(),
             configs: HashMap::new(),
+            unreadable: HashMap::new(),
             orphans: HashMap::new(),
             schema: None,
             last_missing_extension_log: None,
@@ -243,6 +239,7 @@ impl Worker {
 
     fn refresh_configs(&mut self, cat: &Catalog) {
         let mut next = HashMap::new();
+        let mut unreadable = HashMap::new();
         for t in &cat.tables {
             let text = t.config.to_string() + &t.key_columns.join("\u{1}");
             let parsed = match self.configs.remove(&t.oid) {
@@ -250,10 +247,7 @@ impl Worker {
                 _ => match parse_stored_capture_config(&t.config, t.key_columns.clone()) {
                     Ok(cfg) => Arc::new(cfg),
                     Err(e) => {
-                        pgrx::warning!(
-                            "pg_cdc worker: capture config of table OID {} is invalid, skipping it: {e}",
-                            t.oid
-                        );
+                        unreadable.insert(t.oid, e.to_string());
                         continue;
                     }
                 },
@@ -261,6 +255,7 @@ impl Worker {
             next.insert(t.oid, (text, parsed));
         }
         self.configs = next;
+        self.unreadable = unreadable;
     }
 
     /// Logs a WARNING for each sink whose slot retains more WAL than `cdc.wal_warning_bytes`,
@@ -530,53 +525,44 @@ impl Worker {
                 return false;
             }
         };
-        if let Some(missing) = PUBLICATION_NAMES.split(',').find(|p| !cat.publications.iter().any(|q| q == p)) {
-            // pgoutput cannot decode anything without it; changes made since it was dropped are
-            // lost to every sink, so this is an error and never a silent resync.
+        let carried = |oid: &u32| row.tables.as_ref().is_none_or(|t| t.contains(oid));
+        if let Some((oid, why)) = self.unreadable.iter().find(|(oid, _)| carried(oid)) {
+            let table =
+                cat.tables.iter().find(|t| t.oid == *oid).map_or_else(|| format!("OID {oid}"), |t| t.name.clone());
             let msg = format!(
-                "publication {missing} does not exist (dropped outside pg_cdc?): changes since it was dropped cannot be \
-                 decoded; recreate the extension (DROP EXTENSION pg_cdc CASCADE; CREATE EXTENSION pg_cdc), re-enable the \
-                 tables and re-add the sinks"
+                "the stored capture config of table {table} cannot be read ({why}); its changes are held back: \
+                 cdc_enable the table again with a valid config"
             );
             self.fail(id, SinkState::Error, msg);
             return false;
         }
-        let Some(slot) = cat.slots.iter().find(|s| s.name == row.slot) else {
-            if row.state == SinkState::CreatingSlot.label() {
-                let slot = row.slot.clone();
-                match run_tx(|| source::create_slot(&slot)) {
-                    Ok(()) => self.set_state(id, SinkState::Starting, None),
-                    Err(e) => self.fail(id, SinkState::Error, format!("cannot create replication slot {slot}: {e}")),
-                }
-            } else {
-                let msg = format!(
-                    "replication slot {} does not exist (dropped outside pg_cdc?); pg_cdc does not recreate it silently because changes would be lost: drop and re-add the sink",
-                    row.slot
-                );
-                self.fail(id, SinkState::Error, msg);
+        let missing = PUBLICATION_NAMES.split(',').find(|p| !cat.publications.iter().any(|q| q == p));
+        let found = cat.slots.iter().find(|s| s.name == row.slot);
+        if missing.is_none() && found.is_none() && row.state == SinkState::CreatingSlot.label() {
+            let slot = row.slot.clone();
+            match run_tx(|| source::create_slot(&slot)) {
+                Ok(()) => self.set_state(id, SinkState::Starting, None),
+                Err(e) => self.fail(id, SinkState::Error, format!("cannot create replication slot {slot}: {e}")),
             }
             return false;
+        }
+        let slot = SlotView {
+            name: row.slot.clone(),
+            exists: found.is_some(),
+            wal_status: found.and_then(|s| s.wal_status.clone()),
+            active_pid: found.and_then(|s| s.active_pid),
+            confirmed: found.and_then(|s| s.confirmed.as_deref()).and_then(|s| s.parse().ok()).unwrap_or_default(),
         };
-        if slot.wal_status.as_deref() == Some("lost") {
-            let msg = format!(
-                "replication slot {} was invalidated: the WAL it needed was removed (max_slot_wal_keep_size); drop and re-add the sink",
-                row.slot
-            );
-            self.fail(id, SinkState::Error, msg);
+        if let Some(f) = protocol::slot_failure(missing, &slot) {
+            self.fail_with(id, f);
             return false;
         }
-        if let Some(pid) = slot.active_pid {
-            self.fail(id, SinkState::Retrying, format!("replication slot {} is in use by process {pid}", row.slot));
-            return false;
-        }
-        let confirmed: Lsn = slot.confirmed.as_deref().and_then(|s| s.parse().ok()).unwrap_or_default();
-        // Exactly-once confirms the slot only after the Kafka commit, so the slot never passes the
-        // checkpoint; if it did, someone moved it (pg_replication_slot_advance) and changes in
-        // between were never delivered.
-        if let Some(cp) = run.checkpoint.filter(|cp| run.producer.is_some() && confirmed > cp.end_lsn) {
-            let msg = ahead_of_checkpoint(&row.slot, confirmed, cp.end_lsn);
-            self.fail(id, SinkState::Error, msg);
-            return false;
+        let confirmed = slot.confirmed;
+        if run.producer.is_some() {
+            if let Err(f) = protocol::check_checkpoint(&slot, run.checkpoint) {
+                self.fail_with(id, f);
+                return false;
+            }
         }
         // A producer being opened: wait for it without blocking the other sinks.
         if run.opening.as_ref().is_some_and(|h| !h.is_finished()) {
@@ -584,7 +570,7 @@ impl Worker {
         }
         if let Some(run) = self.sinks.get_mut(id) {
             if let Some(opening) = run.opening.take() {
-                if let Err(f) = finish_open(run, opening, confirmed) {
+                if let Err(f) = finish_open(run, opening, &slot) {
                     self.fail_with(id, f);
                     return false;
                 }
@@ -607,7 +593,7 @@ impl Worker {
         };
         let read = run_tx(|| -> Result<Batch, Failure> {
             let mut peek = Peek::open(&row.slot, batch_changes);
-            let first = peek.fetch(batch::FETCH_ROWS, &mut types);
+            let first = peek.fetch(batch::FETCH_ROWS as i64, &mut types);
             if first.is_empty() {
                 return Ok(Batch::default());
             }
@@ -616,16 +602,23 @@ impl Worker {
                 run.opening = Some(start_open(&run, &config, cat));
                 return Ok(Batch { opening: true, ..Batch::default() });
             }
+            let opened = || crate::stats::update(&row.id, |c| c.open_transactions = 1);
             let inputs = Inputs {
-                schema: &schema,
                 tables: &tables,
                 checkpoint: run.checkpoint,
                 dedup,
                 large_frames: (batch_changes.max(1) as usize).min(batch::BUFFER_FRAMES),
                 checkpoint_interval: checkpoint_interval(config.checkpoint_interval_ms, tables.values().map(|c| &**c))
                     .map(|ms| std::time::Duration::from_millis(u64::from(ms))),
+                on_open: Some(&opened),
             };
-            batch::read(&mut run, &inputs, &mut peek, first, &mut types)
+            let mut source = SlotRead { peek, schema: &schema, sink_name: &row.name };
+            let SinkRun { assembler, producer, .. } = &mut run;
+            let Some(sink) = producer.as_mut() else {
+                return Err(Failure::new(SinkState::Retrying, "the sink is not open"));
+            };
+            let mut unit = Unit { assembler, sink, source: &mut source, types: &mut types };
+            cdc_core::deliver::read::read(&mut unit, &inputs, first)
         });
         self.sinks.insert(id.to_string(), run);
         let batch = match read {
@@ -651,23 +644,18 @@ impl Worker {
             }
         };
 
-        // Flush, then confirm. Exactly-once commits whenever the slot is to move, so the
-        // checkpoint in Kafka always covers the slot; at-least-once only when it sent events.
-        let target = batch.target.filter(|l| *l > confirmed && batch.rows > 0);
+        // Flush, then confirm, as the protocol allows (see cdc_core::deliver::protocol::plan_flush).
         let Some(run) = self.sinks.get_mut(id) else {
             return false;
         };
         let mut counted = batch.counted;
+        let mut target = batch.target.filter(|l| *l > confirmed && batch.rows > 0);
         if let Some(producer) = run.producer.as_mut() {
-            let exactly_once = producer.delivery_mode() == DeliveryMode::ExactlyOnce;
-            let checkpoint = Checkpoint { end_lsn: target.unwrap_or(confirmed) };
-            // The checkpoint in Kafka must never move backwards: after the slot went back (a crash),
-            // re-read batches end below it, and a lower checkpoint would let the next restart
-            // publish their transactions again. Such a batch is entirely at or below the checkpoint
-            // (dedup removed it), so there is nothing to write: only the slot moves.
-            let covered = dedup && exactly_once && run.checkpoint.is_some_and(|cp| checkpoint.end_lsn <= cp.end_lsn);
-            let flush = if exactly_once { target.is_some() && !covered } else { batch.sent };
-            if flush {
+            let mode = producer.delivery_mode();
+            let exactly_once = mode == DeliveryMode::ExactlyOnce;
+            let plan = protocol::plan_flush(mode, &batch, confirmed, run.checkpoint, dedup);
+            target = plan.confirm;
+            if let Some(checkpoint) = plan.flush {
                 if let Err(e) = producer.flush(checkpoint) {
                     self.abort(id);
                     self.fail_with(id, Failure::sink(e));

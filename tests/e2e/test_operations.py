@@ -269,3 +269,29 @@ def test_the_benchmark_refuses_a_cluster_with_capture_it_did_not_create(pg, sink
     assert pg.execute(r"SELECT count(*) FROM pg_class WHERE relname LIKE 'bench\_%'").fetchone()[0] == 0, \
         "nothing was created"
     assert not list(tmp_path.iterdir()), "no report was written"
+
+
+def test_a_stored_config_that_cannot_be_read_stops_the_sinks_carrying_the_table(pg, sinks, unique):
+    """A capture config changed by hand (or one a later version no longer accepts) used to be skipped
+    with a WARNING, its table's changes dropped without a word. Now the sinks that carry the table stop
+    in state error naming it, the others go on, and re-enabling delivers what was held back."""
+    t, other = f"badcfg_{unique}", f"badcfgother_{unique}"
+    for x in (t, other):
+        pg.execute(f"CREATE TABLE {x} (id int PRIMARY KEY)")
+        pg.execute("SELECT cdc_enable(%s)", (x,))
+    carrier = sinks.add(f"badcfg_{unique}", f"badcfg-{unique}", tables=[t, other])
+    sinks.add(f"badcfgby_{unique}", f"badcfgby-{unique}", tables=[other])
+    pg.execute(f"INSERT INTO {t} VALUES (1)")
+    consume(f"badcfg-{unique}", 1)
+    pg.execute("UPDATE _cdc_publications SET config = '{\"operations\": [\"UPSERT\"]}' WHERE table_name = %s", (t,))
+    pg.execute(f"INSERT INTO {t} VALUES (2)")
+    pg.execute(f"INSERT INTO {other} VALUES (1)")
+    state = wait_for(lambda: (s := sink_state(pg, carrier)) and s[0] == "error" and s, what="error state")
+    assert t in state[1] and "cannot be read" in state[1] and "UPSERT" in state[1], state[1]
+    assert [m["value"]["after"]["id"] for m in consume(f"badcfgby-{unique}", 1)] == [1]
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    msgs = consume(f"badcfg-{unique}", 3, timeout=90)
+    assert sorted((m["value"]["metadata"]["table"], m["value"]["after"]["id"]) for m in msgs) == \
+        sorted([(t, 1), (t, 2), (other, 1)])
+    for x in (t, other):
+        pg.execute("SELECT cdc_disable(%s)", (x,))

@@ -13,6 +13,7 @@
 pub mod config;
 pub mod context;
 pub mod decode;
+pub mod deliver;
 pub mod envelope;
 pub mod error;
 pub mod expr;

@@ -1,142 +1,16 @@
 //! pg_cdc's sinks: where encoded events go.
 //!
-//! Every sink implements [`Sink`]: the worker sends the events of committed transactions, then
-//! flushes; `flush` returns only once each event is acknowledged by the destination, or with an
-//! error. The worker confirms the replication slot only after `flush` returns `Ok` ("ack before
-//! advance"), so a failed or interrupted delivery re-sends the same transactions later: delivery
-//! is at-least-once, and every event carries `(commit_lsn, lsn)` for consumers that deduplicate.
+//! Every sink implements the core's [`Sink`] port: the worker sends the events of committed
+//! transactions, then flushes; `flush` returns only once each event is acknowledged by the
+//! destination, or with an error. The slot is confirmed only after `flush` returns `Ok` ("ack
+//! before advance"), so a failed or interrupted delivery re-sends the same transactions later;
+//! a transactional sink (Kafka) makes that exactly-once with the checkpoint it commits.
 //!
 //! Sinks run on the worker's main thread and never call into PostgreSQL.
 #![warn(missing_docs)]
 
 pub mod kafka;
 
-use cdc_core::envelope::Event;
-use cdc_core::pipeline::Transaction;
-use cdc_core::Lsn;
-
-/// What to do about a failed publish.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorClass {
-    /// Transient (broker unreachable, timeout, leader change): back off and retry.
-    Retry,
-    /// Needs an operator (authentication, authorization, invalid config, record too large):
-    /// keep the slot, report the error, retry slowly.
-    Operator,
-}
-
-/// A failed publish.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SinkError {
-    /// Retry class.
-    pub class: ErrorClass,
-    /// What happened, without secrets.
-    pub message: String,
-}
-
-impl std::fmt::Display for SinkError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for SinkError {}
-
-/// Counts from one publish.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PublishStats {
-    /// Events acknowledged.
-    pub events: u64,
-    /// Payload + key bytes acknowledged.
-    pub bytes: u64,
-}
-
-/// How far a pipeline has durably delivered: the end LSN of the last delivered transaction (or
-/// heartbeat). A transactional sink stores it atomically with the events; the slot is confirmed
-/// only up to it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Checkpoint {
-    /// Confirm the slot up to here; skip every transaction whose end LSN is at or below it.
-    pub end_lsn: Lsn,
-}
-
-impl Checkpoint {
-    /// The record stored in a progress topic.
-    pub fn encode(&self) -> Vec<u8> {
-        format!("{{\"end_lsn\":{}}}", self.end_lsn.0).into_bytes()
-    }
-
-    /// Parses a progress record.
-    pub fn decode(bytes: &[u8]) -> Option<Checkpoint> {
-        let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-        Some(Checkpoint { end_lsn: Lsn(v.get("end_lsn")?.as_u64()?) })
-    }
-}
-
-/// The guarantee a sink gives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeliveryMode {
-    /// Events and checkpoint commit together: consumers reading committed data see each event once.
-    ExactlyOnce,
-    /// Events are acknowledged before the slot moves; a crash re-sends the unconfirmed tail.
-    AtLeastOnce,
-}
-
-impl DeliveryMode {
-    /// The name in the catalog and in `cdc_delivery_status`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeliveryMode::ExactlyOnce => "exactly_once",
-            DeliveryMode::AtLeastOnce => "at_least_once",
-        }
-    }
-}
-
-/// A destination for events.
-///
-/// The worker streams: it calls [`Sink::send`] any number of times (a transaction too large to
-/// hold in memory is sent in pieces), then [`Sink::flush`] with the checkpoint the slot will be
-/// confirmed to. Nothing counts as delivered before `flush` returns `Ok`; after an error the
-/// worker calls [`Sink::abort`] (or drops the sink) and re-reads the same changes later.
-pub trait Sink {
-    /// Prepares a fresh sink before its first send: a transactional sink fences older producers
-    /// of the same pipeline and returns the last checkpoint it committed.
-    fn open(&mut self) -> Result<Option<Checkpoint>, SinkError> {
-        Ok(None)
-    }
-
-    /// Queues `events` in order (a transactional sink begins a transaction with the first send
-    /// after a flush). May wait while the local queue is full; returns what it queued.
-    fn send(&mut self, events: &[Event]) -> Result<PublishStats, SinkError>;
-
-    /// Returns once everything sent since the last flush is acknowledged; a transactional sink
-    /// commits its transaction with `checkpoint` in it (a transaction holding only the
-    /// checkpoint when nothing was sent).
-    fn flush(&mut self, checkpoint: Checkpoint) -> Result<(), SinkError>;
-
-    /// Abandons what was sent since the last flush (a transactional sink aborts its
-    /// transaction). Best effort: a sink that cannot abort is dropped by the worker.
-    fn abort(&mut self);
-
-    /// Sends every event of `transactions` and flushes.
-    fn publish(&mut self, transactions: &[Transaction], checkpoint: Checkpoint) -> Result<PublishStats, SinkError> {
-        let mut stats = PublishStats::default();
-        let result = (|| {
-            for t in transactions {
-                let s = self.send(&t.events)?;
-                stats.events += s.events;
-                stats.bytes += s.bytes;
-            }
-            self.flush(checkpoint)
-        })();
-        if result.is_err() {
-            self.abort();
-        }
-        result.map(|()| stats)
-    }
-
-    /// The guarantee this sink gives.
-    fn delivery_mode(&self) -> DeliveryMode {
-        DeliveryMode::AtLeastOnce
-    }
-}
+// The ports live in the core (`cdc_core::deliver::port`), with the protocol that drives them and
+// the in-memory doubles it is tested with; each sink here is one adapter.
+pub use cdc_core::deliver::port::{Checkpoint, DeliveryMode, ErrorClass, PublishStats, Sink, SinkError};

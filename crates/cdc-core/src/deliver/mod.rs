@@ -1,0 +1,24 @@
+//! Delivery: from a sink's slot to its destination, with the guarantee the sink gives.
+//!
+//! ```text
+//!  ChangeSource (the slot) ──▶ read: Assembler ─▶ dedup ─▶ Sink::send (one unit)
+//!                                   │
+//!                      protocol::plan_flush ──▶ Sink::flush(checkpoint) ──▶ confirm the slot
+//! ```
+//! - [`port`]: the two ports, [`port::Sink`] and [`port::ChangeSource`], and the checkpoint a
+//!   sink keeps.
+//! - [`read`]: one read of the slot delivered into one unit of the sink (whole transactions,
+//!   large ones in pieces, duplicates skipped, the unit bounded by `checkpoint_interval_ms`).
+//! - [`protocol`]: the decisions around it — may the sink read, what to flush, where to confirm,
+//!   how long to back off.
+//!
+//! Everything here is plain Rust, tested with in-memory doubles of both ports (`memory`); the
+//! worker (SPI, shared memory, threads, the loop) and the sinks (`cdc-sinks`) are the adapters.
+pub mod port;
+pub mod protocol;
+pub mod read;
+
+#[cfg(test)]
+pub(crate) mod memory;
+#[cfg(test)]
+mod tests;
