@@ -59,6 +59,11 @@ fn deliver(
     Ok((batch, plan.confirm.unwrap_or(confirmed)))
 }
 
+/// A first read of the whole capture by a fresh worker (new pipeline state, slot at the start).
+fn fresh_read(sink: &mut MemorySink, fr: &[RawFrame], inputs: &Inputs<'_>) -> Result<(Batch, Lsn), Failure> {
+    deliver(&mut Assembler::new("golden"), sink, &mut MemorySource::new(fr.to_vec()), inputs, Lsn(0))
+}
+
 /// What the pipeline alone makes of the frames: the events a sink must end up with, in order.
 fn expected(fr: &[RawFrame], tables: &SinkTables) -> Vec<Vec<u8>> {
     let out = Assembler::new("golden").process(fr, tables, &types("basic")).unwrap();
@@ -89,14 +94,7 @@ fn after_a_crash_between_commit_and_confirm_nothing_is_sent_twice() {
     let fr = frames("basic");
     let tables = basic_tables(&fr);
     let mut sink = MemorySink::new(DeliveryMode::ExactlyOnce);
-    let (_, end) = deliver(
-        &mut Assembler::new("golden"),
-        &mut sink,
-        &mut MemorySource::new(fr.clone()),
-        &inputs(&tables, None),
-        Lsn(0),
-    )
-    .unwrap();
+    let (_, end) = fresh_read(&mut sink, &fr, &inputs(&tables, None)).unwrap();
     // The worker died before it confirmed the slot: a new one opens the sink (its checkpoint) and
     // reads the same changes again. Nothing is sent; the slot moves; no checkpoint is written.
     let checkpoint = sink.open().unwrap();
@@ -126,17 +124,10 @@ fn the_control_without_dedup_sends_the_re_read_again() {
     let fr = frames("basic");
     let tables = basic_tables(&fr);
     let mut sink = MemorySink::new(DeliveryMode::ExactlyOnce);
-    deliver(
-        &mut Assembler::new("golden"),
-        &mut sink,
-        &mut MemorySource::new(fr.clone()),
-        &inputs(&tables, None),
-        Lsn(0),
-    )
-    .unwrap();
+    fresh_read(&mut sink, &fr, &inputs(&tables, None)).unwrap();
     let checkpoint = sink.open().unwrap();
     let no_dedup = Inputs { dedup: false, ..inputs(&tables, checkpoint) };
-    deliver(&mut Assembler::new("golden"), &mut sink, &mut MemorySource::new(fr.clone()), &no_dedup, Lsn(0)).unwrap();
+    fresh_read(&mut sink, &fr, &no_dedup).unwrap();
     assert_eq!(sink.events().len(), 2 * expected(&fr, &tables).len(), "every event twice: the oracle must see it");
 }
 
@@ -201,14 +192,7 @@ fn a_failed_send_abandons_the_unit_and_the_next_read_delivers_it_whole() {
     // The worker resets the sink's pipeline state and reads again from the confirmed position.
     sink.fault = None;
     let checkpoint = sink.open().unwrap();
-    deliver(
-        &mut Assembler::new("golden"),
-        &mut sink,
-        &mut MemorySource::new(fr.clone()),
-        &inputs(&tables, checkpoint),
-        Lsn(0),
-    )
-    .unwrap();
+    fresh_read(&mut sink, &fr, &inputs(&tables, checkpoint)).unwrap();
     assert_eq!(payloads(&sink), expected(&fr, &tables));
 }
 
@@ -218,25 +202,11 @@ fn sink_errors_map_to_states_and_a_failed_flush_commits_nothing() {
     let tables = basic_tables(&fr);
     let mut sink = MemorySink::new(DeliveryMode::ExactlyOnce);
     sink.fault = Some(SinkFault::Send(1, ErrorClass::Operator));
-    let f = deliver(
-        &mut Assembler::new("golden"),
-        &mut sink,
-        &mut MemorySource::new(fr.clone()),
-        &inputs(&tables, None),
-        Lsn(0),
-    )
-    .unwrap_err();
+    let f = fresh_read(&mut sink, &fr, &inputs(&tables, None)).unwrap_err();
     assert_eq!(f.state, SinkState::Error, "authorization, record too large, ...: an operator must look");
     let mut sink = MemorySink::new(DeliveryMode::ExactlyOnce);
     sink.fault = Some(SinkFault::Flush(ErrorClass::Retry));
-    let f = deliver(
-        &mut Assembler::new("golden"),
-        &mut sink,
-        &mut MemorySource::new(fr.clone()),
-        &inputs(&tables, None),
-        Lsn(0),
-    )
-    .unwrap_err();
+    let f = fresh_read(&mut sink, &fr, &inputs(&tables, None)).unwrap_err();
     assert_eq!(f.state, SinkState::Retrying);
     assert!(sink.committed.is_empty(), "nothing counts as delivered before the flush returns Ok");
 }
@@ -250,9 +220,7 @@ fn events_that_cannot_be_redacted_are_held_back_for_a_compliance_reason() {
     c.redactions = vec![("status".into(), Method::Tokenize)];
     let tables: SinkTables = [(oids["orders"], Arc::new(c))].into_iter().collect();
     let mut sink = MemorySink::new(DeliveryMode::ExactlyOnce);
-    let f =
-        deliver(&mut Assembler::new("golden"), &mut sink, &mut MemorySource::new(fr), &inputs(&tables, None), Lsn(0))
-            .unwrap_err();
+    let f = fresh_read(&mut sink, &fr, &inputs(&tables, None)).unwrap_err();
     assert!(f.compliance && f.state == SinkState::Error, "{f:?}");
     assert!(f.message.contains("public.orders"), "{}", f.message);
     assert!(sink.sends.is_empty(), "nothing sent in the clear");
