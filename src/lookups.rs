@@ -131,8 +131,6 @@ pub fn sinks_of_table(schema: &str, table_oid: u32) -> Vec<String> {
     v.and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default()
 }
 
-/// The enrich transformations of the captured tables a sink covers (`tables`: its table OIDs,
-/// `None` for all), resolved as `cdc_enable` stored them.
 /// Why a lookup copy cannot be made when its lookup table was dropped (`None`: it exists).
 pub fn dropped(spec: &Spec) -> Option<String> {
     let exists = catalog::select_one::<bool>(
@@ -153,6 +151,8 @@ fn dropped_message(spec: &Spec) -> String {
     )
 }
 
+/// The enrich transformations of the captured tables a sink covers (`tables`: its table OIDs,
+/// `None` for all), resolved as `cdc_enable` stored them.
 pub fn specs_for_sink(schema: &str, tables: Option<&[u32]>) -> Vec<Spec> {
     let rows = catalog::json(
         &format!(

@@ -59,6 +59,13 @@ pub struct SinkRow {
     pub last_error: Option<String>,
 }
 
+impl SinkRow {
+    /// Whether the sink carries the table (`config.tables` lists it, or lists none).
+    pub fn carries(&self, oid: u32) -> bool {
+        self.tables.as_ref().is_none_or(|t| t.contains(&oid))
+    }
+}
+
 /// A captured table as the catalog has it.
 #[derive(Debug, Clone, Deserialize)]
 pub struct TableRow {

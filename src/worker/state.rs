@@ -46,6 +46,9 @@ pub struct SinkRun {
     checkpoint: Option<Checkpoint>,
     /// The producer being opened, when it is.
     opening: Option<Opening>,
+    /// Its events are held back for a compliance reason (mirrors the shared counter, so a
+    /// delivering sink does not take the counters' lock each pass to clear it).
+    compliance_hold: bool,
 }
 
 /// A producer being opened on its own thread, and what it gives.
@@ -379,6 +382,9 @@ impl Worker {
                         heartbeat_end: None,
                         checkpoint: None,
                         opening: None,
+                        // The shared counter may be set from before (a worker restart, a changed
+                        // config): cleared at the first delivery.
+                        compliance_hold: true,
                     },
                 );
             } else if let Some(r) = self.sinks.get_mut(&row.id) {
@@ -388,11 +394,7 @@ impl Worker {
     }
 
     fn tables_for(&self, row: &SinkRow) -> SinkTables {
-        self.configs
-            .iter()
-            .filter(|(oid, _)| row.tables.as_ref().is_none_or(|t| t.contains(oid)))
-            .map(|(oid, (_, cfg))| (*oid, cfg.clone()))
-            .collect()
+        self.configs.iter().filter(|(oid, _)| row.carries(**oid)).map(|(oid, (_, cfg))| (*oid, cfg.clone())).collect()
     }
 
     /// Gives a sink's assembler the lookup copies its tables' `enrich` transformations read,
@@ -502,7 +504,8 @@ impl Worker {
     /// Marks a failed read or delivery; one that holds events back for a compliance reason shows
     /// in `cdc_delivery_status` (`compliance_metrics`).
     fn fail_with(&mut self, id: &str, f: Failure) {
-        if f.compliance {
+        if let Some(run) = self.sinks.get_mut(id).filter(|_| f.compliance) {
+            run.compliance_hold = true;
             crate::stats::update(id, |c| c.compliance_hold = 1);
         }
         self.fail(id, f.state, f.message);
@@ -525,8 +528,7 @@ impl Worker {
                 return false;
             }
         };
-        let carried = |oid: &u32| row.tables.as_ref().is_none_or(|t| t.contains(oid));
-        if let Some((oid, why)) = self.unreadable.iter().find(|(oid, _)| carried(oid)) {
+        if let Some((oid, why)) = self.unreadable.iter().find(|(oid, _)| row.carries(**oid)) {
             let table =
                 cat.tables.iter().find(|t| t.oid == *oid).map_or_else(|| format!("OID {oid}"), |t| t.name.clone());
             let msg = format!(
@@ -724,8 +726,10 @@ impl Worker {
         if let Some(run) = self.sinks.get_mut(id) {
             run.failures = 0;
             run.retry_at = None;
+            if std::mem::take(&mut run.compliance_hold) {
+                crate::stats::update(id, |c| c.compliance_hold = 0);
+            }
         }
-        crate::stats::update(id, |c| c.compliance_hold = 0);
         self.set_state(id, SinkState::Running, None);
         if batch.rows > batch::BUFFER_FRAMES as u64 {
             // A big batch filled librdkafka's queue and the buffers; give the freed memory back

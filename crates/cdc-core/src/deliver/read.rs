@@ -257,14 +257,7 @@ fn send_whole(u: &mut Unit<'_>, inputs: &Inputs<'_>, frames: &[RawFrame], b: &mu
             b.counted.duplicate_events_detected += t.events.len() as u64;
             if inputs.dedup {
                 b.counted.duplicate_events_filtered += t.events.len() as u64;
-                let mut per_table: Vec<(u32, u64)> = Vec::new();
-                for ev in &t.events {
-                    match per_table.iter_mut().find(|(o, _)| *o == ev.table_oid) {
-                        Some((_, n)) => *n += 1,
-                        None => per_table.push((ev.table_oid, 1)),
-                    }
-                }
-                record_unrecorded(u, b, &per_table, t.commit_lsn, t.commit_time);
+                record_unrecorded(u, b, &per_table(&t.events), t.commit_lsn, t.commit_time);
                 continue;
             }
         }
@@ -417,24 +410,30 @@ fn send(
     let stats = u.sink.send(events).map_err(Failure::sink)?;
     b.counted.events_delivered += stats.events;
     b.counted.bytes_delivered += stats.bytes;
-    let mut sent = Sent {
+    let sent = Sent {
         commit_unix_micros: pg_to_unix_micros(commit_time),
         sent_unix_micros: unix_micros_now(),
-        tables: Vec::new(),
+        tables: per_table(events),
     };
-    for ev in events {
-        let p = b.progress.entry(ev.table_oid).or_default();
-        p.events += 1;
+    for &(oid, n) in &sent.tables {
+        let p = b.progress.entry(oid).or_default();
+        p.events += n;
         p.last_commit_lsn = commit_lsn.0;
         p.last_commit_unix_micros = sent.commit_unix_micros;
-        match sent.tables.iter_mut().find(|(oid, _)| *oid == ev.table_oid) {
-            Some((_, n)) => *n += 1,
-            None => sent.tables.push((ev.table_oid, 1)),
-        }
-    }
-    for (oid, n) in &sent.tables {
-        b.tables.entry(*oid).or_default().events += n;
+        b.tables.entry(oid).or_default().events += n;
     }
     b.sent_log.push(sent);
     Ok(())
+}
+
+/// The events of each table among `events`, in order of first appearance.
+fn per_table(events: &[Event]) -> Vec<(u32, u64)> {
+    let mut out: Vec<(u32, u64)> = Vec::new();
+    for ev in events {
+        match out.iter_mut().find(|(oid, _)| *oid == ev.table_oid) {
+            Some((_, n)) => *n += 1,
+            None => out.push((ev.table_oid, 1)),
+        }
+    }
+    out
 }
