@@ -745,7 +745,15 @@ impl Worker {
         let Some(run) = self.sinks.get_mut(id) else { return };
         let Some(producer) = run.producer.as_mut() else { return };
         let exactly_once = producer.delivery_mode() == DeliveryMode::ExactlyOnce;
-        producer.abort();
+        if stop_requested() {
+            // Shutting down: aborting can block up to the transaction timeout (measured: 30 s after
+            // a SIGTERM that interrupted the first delivery to a new topic, so pg_terminate_backend
+            // took 30 s). Drop the producer instead: the next worker's init_transactions fences it
+            // and aborts its open transaction, which is what exactly-once relies on after a kill.
+            run.producer = None;
+        } else {
+            producer.abort();
+        }
         crate::stats::update(id, |c| {
             if exactly_once && c.open_transactions > 0 {
                 c.aborted_transactions += 1;
