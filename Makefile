@@ -51,12 +51,14 @@ regress:
 e2e:
 	@$(ENV) "$$PG_CDC_VENV/bin/python" -m pytest -q tests/e2e
 
-## chaos: the short seeded fault-injection run (at least 2,000 transactions, writes flowing through every
-## fault, 2 of every fault kind), then the
-## control that must see duplicates with deduplication switched off
+## chaos: the short seeded fault-injection runs (Kafka: at least 2,000 transactions, writes flowing through
+## every fault, 2 of every fault kind; the in-database sink: 1,000 transactions, 2 of each of its fault
+## kinds), each followed by the control that must see duplicates with deduplication switched off
 chaos:
 	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2 --rate 25
 	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 2 --transactions 600 --rate 40 --control-no-dedup
+	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --sink table --seed 3 --transactions 1000 --min-faults 2 --rate 25
+	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --sink table --seed 4 --transactions 300 --rate 40 --control-no-dedup
 
 ## chaos-long: the long run by hand (100,000 transactions); writes tests/chaos/results/long.json
 chaos-long:

@@ -87,9 +87,33 @@ CREATE TABLE _cdc_lookup_rows (
 );
 COMMENT ON TABLE _cdc_lookup_rows IS 'pg_cdc: the rows of each copy in _cdc_lookups: key and added columns, as text';
 
+-- The in-database sinks (sink type `table`): the table each writes its events to, and the
+-- checkpoint written in the same transaction as the events (exactly-once; see cdc-sinks table/).
+CREATE TABLE _cdc_table_sinks (
+    sink_id          uuid PRIMARY KEY REFERENCES _cdc_sinks ON DELETE CASCADE,
+    event_table      oid NOT NULL,
+    checkpoint       jsonb,
+    trimmed_upto     bigint NOT NULL DEFAULT 0
+);
+COMMENT ON TABLE _cdc_table_sinks IS 'pg_cdc: per in-database sink, its event table and delivery checkpoint';
+COMMENT ON COLUMN _cdc_table_sinks.event_table IS 'the table cdc_add_sink created for the events (renames are harmless)';
+COMMENT ON COLUMN _cdc_table_sinks.checkpoint IS 'end LSN of the last transaction whose events are in the table, written with them';
+COMMENT ON COLUMN _cdc_table_sinks.trimmed_upto IS 'events with event_id up to this were removed by retention';
+
+-- The consumers of in-database sinks (cdc_consume): how far each has consumed.
+CREATE TABLE _cdc_consumers (
+    sink_id          uuid NOT NULL REFERENCES _cdc_sinks ON DELETE CASCADE,
+    consumer         text NOT NULL CHECK (consumer <> ''),
+    position         bigint NOT NULL DEFAULT 0,
+    consumed_at      timestamptz,
+    PRIMARY KEY (sink_id, consumer)
+);
+COMMENT ON TABLE _cdc_consumers IS 'pg_cdc: per in-database sink and consumer name, the last event_id cdc_consume returned';
+
 -- Catalog rows hold sink configs that may carry credentials, and copies of lookup tables: nobody
 -- but the owner reads them.
-REVOKE ALL ON _cdc_publications, _cdc_sinks, _cdc_offsets, _cdc_lookups, _cdc_lookup_rows FROM PUBLIC;
+REVOKE ALL ON _cdc_publications, _cdc_sinks, _cdc_offsets, _cdc_lookups, _cdc_lookup_rows, _cdc_table_sinks,
+    _cdc_consumers FROM PUBLIC;
 
 -- The publication every sink's slot reads. It must exist before any slot is created, because
 -- pgoutput looks it up as of the WAL position being decoded. A leftover from an earlier install is

@@ -34,6 +34,15 @@ pub fn select_one<T: pgrx::FromDatum + pgrx::IntoDatum>(sql: &str, args: &[Datum
     }
 }
 
+/// Runs a writing statement that returns at most one value of any type (no row or NULL -> `None`).
+pub fn select_one_write<T: pgrx::FromDatum + pgrx::IntoDatum>(sql: &str, args: &[DatumWithOid<'_>]) -> Option<T> {
+    match Spi::connect_mut(|c| c.update(sql, Some(1), args)?.first().get_one::<T>()) {
+        Ok(v) => v,
+        Err(pgrx::spi::SpiError::InvalidPosition) => None,
+        Err(e) => pgrx::error!("pg_cdc catalog statement failed: {e}"),
+    }
+}
+
 /// Runs a read-only query that returns at most one jsonb value (see [`select_one`]).
 pub fn json(sql: &str, args: &[DatumWithOid<'_>]) -> Option<Value> {
     one_json(Spi::connect(|c| c.select(sql, Some(1), args)?.first().get_one::<JsonB>()))

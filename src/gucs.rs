@@ -37,7 +37,7 @@ pub static TOKENIZATION_KEY_FILE: GucSetting<Option<CString>> = GucSetting::<Opt
 /// `cdc.tokenization_key_version`.
 pub static TOKENIZATION_KEY_VERSION: GucSetting<i32> = GucSetting::<i32>::new(1);
 
-/// `cdc.test_failpoint`: test-only; `after_kafka_commit` makes the worker exit right after a Kafka
+/// `cdc.test_failpoint`: test-only; `after_sink_commit` makes the worker exit right after a Kafka
 /// commit and before it confirms the slot (the crash window exactly-once must survive).
 pub static TEST_FAILPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// `cdc.test_skip_dedup`: test-only; turns off skipping of already-committed transactions, so the
@@ -68,7 +68,7 @@ pub fn init() {
     GucRegistry::define_string_guc(
         c"cdc.test_failpoint",
         c"Test only: a point where the worker exits on purpose.",
-        c"after_kafka_commit: exit after a Kafka commit, before the slot is confirmed.",
+        c"after_sink_commit: exit after a Kafka commit, before the slot is confirmed.",
         &TEST_FAILPOINT,
         GucContext::Sighup,
         GucFlags::SUPERUSER_ONLY,

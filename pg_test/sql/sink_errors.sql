@@ -75,7 +75,7 @@ SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "schema_registry": "
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "exactly_once": "yes"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "exactly_once": false, "transactional_id": "tx-1"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "transactional_id": ""}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "partition_key": "id"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "partition_key": 7}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "include_transformations": "yes"}'); \echo SQLSTATE :SQLSTATE
 
 -- tables: wrong type, names that resolve to nothing.

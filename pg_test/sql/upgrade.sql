@@ -38,10 +38,10 @@ CREATE FUNCTION pg_temp.cdc_objects() RETURNS TABLE (object text, definition tex
 $$;
 
 -- Waits (up to 60 s) until the sink has published `n` events of upgrade_orders.
-CREATE FUNCTION pg_temp.wait_published(n bigint) RETURNS boolean LANGUAGE plpgsql AS $$
+CREATE FUNCTION pg_temp.wait_published(n bigint, sink text DEFAULT 'regress_upgrade') RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
     FOR i IN 1..600 LOOP
-        IF (SELECT coalesce(sum(events_published), 0) FROM _cdc_offsets WHERE sink_name = 'regress_upgrade') >= n THEN
+        IF (SELECT coalesce(sum(events_published), 0) FROM _cdc_offsets WHERE sink_name = sink) >= n THEN
             RETURN true;
         END IF;
         PERFORM pg_sleep(0.1);
@@ -70,6 +70,11 @@ CREATE TEMP TABLE before_update AS
     SELECT s.sink_id, s.slot_name, (SELECT sum(events_published) FROM _cdc_offsets o WHERE o.sink_name = s.sink_name) AS published
       FROM _cdc_sinks s;
 
+-- The new library runs on the old catalog until the update: what needs the new catalog says so.
+\set VERBOSITY terse
+SELECT cdc_add_sink('regress_upgrade_table', 'table', '{"table": "upgrade_events"}'); \echo SQLSTATE :SQLSTATE
+\set VERBOSITY default
+
 ALTER EXTENSION pg_cdc UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc';
 
@@ -93,6 +98,17 @@ ORDER BY 1, 2;
 \set VERBOSITY terse
 UPDATE _cdc_sinks SET state = 'paused'; \echo SQLSTATE :SQLSTATE
 \set VERBOSITY default
+
+-- What 0.3.0 added works on the updated catalog: an in-database sink, consumed with cdc_consume.
+DROP TABLE IF EXISTS upgrade_events;
+SELECT cdc_add_sink('regress_upgrade_table', 'table',
+                    '{"table": "upgrade_events", "tables": ["upgrade_orders"]}') IS NOT NULL AS added;
+INSERT INTO upgrade_orders SELECT g, 'to the table sink' FROM generate_series(11, 13) g;
+SELECT pg_temp.wait_published(3, 'regress_upgrade_table') AS delivered;
+SELECT event_index, operation, event_key, event -> 'after' AS after FROM cdc_consume('regress_upgrade_table');
+SELECT count(*) AS left_to_consume FROM cdc_consume('regress_upgrade_table');
+SELECT cdc_drop_sink('regress_upgrade_table');
+DROP TABLE upgrade_events;
 
 -- Clean up (the worker drops the slot after COMMIT).
 SELECT cdc_drop_sink('regress_upgrade');

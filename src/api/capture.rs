@@ -114,6 +114,7 @@ fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
     let schema = schema();
     let (info, shape) = table_shape(oid);
     let cfg = parse_capture_config(&config.0, &shape).or_raise();
+    super::sinks::refuse_event_table(&schema, oid, &shape.display_name);
     if cfg.tokenizes() {
         crate::keys::require_token_key(&format!("the capture config of {}", shape.display_name));
     }

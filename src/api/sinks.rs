@@ -1,7 +1,7 @@
 //! `cdc_add_sink` and `cdc_drop_sink`: where captured changes go.
-use cdc_core::config::parse_sink_config;
 use cdc_core::state::SinkState;
 use cdc_core::{CdcError, ErrorKind};
+use cdc_sinks::{parse_config, DeliveryMode, SinkConfig};
 use pgrx::prelude::*;
 use pgrx::{JsonB, Uuid};
 
@@ -68,7 +68,7 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
     if sink_name.is_empty() || sink_name.len() > 200 {
         raise(CdcError::new(ErrorKind::InvalidParameter, "sink_name must be 1 to 200 characters long"));
     }
-    let cfg = parse_sink_config(sink_type, &config.0).or_raise();
+    let cfg = parse_config(sink_type, &config.0).or_raise();
     let exists = crate::catalog::select_one::<bool>(
         &format!("SELECT EXISTS (SELECT 1 FROM {schema}._cdc_sinks WHERE sink_name = $1)"),
         &[sink_name.into()],
@@ -81,16 +81,39 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         );
     }
     // Resolve config.tables to OIDs now, so a typo fails here rather than in the worker.
-    let table_oids: Option<Vec<pg_sys::Oid>> = cfg
-        .tables
-        .as_ref()
-        .map(|names| names.iter().enumerate().map(|(i, n)| resolve_table(&format!("config.tables[{i}]"), n)).collect());
+    let table_oids: Option<Vec<pg_sys::Oid>> =
+        cfg.common().tables.as_ref().map(|names| {
+            names.iter().enumerate().map(|(i, n)| resolve_table(&format!("config.tables[{i}]"), n)).collect()
+        });
     // A table it carries that tokenizes needs the key, or the new sink would stop at once.
     let carried = super::capture::captured_configs(&schema, table_oids.as_deref());
     if let Some((table, _)) = carried.iter().find(|(_, c)| c.tokenizes()) {
         crate::keys::require_token_key(&format!("sink \"{sink_name}\" carries {table}, whose capture config"));
     }
-    if !cfg.exactly_once {
+    let exactly_once = cfg.delivery_mode() == DeliveryMode::ExactlyOnce;
+    if let Some(oids) = &table_oids {
+        for (oid, name) in oids.iter().zip(cfg.common().tables.iter().flatten()) {
+            refuse_event_table(&schema, *oid, name);
+        }
+    }
+    if let SinkConfig::Table(t) = &cfg {
+        if !has_table_sinks(&schema) {
+            raise(
+                CdcError::new(ErrorKind::PrerequisiteState, "table sinks need the catalog of pg_cdc 0.3.0")
+                    .hint("Run ALTER EXTENSION pg_cdc UPDATE first."),
+            );
+        }
+        if catalog::select_one::<bool>("SELECT to_regclass($1) IS NOT NULL", &[t.table.as_str().into()]) == Some(true) {
+            raise(
+                CdcError::new(
+                    ErrorKind::DuplicateTable,
+                    format!("config.table: relation \"{}\" already exists", t.table),
+                )
+                .hint("A table sink creates its own event table: name one that does not exist."),
+            );
+        }
+    }
+    if !exactly_once {
         let wanting: Vec<&str> =
             carried.iter().filter(|(_, c)| c.exactly_once_required).map(|(t, _)| t.as_str()).collect();
         if !wanting.is_empty() {
@@ -135,9 +158,17 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
             slot.as_str().into(),
             table_oids.clone().into(),
             (if slot_created { SinkState::Starting } else { SinkState::CreatingSlot }).label().into(),
-            (if cfg.exactly_once { "exactly_once" } else { "at_least_once" }).into(),
+            cfg.delivery_mode().as_str().into(),
         ],
     );
+    if let SinkConfig::Table(t) = &cfg {
+        // The event table, owned by the caller; the worker writes into it.
+        catalog::run(&cdc_sinks::table::create_sql(&t.table), &[]);
+        catalog::run(
+            &format!("INSERT INTO {schema}._cdc_table_sinks (sink_id, event_table) SELECT $1, to_regclass($2)::oid"),
+            &[id.into(), t.table.as_str().into()],
+        );
+    }
     if slot_created {
         // Copies of the lookup tables its captured tables enrich from, as of now (the slot starts
         // just before: changes committed in between are in both, and the copy's position says so).
@@ -156,8 +187,41 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
     id
 }
 
+/// Whether the catalog has the in-database sinks' table: not before `ALTER EXTENSION pg_cdc UPDATE`
+/// brought a 0.2.0 catalog to 0.3.0 (the library is new as soon as it is installed, the catalog only
+/// after the update; everything else works on the older catalog meanwhile).
+fn has_table_sinks(schema: &str) -> bool {
+    let name = format!("{schema}._cdc_table_sinks");
+    catalog::select_one::<bool>("SELECT to_regclass($1) IS NOT NULL", &[name.as_str().into()]).unwrap_or(false)
+}
+
+/// Refuses to capture the event table of a table sink (or to limit a sink to it): its own events
+/// would be captured again, without end.
+pub fn refuse_event_table(schema: &str, oid: pg_sys::Oid, display: &str) {
+    if !has_table_sinks(schema) {
+        return;
+    }
+    let sink = catalog::select_one::<String>(
+        &format!(
+            "SELECT s.sink_name FROM {schema}._cdc_table_sinks t JOIN {schema}._cdc_sinks s USING (sink_id) \
+              WHERE t.event_table = $1"
+        ),
+        &[oid.into()],
+    );
+    if let Some(sink) = sink {
+        raise(
+            CdcError::new(
+                ErrorKind::WrongObjectType,
+                format!("{display} is the event table of sink \"{sink}\" and cannot be captured"),
+            )
+            .hint("Its events would be captured again without end; read it with cdc_consume or SELECT."),
+        );
+    }
+}
+
 /// Drops a destination. The worker drops its replication slot after this commits (a slot drop
-/// cannot be rolled back, so it waits for the commit).
+/// cannot be rolled back, so it waits for the commit). The event table of a table sink is kept
+/// (a NOTICE names it): drop it yourself once its events are no longer needed.
 ///
 /// ```sql
 /// SELECT cdc_drop_sink('kafka_orders');
@@ -166,6 +230,15 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
 fn cdc_drop_sink(sink_name: Option<&str>) {
     let sink_name = required(sink_name, "sink_name");
     let schema = schema();
+    let event_table = has_table_sinks(&schema).then(|| {
+        catalog::select_one::<String>(
+            &format!(
+            "SELECT c.oid::regclass::text FROM {schema}._cdc_sinks s JOIN {schema}._cdc_table_sinks t USING (sink_id) \
+               JOIN pg_class c ON c.oid = t.event_table WHERE s.sink_name = $1"
+        ),
+            &[sink_name.into()],
+        )
+    });
     let deleted = catalog::json_write(
         &format!("WITH d AS (DELETE FROM {schema}._cdc_sinks WHERE sink_name = $1 RETURNING 1) SELECT to_jsonb(count(*)) FROM d"),
         &[sink_name.into()],
@@ -174,6 +247,11 @@ fn cdc_drop_sink(sink_name: Option<&str>) {
         raise(
             CdcError::new(ErrorKind::UndefinedObject, format!("sink \"{sink_name}\" does not exist"))
                 .hint("SELECT sink_name FROM _cdc_sinks lists the sinks."),
+        );
+    }
+    if let Some(table) = event_table.flatten() {
+        pgrx::notice!(
+            "the events of sink \"{sink_name}\" stay in table {table}: DROP TABLE it when they are no longer needed"
         );
     }
 }

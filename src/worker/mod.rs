@@ -23,6 +23,7 @@
 mod batch;
 pub(crate) mod source;
 mod state;
+mod table_sink;
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;

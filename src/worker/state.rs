@@ -4,9 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cdc_core::config::{
-    checkpoint_interval, parse_sink_config, parse_stored_capture_config, CaptureConfig, KafkaSinkConfig,
-};
+use cdc_core::config::{checkpoint_interval, parse_stored_capture_config, CaptureConfig};
 use cdc_core::failpoint::{Armed, Failpoint};
 use cdc_core::pipeline::{Assembler, SinkTables};
 use cdc_core::redact::TokenKey;
@@ -14,12 +12,15 @@ use cdc_core::state::SinkState;
 use cdc_core::stats::DeliveryCounters;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
+use cdc_sinks::kafka::config::KafkaSinkConfig;
 use cdc_sinks::kafka::{with_signals_blocked, KafkaSink, Transactional};
-use cdc_sinks::{Checkpoint, DeliveryMode, ErrorClass, Sink, SinkError};
+use cdc_sinks::table::TableSink;
+use cdc_sinks::{parse_config, Checkpoint, DeliveryMode, ErrorClass, Sink, SinkConfig, SinkError};
 use pgrx::pg_sys;
 
 use super::batch::{self, Batch, Failure, Inputs, SlotRead, Unit};
 use super::source::{self, Catalog, Peek, SinkRow};
+use super::table_sink::SpiStore;
 use super::{retry_at, run_tx, stop_requested, OrphanSightings};
 use crate::catalog::PUBLICATION_NAMES;
 use crate::{gucs, keys, lookups};
@@ -32,9 +33,9 @@ const RESTART_POINT_BYTES: u64 = 2 << 20;
 /// Runtime state of one sink.
 pub struct SinkRun {
     pub(super) row: SinkRow,
-    config: Result<KafkaSinkConfig, String>,
+    config: Result<SinkConfig, String>,
     pub(super) assembler: Assembler,
-    pub(super) producer: Option<KafkaSink>,
+    pub(super) producer: Option<Producer>,
     failures: u32,
     retry_at: Option<Instant>,
     /// (state, last_error) as last written to the catalog (`None`: a label this version does not
@@ -42,13 +43,50 @@ pub struct SinkRun {
     written: (Option<SinkState>, Option<String>),
     last_heartbeat: Option<Instant>,
     heartbeat_end: Option<Lsn>,
-    /// Last checkpoint committed to Kafka (exactly-once), read at open and kept current.
+    /// Last checkpoint the sink committed (exactly-once), read at open and kept current.
     checkpoint: Option<Checkpoint>,
     /// The producer being opened, when it is.
     opening: Option<Opening>,
     /// Its events are held back for a compliance reason (mirrors the shared counter, so a
     /// delivering sink does not take the counters' lock each pass to clear it).
     compliance_hold: bool,
+}
+
+/// A sink's open destination, by type: besides building it, the one place the worker names sink
+/// types; everything else goes through the `Sink` port.
+pub(super) enum Producer {
+    /// A Kafka producer (opened on its own thread, see [`start_open`]).
+    Kafka(KafkaSink),
+    /// An in-database sink (opened in the read's transaction).
+    Table(TableSink<SpiStore>),
+}
+
+impl Producer {
+    fn sink(&mut self) -> &mut dyn Sink {
+        match self {
+            Producer::Kafka(k) => k,
+            Producer::Table(t) => t,
+        }
+    }
+
+    fn in_source_database(&self) -> bool {
+        match self {
+            Producer::Kafka(k) => k.in_source_database(),
+            Producer::Table(t) => t.in_source_database(),
+        }
+    }
+}
+
+/// Opens an in-database sink: finds its event table and reads its checkpoint. Runs SPI.
+fn open_table(
+    schema: &str,
+    row: &SinkRow,
+    config: &SinkConfig,
+) -> Result<Option<(Producer, Option<Checkpoint>)>, SinkError> {
+    let SinkConfig::Table(cfg) = config else { return Ok(None) };
+    let mut sink = TableSink::new(SpiStore::open(schema, &row.id, cfg)?);
+    let checkpoint = sink.open()?;
+    Ok(Some((Producer::Table(sink), checkpoint)))
 }
 
 /// A producer being opened on its own thread, and what it gives.
@@ -89,10 +127,10 @@ fn finish_open(run: &mut SinkRun, opening: Opening, slot: &SlotView) -> Result<(
         Err(SinkError { class: ErrorClass::Retry, message: "opening the Kafka producer failed unexpectedly".into() })
     });
     let (mut producer, checkpoint) = opened.map_err(Failure::sink)?;
-    protocol::check_checkpoint(slot, checkpoint)?;
+    protocol::check_checkpoint(slot, checkpoint, false)?;
     producer.set_interrupt(stop_requested);
     run.checkpoint = checkpoint;
-    run.producer = Some(producer);
+    run.producer = Some(Producer::Kafka(producer));
     Ok(())
 }
 
@@ -357,10 +395,11 @@ impl Worker {
             let changed =
                 self.sinks.get(&row.id).is_none_or(|r| r.row.config != row.config || r.row.tables != row.tables);
             if changed {
-                let config = parse_sink_config(&row.sink_type, &row.config).map_err(|e| e.to_string());
+                let config = parse_config(&row.sink_type, &row.config).map_err(|e| e.to_string());
                 let mut assembler = Assembler::new(&cat.database);
                 if let Ok(c) = &config {
-                    assembler.set_transformations(c.include_transformations);
+                    assembler.set_transformations(c.common().include_transformations);
+                    assembler.set_partition_key(c.common().partition_key.clone());
                 }
                 assembler.set_token_key(self.token_key.clone());
                 assembler.set_context_key(self.context_key.clone());
@@ -560,8 +599,8 @@ impl Worker {
             return false;
         }
         let confirmed = slot.confirmed;
-        if run.producer.is_some() {
-            if let Err(f) = protocol::check_checkpoint(&slot, run.checkpoint) {
+        if let Some(producer) = &run.producer {
+            if let Err(f) = protocol::check_checkpoint(&slot, run.checkpoint, producer.in_source_database()) {
                 self.fail_with(id, f);
                 return false;
             }
@@ -593,16 +632,35 @@ impl Worker {
         let Some(mut run) = self.sinks.remove(id) else {
             return false;
         };
-        let read = run_tx(|| -> Result<Batch, Failure> {
+        // A failure of an in-database sink rolls the read's transaction back (its events were
+        // written in it); the failure itself comes back here.
+        let mut rolled_back: Option<Failure> = None;
+        let read = run_tx(|| -> Result<(Batch, Option<protocol::FlushPlan>), Failure> {
+            if run.producer.is_none() {
+                match open_table(&schema, &row, &config) {
+                    Ok(Some((producer, checkpoint))) => {
+                        run.checkpoint = checkpoint;
+                        run.producer = Some(producer);
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(Failure::sink(e)),
+                }
+            }
+            if let Some(Producer::Table(t)) = run.producer.as_mut() {
+                t.store_mut().trim_if_due();
+            }
             let mut peek = Peek::open(&row.slot, batch_changes);
             let first = peek.fetch(batch::FETCH_ROWS as i64, &mut types);
             if first.is_empty() {
-                return Ok(Batch::default());
+                return Ok((Batch::default(), None));
             }
             if run.producer.is_none() {
+                let SinkConfig::Kafka(kafka) = &config else {
+                    return Err(Failure::new(SinkState::Retrying, "the sink is not open"));
+                };
                 // Only a sink with something to send opens a producer; the next steps wait for it.
-                run.opening = Some(start_open(&run, &config, cat));
-                return Ok(Batch { opening: true, ..Batch::default() });
+                run.opening = Some(start_open(&run, kafka, cat));
+                return Ok((Batch { opening: true, ..Batch::default() }, None));
             }
             let opened = || crate::stats::update(&row.id, |c| c.open_transactions = 1);
             let inputs = Inputs {
@@ -610,21 +668,47 @@ impl Worker {
                 checkpoint: run.checkpoint,
                 dedup,
                 large_frames: (batch_changes.max(1) as usize).min(batch::BUFFER_FRAMES),
-                checkpoint_interval: checkpoint_interval(config.checkpoint_interval_ms, tables.values().map(|c| &**c))
-                    .map(|ms| std::time::Duration::from_millis(u64::from(ms))),
+                checkpoint_interval: checkpoint_interval(
+                    config.common().checkpoint_interval_ms,
+                    tables.values().map(|c| &**c),
+                )
+                .map(|ms| std::time::Duration::from_millis(u64::from(ms))),
                 on_open: Some(&opened),
             };
             let mut source = SlotRead { peek, schema: &schema, sink_name: &row.name };
-            let SinkRun { assembler, producer, .. } = &mut run;
-            let Some(sink) = producer.as_mut() else {
+            let SinkRun { assembler, producer, checkpoint, .. } = &mut run;
+            let Some(producer) = producer.as_mut() else {
                 return Err(Failure::new(SinkState::Retrying, "the sink is not open"));
             };
-            let mut unit = Unit { assembler, sink, source: &mut source, types: &mut types };
-            cdc_core::deliver::read::read(&mut unit, &inputs, first)
+            let in_source = producer.in_source_database();
+            let sink = producer.sink();
+            let read = {
+                let mut unit = Unit { assembler, sink: &mut *sink, source: &mut source, types: &mut types };
+                cdc_core::deliver::read::read(&mut unit, &inputs, first)
+            };
+            if !in_source {
+                return read.map(|b| (b, None));
+            }
+            // An in-database sink flushes (writes its checkpoint) in this transaction too, so its
+            // events and checkpoint commit together; any failure rolls both back.
+            let flushed = read.and_then(|b| {
+                let plan = protocol::plan_flush(sink.delivery_mode(), &b, confirmed, *checkpoint, dedup);
+                if let Some(cp) = plan.flush {
+                    sink.flush(cp).map_err(Failure::sink)?;
+                }
+                Ok((b, Some(plan)))
+            });
+            if let Err(f) = flushed {
+                sink.abort();
+                let message = f.message.clone();
+                rolled_back = Some(f);
+                pgrx::error!("pg_cdc: delivery rolled back: {message}");
+            }
+            flushed
         });
         self.sinks.insert(id.to_string(), run);
-        let batch = match read {
-            Ok(Ok(b)) if b.opening => {
+        let (batch, preflushed) = match read {
+            Ok(Ok((b, _))) if b.opening => {
                 self.types = types;
                 return false;
             }
@@ -638,10 +722,21 @@ impl Worker {
                 self.fail_with(id, f);
                 return false;
             }
-            Err(e) => {
+            Err(_) if rolled_back.is_some() => {
                 self.types = TypeRegistry::new();
                 self.abort(id);
-                self.fail(id, SinkState::Error, format!("cannot read replication slot {}: {e}", row.slot));
+                if let Some(f) = rolled_back {
+                    self.fail_with(id, f);
+                }
+                return false;
+            }
+            Err(e) => {
+                self.types = TypeRegistry::new();
+                let writes =
+                    self.sinks.get_mut(id).and_then(|r| r.producer.as_ref()).is_some_and(|p| p.in_source_database());
+                self.abort(id);
+                let what = if writes { " or write its events" } else { "" };
+                self.fail(id, SinkState::Error, format!("cannot read replication slot {}{what}: {e}", row.slot));
                 return false;
             }
         };
@@ -653,15 +748,20 @@ impl Worker {
         let mut counted = batch.counted;
         let mut target = batch.target.filter(|l| *l > confirmed && batch.rows > 0);
         if let Some(producer) = run.producer.as_mut() {
-            let mode = producer.delivery_mode();
+            let sink = producer.sink();
+            let mode = sink.delivery_mode();
             let exactly_once = mode == DeliveryMode::ExactlyOnce;
-            let plan = protocol::plan_flush(mode, &batch, confirmed, run.checkpoint, dedup);
+            let plan =
+                preflushed.unwrap_or_else(|| protocol::plan_flush(mode, &batch, confirmed, run.checkpoint, dedup));
             target = plan.confirm;
             if let Some(checkpoint) = plan.flush {
-                if let Err(e) = producer.flush(checkpoint) {
-                    self.abort(id);
-                    self.fail_with(id, Failure::sink(e));
-                    return false;
+                // An in-database sink flushed in the read's transaction already.
+                if preflushed.is_none() {
+                    if let Err(e) = sink.flush(checkpoint) {
+                        self.abort(id);
+                        self.fail_with(id, Failure::sink(e));
+                        return false;
+                    }
                 }
                 let acked = batch::unix_micros_now();
                 if exactly_once {
@@ -672,9 +772,9 @@ impl Worker {
                 crate::stats::update(&row.id, |c| add(c, &counted));
                 crate::stats::add_tables(&row.id, &batch.tables);
                 record_latencies(&row.id, &batch.sent_log, acked);
-                if self.failpoint.1.fires(Failpoint::AfterKafkaCommit, &row.name) {
+                if self.failpoint.1.fires(Failpoint::AfterSinkCommit, &row.name) {
                     pgrx::log!(
-                        "pg_cdc worker: failpoint after_kafka_commit of sink \"{}\": exiting before the slot is confirmed",
+                        "pg_cdc worker: failpoint after_sink_commit of sink \"{}\": exiting before the slot is confirmed",
                         row.name
                     );
                     // SAFETY: ends this process on purpose (test failpoint); the postmaster restarts it.
@@ -686,7 +786,7 @@ impl Worker {
             }
             if counted.duplicate_events_filtered > 0 {
                 pgrx::log!(
-                    "pg_cdc sink \"{}\": skipped {} events already committed to Kafka (checkpoint {})",
+                    "pg_cdc sink \"{}\": skipped {} events its destination holds already (checkpoint {})",
                     row.name,
                     counted.duplicate_events_filtered,
                     run.checkpoint.map(|c| c.end_lsn).unwrap_or_default()
@@ -696,7 +796,7 @@ impl Worker {
         if let Some(lsn) = target {
             crate::stats::update(&row.id, |c| c.read_lsn = c.read_lsn.max(lsn.0));
         }
-        let exactly_once = config.exactly_once;
+        let exactly_once = config.delivery_mode() == DeliveryMode::ExactlyOnce;
         if batch.rows == 0 {
             self.maybe_heartbeat(id, confirmed, cat);
         }
@@ -744,7 +844,7 @@ impl Worker {
     fn abort(&mut self, id: &str) {
         let Some(run) = self.sinks.get_mut(id) else { return };
         let Some(producer) = run.producer.as_mut() else { return };
-        let exactly_once = producer.delivery_mode() == DeliveryMode::ExactlyOnce;
+        let exactly_once = producer.sink().delivery_mode() == DeliveryMode::ExactlyOnce;
         if stop_requested() {
             // Shutting down: aborting can block up to the transaction timeout (measured: 30 s after
             // a SIGTERM that interrupted the first delivery to a new topic, so pg_terminate_backend
@@ -752,7 +852,7 @@ impl Worker {
             // and aborts its open transaction, which is what exactly-once relies on after a kill.
             run.producer = None;
         } else {
-            producer.abort();
+            producer.sink().abort();
         }
         crate::stats::update(id, |c| {
             if exactly_once && c.open_transactions > 0 {

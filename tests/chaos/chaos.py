@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Seeded fault-injection run for exactly-once delivery into Kafka (`make chaos`).
+"""Seeded fault-injection run for exactly-once delivery into Kafka, or into the in-database sink
+with --sink table (`make chaos`).
 
 Writers commit multi-row, multi-table transactions whose rows carry per-writer gap-free sequences
 (including ROLLBACK and ROLLBACK TO SAVEPOINT), while faults hit the pipeline: pg_terminate_backend of
@@ -8,7 +9,11 @@ immediate` + start, broker SIGKILL + restart, a broker outage longer than the tr
 failpoint between the Kafka commit and the slot advance, and a zombie producer with the pipeline's
 transactional.id.
 
-The oracle is an independent read_committed consumer: it folds the topic by (table, key) in
+With --sink table the events go to an event table instead, and the faults are the ones that apply
+(worker terminate and SIGKILL, immediate stop, the failpoint after the sink's commit).
+
+The oracle is an independent read_committed consumer (or a SELECT on the event table): it folds the
+events by (table, key) in
 (commit_lsn, lsn) order -- the apply_cdc rule: newer versions win, deletes leave tombstones -- and
 compares with SELECT on the source tables; it also checks zero duplicates, zero per-writer gaps, every
 transaction whole (event_count events per commit_lsn), and nothing from aborted work.
@@ -17,6 +22,7 @@ transaction whole (event_count events per commit_lsn), and nothing from aborted 
     tests/chaos/chaos.py --seed 7 --transactions 100000 --min-faults 20 --fault-count broker_outage=3 \
         --rate 80 --out tests/chaos/results/long.json                          # long run (make chaos-long)
     tests/chaos/chaos.py --control-no-dedup    # must FAIL: proves the oracle sees duplicates
+    tests/chaos/chaos.py --sink table --seed 3 --transactions 1000 --min-faults 2   # the in-database sink
 """
 import argparse
 import collections
@@ -147,6 +153,8 @@ def wait_worker(timeout=60):
 
 class Faults:
     KINDS = ("terminate", "sigkill", "pg_immediate", "broker_restart", "broker_outage", "failpoint", "zombie")
+    # The faults of a sink that has no broker.
+    TABLE_KINDS = ("terminate", "sigkill", "pg_immediate", "failpoint")
 
     def __init__(self, rng, txn_id, topic, sink, no_dedup):
         self.rng, self.txn_id, self.topic, self.sink, self.no_dedup = rng, txn_id, topic, sink, no_dedup
@@ -180,7 +188,7 @@ class Faults:
             # our own (writer 0, gap-free like the others, checked by the oracle the same way).
             with connect() as c:
                 old = wait_worker()
-                c.execute(f"ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit:{self.sink}'")
+                c.execute(f"ALTER SYSTEM SET cdc.test_failpoint = 'after_sink_commit:{self.sink}'")
                 c.execute("SELECT pg_reload_conf()")
                 deadline, nudge_at = time.time() + 180, time.time() + 30
                 while time.time() < deadline and worker_pid(c) in (None, old):
@@ -231,6 +239,18 @@ def read_topic(topic, idle=8.0, limit=600.0):
     return out
 
 
+def read_table(table):
+    """The events of an in-database sink, in event_id order, as (key, value) bytes."""
+    with connect() as c:
+        rows = c.execute(f"SELECT event_key::text, event::text FROM {table} ORDER BY event_id").fetchall()
+    return [(k.encode() if k is not None else None, v.encode()) for k, v in rows]
+
+
+def norm_key(key):
+    """A message key as canonical JSON (a Kafka key keeps the encoder's field order, jsonb its own)."""
+    return json.dumps(json.loads(key), sort_keys=True, separators=(",", ":")).encode() if key else key
+
+
 def oracle(records, conn):
     seen, dups, foreign = set(), 0, 0
     per_txn = collections.defaultdict(list)
@@ -242,6 +262,7 @@ def oracle(records, conn):
         if md is None:
             foreign += 1  # e.g. a zombie record: must never be visible
             continue
+        key = norm_key(key)
         ident = (md["commit_lsn"], md["lsn"], md["table"], key)
         if ident in seen:
             dups += 1
@@ -264,8 +285,8 @@ def oracle(records, conn):
     aborted_visible = 0
     for t in TABLES:
         rows = conn.execute(f"SELECT to_jsonb(x) FROM {t} x").fetchall()
-        src = {json.dumps({k: r[0][k] for k in (["writer", "seq"] if t == "chaos_txn" else ["id"])},
-                          separators=(",", ":")).encode(): r[0] for r in rows}
+        src = {norm_key(json.dumps({k: r[0][k] for k in (["writer", "seq"] if t == "chaos_txn" else ["id"])})): r[0]
+               for r in rows}
         got = folded[t]
         for k, row in src.items():
             if got.get(k) != row:
@@ -294,11 +315,12 @@ def main():
     p.add_argument("--rate", type=float, default=0, help="transactions per second, all writers together "
                    "(0: unthrottled); keeps writes flowing while the faults happen")
     p.add_argument("--control-no-dedup", action="store_true", help="turn dedup off: the run must fail")
+    p.add_argument("--sink", choices=("kafka", "table"), default="kafka", help="the sink type under test")
     p.add_argument("--out", help="write the figures to this JSON file")
     a = p.parse_args()
     rng = random.Random(a.seed)
     tag = f"{a.seed}-{int(time.time())}"
-    topic, txn_id, sink = f"chaos-{tag}", f"chaos-{tag}", f"chaos_{a.seed}"
+    topic, txn_id, sink = f"chaos-{tag}", f"chaos-{tag}", f"chaos_{a.sink}_{a.seed}"
     conn = connect()
     conn.execute("CREATE EXTENSION IF NOT EXISTS pg_cdc")
     conn.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (sink,))
@@ -330,19 +352,25 @@ def main():
 
 def fault_counts(a):
     """How many of each fault kind the run must inject: --min-faults, except where --fault-count says."""
-    wanted = {k: a.min_faults for k in Faults.KINDS}
+    wanted = {k: a.min_faults for k in (Faults.TABLE_KINDS if a.sink == "table" else Faults.KINDS)}
     for spec in a.fault_count:
         kind, _, n = spec.partition("=")
         if kind not in wanted or not n.isdigit():
-            sys.exit(f"--fault-count {spec}: expected KIND=N with KIND one of {', '.join(Faults.KINDS)}")
+            sys.exit(f"--fault-count {spec}: expected KIND=N with KIND one of {', '.join(wanted)}")
         wanted[kind] = int(n)
     return wanted
 
 
 def run(a, rng, conn, topic, txn_id, sink, log_since):
     """Adds the sink, runs the writers and the fault schedule, then checks with the oracle."""
-    conn.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)",
-                 (sink, json.dumps({"topic": topic, "transactional_id": txn_id, "tables": list(TABLES)})))
+    event_table = f"chaos_events_{a.seed}"
+    if a.sink == "table":
+        conn.execute(f"DROP TABLE IF EXISTS {event_table}")
+        conn.execute("SELECT cdc_add_sink(%s, 'table', %s::jsonb)",
+                     (sink, json.dumps({"table": event_table, "tables": list(TABLES)})))
+    else:
+        conn.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)",
+                     (sink, json.dumps({"topic": topic, "transactional_id": txn_id, "tables": list(TABLES)})))
     conn.close()
 
     stop = threading.Event()
@@ -351,7 +379,7 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
     writers = [Writer(i + 1, random.Random(a.seed * 1000 + i), per_writer, stop, interval) for i in range(a.writers)]
     faults = Faults(rng, txn_id, topic, sink, a.control_no_dedup)
     wanted = fault_counts(a)
-    schedule = [k for k in Faults.KINDS for _ in range(wanted[k])]
+    schedule = [k for k in wanted for _ in range(wanted[k])]
     rng.shuffle(schedule)
     if a.control_no_dedup:
         schedule = ["failpoint"] * max(2, a.min_faults)
@@ -387,11 +415,12 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
             time.sleep(1)
         else:
             errors.append("the sink did not catch up within 300 s")
-        records = read_topic(topic)
+        records = read_table(event_table) if a.sink == "table" else read_topic(topic)
         result = oracle(records, c)
         state = c.execute("SELECT state, last_error FROM _cdc_sinks WHERE sink_name = %s", (sink,)).fetchone()
         slot = c.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (sink,)).fetchone()[0]
         c.execute("SELECT cdc_drop_sink(%s)", (sink,))
+        c.execute(f"DROP TABLE IF EXISTS {event_table}")
     # The run's topics go: the broker every run shares stays small, and its restarts quick.
     admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
     for f in admin.delete_topics([topic, "pg_cdc.progress." + slot.removeprefix("_cdc_")], operation_timeout=10).values():
@@ -400,7 +429,7 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
         except Exception:  # noqa: BLE001 - best effort
             pass
     result.update({
-        "seed": a.seed, "transactions": sum(w.seq for w in writers), "aborted_transactions": sum(w.aborted for w in writers),
+        "sink": a.sink, "seed": a.seed, "transactions": sum(w.seq for w in writers), "aborted_transactions": sum(w.aborted for w in writers),
         "commits_resolved_by_reading_back": sum(w.unknown_resolved for w in writers),
         "faults": dict(faults.count), "failpoint_nudges": faults.nudges,
         "seconds": round(time.time() - started), "dedup": not a.control_no_dedup,

@@ -211,11 +211,11 @@ def server_settings(settings):
 
 
 def crash_at_failpoint(pg, sink, write):
-    """Arms the after_kafka_commit failpoint of `sink` (and of no other sink), runs `write`, waits
+    """Arms the after_sink_commit failpoint of `sink` (and of no other sink), runs `write`, waits
     until the worker exits at it (after the sink's Kafka commit, before its slot moves), and disarms
     it. The postmaster restarts the worker."""
     old = wait_for(lambda: worker_pid(pg), what="worker running")
-    with server_settings({"cdc.test_failpoint": f"after_kafka_commit:{sink}"}):
+    with server_settings({"cdc.test_failpoint": f"after_sink_commit:{sink}"}):
         time.sleep(1.0)  # the worker re-reads its settings at its next tick
         write()
         wait_for(lambda: worker_pid(pg) not in (None, old), timeout=30, what="worker exited at the failpoint")

@@ -46,7 +46,7 @@ def test_checkpoint_interval_bounds_how_long_a_kafka_transaction_stays_open(pg, 
 
 
 def test_a_failpoint_fires_only_for_the_sink_it_names(pg, sinks, unique):
-    """cdc.test_failpoint = 'after_kafka_commit:<sink>' fires in that sink's step only. Every slot
+    """cdc.test_failpoint = 'after_sink_commit:<sink>' fires in that sink's step only. Every slot
     reads every captured table's WAL, so one insert makes both sinks commit (the other one first:
     it was added first); the worker must exit at the named sink's commit, never at the other's
     (before this, a demo sink left running took the crash meant for a test's sink)."""
@@ -61,13 +61,13 @@ def test_a_failpoint_fires_only_for_the_sink_it_names(pg, sinks, unique):
     consume(f"fpa-{unique}", 1)
     consume(f"fpb-{unique}", 1)
     pid = wait_for(lambda: worker_pid(pg), what="worker running")
-    with server_settings({"cdc.test_failpoint": f"after_kafka_commit:{named}"}):
+    with server_settings({"cdc.test_failpoint": f"after_sink_commit:{named}"}):
         time.sleep(1.0)  # the worker re-reads its settings at its next pass
         pg.execute(f"INSERT INTO {tb} VALUES (1)")
         wait_for(lambda: worker_pid(pg) not in (None, pid), timeout=30, what="worker exited at the failpoint")
     log = server_log()
-    assert f'failpoint after_kafka_commit of sink "{named}"' in log
-    assert f'failpoint after_kafka_commit of sink "{other}"' not in log
+    assert f'failpoint after_sink_commit of sink "{named}"' in log
+    assert f'failpoint after_sink_commit of sink "{other}"' not in log
     # The other sink was never interrupted between its Kafka commit and its slot confirm.
     assert delivery_status(pg, other)["deduplication"]["duplicate_events_detected"] == 0
     assert sorted(m["value"]["after"]["id"] for m in consume(f"fpb-{unique}", 2)) == [0, 1]

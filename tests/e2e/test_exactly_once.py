@@ -70,7 +70,7 @@ def test_crash_between_kafka_commit_and_slot_advance_is_deduplicated(pg, sinks, 
     pg.execute(f"INSERT INTO {t} VALUES (11, 'after')")
     msgs = consume(topic, 12, timeout=60)
     assert_exactly_once(msgs, range(12))
-    assert f'failpoint after_kafka_commit of sink "{name}"' in server_log()
+    assert f'failpoint after_sink_commit of sink "{name}"' in server_log()
     wait_for(lambda: f'pg_cdc sink "{name}": skipped' in server_log(), what="dedup logged")
     # The counters saw it too: ten re-read events detected and filtered, none delivered twice.
     status = wait_for(lambda: (s := delivery_status(pg, name))["deduplication"]["duplicate_events_filtered"] >= 10 and s,
@@ -143,7 +143,7 @@ def test_regression_checkpoint_never_moves_backwards(pg, sinks, unique):
         for i in range(1, 51):
             pg.execute(f"INSERT INTO {t} VALUES (%s, 'b')", (i,))
         consume(topic, 51)
-        pg.execute(f"ALTER SYSTEM SET cdc.test_failpoint = 'after_kafka_commit:{name}'")
+        pg.execute(f"ALTER SYSTEM SET cdc.test_failpoint = 'after_sink_commit:{name}'")
         pg.execute("SELECT pg_reload_conf()")
         subprocess.run(["scripts/pg.sh", "crash"], check=True)  # slot back to just after row 0
         conn = connect()

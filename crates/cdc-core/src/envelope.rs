@@ -64,6 +64,9 @@ pub struct RelationPlan {
     pub partition: Option<usize>,
     /// The `partition_key` when it names an enriched column: (enrich index, column index).
     pub partition_enriched: Option<(usize, usize)>,
+    /// The name of the column that keys events (the capture config's `partition_key`, or the
+    /// sink's; see [`RelationPlan::override_partition_key`]).
+    pub partition_key: Option<String>,
     /// The `enrich` transformations (empty when the sink leaves transformations out).
     pub enrich: Vec<EnrichPlan>,
     /// Per column, in relation order: how its values are hidden (compliance and mask).
@@ -118,6 +121,7 @@ impl RelationPlan {
         let included = (0..relation.columns.len()).filter(|&i| config.includes(&relation.columns[i].name)).collect();
         let key = config.key_columns.iter().filter_map(|k| index(k)).collect();
         let partition = config.partition_key.as_deref().and_then(index);
+        let partition_key = config.partition_key.clone();
         let redact: Vec<Option<Method>> = relation.columns.iter().map(|c| config.redaction(&c.name)).collect();
         let compliance = config.compliance.as_ref().map(|_| {
             let mut out = Vec::new();
@@ -164,6 +168,7 @@ impl RelationPlan {
             key,
             partition,
             partition_enriched: None,
+            partition_key,
             enrich: Vec::new(),
             redact,
             compliance,
@@ -180,6 +185,23 @@ impl RelationPlan {
     pub fn matched_branch(&self, row: &[TupleValue<'_>]) -> Option<Arc<str>> {
         let text = self.filter.as_ref()?.matched_branch(row)?;
         self.branches.iter().find(|b| &***b == text).cloned().or_else(|| Some(Arc::from(text)))
+    }
+
+    /// Keys this relation's events by `column` (a sink-level `partition_key`) when the table has
+    /// it in its events: a column of the images, or an enriched column (resolved by
+    /// [`RelationPlan::bind_lookups`]). Otherwise the table keeps its own key: a column left out of
+    /// the events must not show in their keys, and one hidden with `remove` or `redact` would give
+    /// every row the same key.
+    pub fn override_partition_key(&mut self, column: &str) {
+        if let Some(i) = self.relation.columns.iter().position(|c| c.name == column) {
+            if self.included.contains(&i) && !matches!(self.redact[i], Some(Method::Remove | Method::Redact)) {
+                self.partition = Some(i);
+                self.partition_key = Some(column.to_string());
+            }
+        } else if self.config.enrich.iter().any(|e| e.add_columns.iter().any(|c| c == column)) {
+            self.partition = None;
+            self.partition_key = Some(column.to_string());
+        }
     }
 
     /// Whether encoding this relation needs the tokenization key.
@@ -228,7 +250,7 @@ impl RelationPlan {
             let source = self.relation.columns.iter().position(|c| c.name == e.source_column);
             plans.push(EnrichPlan { id, source, keys, types: b.add_types.clone() });
         }
-        self.partition_enriched = match (&self.config.partition_key, self.partition) {
+        self.partition_enriched = match (&self.partition_key, self.partition) {
             (Some(p), None) => self
                 .config
                 .enrich
@@ -276,6 +298,11 @@ pub struct Event {
     pub op: Op,
     /// LSN of the change.
     pub lsn: Lsn,
+    /// Commit LSN of its transaction.
+    pub commit_lsn: Lsn,
+    /// Its 1-based position among the sink's events of the transaction: with `commit_lsn`, the
+    /// event's identity (an UPDATE that moves a row to another key gives two events at one LSN).
+    pub index: u32,
     /// Message key (JSON), `None` when the table has no key or for TRUNCATE.
     pub key: Option<Vec<u8>>,
     /// Message value (JSON).
@@ -592,6 +619,8 @@ impl Encoder {
             table: plan.table.clone(),
             op: ch.op,
             lsn: ch.lsn,
+            commit_lsn: txn.commit_lsn,
+            index: index as u32,
             key,
             payload: out,
         }
@@ -652,6 +681,8 @@ impl Encoder {
             table: plan.table.clone(),
             op: Op::Truncate,
             lsn,
+            commit_lsn: txn.commit_lsn,
+            index: index as u32,
             key: None,
             payload: out,
         }

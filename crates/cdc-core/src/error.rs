@@ -21,6 +21,8 @@ pub enum ErrorKind {
     UndefinedObject,
     /// 42710 duplicate_object (a sink name already taken).
     DuplicateObject,
+    /// 42P07 duplicate_table (a table sink's event table exists already).
+    DuplicateTable,
     /// 55000 object_not_in_prerequisite_state (server settings, table shape).
     PrerequisiteState,
     /// 42809 wrong_object_type (a view, a foreign table, ...).
@@ -76,6 +78,7 @@ impl ErrorKind {
             ErrorKind::UndefinedTable => "42P01",
             ErrorKind::UndefinedObject => "42704",
             ErrorKind::DuplicateObject => "42710",
+            ErrorKind::DuplicateTable => "42P07",
             ErrorKind::PrerequisiteState => "55000",
             ErrorKind::WrongObjectType => "42809",
             ErrorKind::SyntaxError => "42601",

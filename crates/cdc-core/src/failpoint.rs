@@ -1,26 +1,27 @@
 //! Failpoints: named moments where the worker exits on purpose, for the fault-injection tests.
 //!
 //! The setting `cdc.test_failpoint` arms one, always for one sink: `<failpoint>:<sink name>`
-//! (`after_kafka_commit:orders_kafka`). A failpoint without a sink is refused, so a test can never
+//! (`after_sink_commit:orders_kafka`). A failpoint without a sink is refused, so a test can never
 //! crash a pipeline it did not create (a demo sink left running, another test's sink).
 use std::fmt;
 
 /// A moment the worker can be made to exit at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failpoint {
-    /// Right after the sink's delivery was committed (the Kafka transaction with its checkpoint),
+    /// Right after the sink's delivery was committed (a Kafka transaction with its checkpoint, an
+    /// in-database sink's transaction with its events and checkpoint),
     /// before the slot is confirmed: the window exactly-once must survive.
-    AfterKafkaCommit,
+    AfterSinkCommit,
 }
 
 impl Failpoint {
     /// Every failpoint.
-    pub const ALL: [Failpoint; 1] = [Failpoint::AfterKafkaCommit];
+    pub const ALL: [Failpoint; 1] = [Failpoint::AfterSinkCommit];
 
     /// Its name in `cdc.test_failpoint`.
     pub fn name(self) -> &'static str {
         match self {
-            Failpoint::AfterKafkaCommit => "after_kafka_commit",
+            Failpoint::AfterSinkCommit => "after_sink_commit",
         }
     }
 }
@@ -75,18 +76,18 @@ mod tests {
 
     #[test]
     fn a_failpoint_fires_only_for_its_sink() {
-        let armed = Armed::parse("after_kafka_commit:orders kafka:eu").expect("valid");
-        assert!(armed.fires(Failpoint::AfterKafkaCommit, "orders kafka:eu"));
-        assert!(!armed.fires(Failpoint::AfterKafkaCommit, "demo_kafka"));
-        assert!(!Armed::parse("").expect("empty").fires(Failpoint::AfterKafkaCommit, "x"));
+        let armed = Armed::parse("after_sink_commit:orders kafka:eu").expect("valid");
+        assert!(armed.fires(Failpoint::AfterSinkCommit, "orders kafka:eu"));
+        assert!(!armed.fires(Failpoint::AfterSinkCommit, "demo_kafka"));
+        assert!(!Armed::parse("").expect("empty").fires(Failpoint::AfterSinkCommit, "x"));
     }
 
     #[test]
     fn a_failpoint_without_a_sink_or_with_an_unknown_name_is_refused() {
-        let e = Armed::parse("after_kafka_commit").unwrap_err();
+        let e = Armed::parse("after_sink_commit").unwrap_err();
         assert!(e.contains("names no sink"), "{e}");
-        assert!(Armed::parse("after_kafka_commit:").unwrap_err().contains("no sink"));
+        assert!(Armed::parse("after_sink_commit:").unwrap_err().contains("no sink"));
         let e = Armed::parse("before_anything:s").unwrap_err();
-        assert!(e.contains("unknown failpoint") && e.contains("after_kafka_commit"), "{e}");
+        assert!(e.contains("unknown failpoint") && e.contains("after_sink_commit"), "{e}");
     }
 }

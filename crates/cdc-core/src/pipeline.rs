@@ -195,6 +195,8 @@ pub struct Assembler {
     relations: HashMap<u32, Arc<RelationPlan>>,
     /// Whether events carry computed columns (a sink's `include_transformations`).
     transformations: bool,
+    /// The sink's `partition_key`, which keys its events instead of the tables' own keys.
+    partition_key: Option<String>,
     /// Filter and transformation counts per table OID since the last [`Assembler::take_counters`].
     counters: HashMap<u32, TableCounters>,
     /// The key that seals user context messages (see [`crate::context`]).
@@ -210,6 +212,7 @@ impl Assembler {
             encoder: Encoder::new(database),
             relations: HashMap::new(),
             transformations: true,
+            partition_key: None,
             counters: HashMap::new(),
             context_key: None,
             lookups: Lookups::default(),
@@ -296,6 +299,14 @@ impl Assembler {
     pub fn set_transformations(&mut self, on: bool) {
         if self.transformations != on {
             self.transformations = on;
+            self.relations.clear();
+        }
+    }
+
+    /// Sets the sink's `partition_key` (see [`RelationPlan::override_partition_key`]).
+    pub fn set_partition_key(&mut self, column: Option<String>) {
+        if self.partition_key != column {
+            self.partition_key = column;
             self.relations.clear();
         }
     }
@@ -649,6 +660,9 @@ impl Assembler {
                             reason: format!("its capture config no longer fits it: {e}"),
                         }
                     })?;
+                    if let Some(column) = &self.partition_key {
+                        plan.override_partition_key(column);
+                    }
                     if self.transformations && !cfg.enrich.is_empty() {
                         plan.bind_lookups(&self.lookups)
                             .map_err(|e| PipelineError::Config { table: table.clone(), reason: e.message })?;

@@ -136,6 +136,15 @@ pub trait Sink {
     fn delivery_mode(&self) -> DeliveryMode {
         DeliveryMode::AtLeastOnce
     }
+
+    /// The sink writes into the source database (the in-database sink): its sends and its flush
+    /// run inside the read's own transaction and commit with it, so the caller flushes before that
+    /// transaction ends. Its checkpoint is written only with events (a checkpoint written for a
+    /// heartbeat would be WAL that calls for the next heartbeat), so the slot may be confirmed
+    /// past it.
+    fn in_source_database(&self) -> bool {
+        false
+    }
 }
 
 /// One read of a sink's slot: the changes after its confirmed position, in LSN order, ending with

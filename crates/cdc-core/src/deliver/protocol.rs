@@ -77,14 +77,15 @@ pub fn slot_failure(missing_publication: Option<&str>, slot: &SlotView) -> Optio
 
 /// An exactly-once sink confirms its slot only after committing a checkpoint, so the slot never
 /// passes it; if it did, someone moved the slot (`pg_replication_slot_advance`) and the changes in
-/// between were never delivered.
-pub fn check_checkpoint(slot: &SlotView, checkpoint: Option<Checkpoint>) -> Result<(), Failure> {
-    match checkpoint.filter(|cp| slot.confirmed > cp.end_lsn) {
+/// between were never delivered. A sink whose checkpoint may trail the slot (in the source
+/// database, see [`super::port::Sink::in_source_database`]) is not checked.
+pub fn check_checkpoint(slot: &SlotView, checkpoint: Option<Checkpoint>, trails: bool) -> Result<(), Failure> {
+    match checkpoint.filter(|cp| !trails && slot.confirmed > cp.end_lsn) {
         None => Ok(()),
         Some(cp) => Err(Failure::new(
             SinkState::Error,
             format!(
-                "replication slot {} is confirmed up to {}, past the last checkpoint committed to Kafka ({}): changes \
+                "replication slot {} is confirmed up to {}, past the last checkpoint its sink committed ({}): changes \
                  in between may never have been delivered; pg_cdc stops instead of guessing (drop and re-add the sink)",
                 slot.name, slot.confirmed, cp.end_lsn
             ),

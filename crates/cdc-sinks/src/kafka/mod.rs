@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use cdc_core::config::{expand_topic, KafkaSinkConfig};
 use cdc_core::envelope::Event;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
@@ -31,6 +30,9 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
+pub mod config;
+
+use self::config::{expand_topic, KafkaSinkConfig};
 use crate::{Checkpoint, DeliveryMode, ErrorClass, PublishStats, Sink, SinkError};
 
 /// How long a Kafka transaction commit (or abort, or init) may take.
@@ -502,6 +504,8 @@ mod tests {
                 table: Arc::from("orders"),
                 op: Op::Insert,
                 lsn: Lsn(i as u64),
+                commit_lsn: Lsn(10),
+                index: i as u32 + 1,
                 key: Some(format!("{{\"id\":{i}}}").into_bytes()),
                 payload: b"{}".to_vec(),
             })
@@ -528,7 +532,7 @@ mod tests {
     }
 
     fn config(topic: &str) -> KafkaSinkConfig {
-        cdc_core::config::parse_sink_config("kafka", &serde_json::json!({"topic": topic})).unwrap()
+        config::parse(&serde_json::json!({"topic": topic})).unwrap()
     }
 
     #[test]
@@ -558,12 +562,10 @@ mod tests {
 
     #[test]
     fn properties_override_pg_cdc_defaults_but_not_what_it_owns() {
-        let cfg = cdc_core::config::parse_sink_config(
-            "kafka",
-            &serde_json::json!({"topic": "t", "properties": {"queue.buffering.max.kbytes": "65536",
-                                                            "client.id": "mine", "linger.ms": 7}}),
-        )
-        .unwrap();
+        let cfg =
+            config::parse(&serde_json::json!({"topic": "t", "properties": {"queue.buffering.max.kbytes": "65536",
+                                                            "client.id": "mine", "linger.ms": 7}}))
+            .unwrap();
         let (conn, producer) = client_configs(&cfg, "b:9092", "pg_cdc-s", None);
         assert_eq!(producer.get("queue.buffering.max.kbytes"), Some("65536"));
         assert_eq!(producer.get("client.id"), Some("mine"));

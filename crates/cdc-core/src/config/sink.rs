@@ -1,0 +1,112 @@
+//! What every sink config shares, whatever its type: the tables it carries, whether events carry
+//! the tables' transformations, how long one delivery unit may stay open, a sink-level partition
+//! key and the event format. Each sink type parses its own keys (`cdc-sinks`, one folder per sink)
+//! and these with [`parse_common`].
+use super::object::{invalid, planned, Obj};
+use super::CaptureConfig;
+use crate::error::CdcResult;
+
+/// The event encoding of a sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// pg_cdc's JSON event (metadata, before, after, diff).
+    Json,
+}
+
+/// The keys every sink type takes.
+pub const COMMON_KEYS: &[&str] =
+    &["tables", "include_transformations", "checkpoint_interval_ms", "partition_key", "format", "schema_registry"];
+
+/// The keys every sink type takes, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkCommon {
+    /// Table names this sink is limited to (`None`: every captured table); the caller resolves them.
+    pub tables: Option<Vec<String>>,
+    /// Events carry the tables' computed and enriched columns (default true). Masks and PII
+    /// redaction apply whatever this says.
+    pub include_transformations: bool,
+    /// `checkpoint_interval_ms`: the longest one delivery unit stays open (see
+    /// [`checkpoint_interval`]).
+    pub checkpoint_interval_ms: Option<u32>,
+    /// `partition_key`: the column that keys this sink's events, instead of the capture config's
+    /// `partition_key` or key columns, in every table that has it (the others keep their own key).
+    pub partition_key: Option<String>,
+    /// Event encoding.
+    pub format: Format,
+}
+
+/// Parses the keys of [`COMMON_KEYS`] in a sink config (the caller checks for unknown keys).
+pub fn parse_common(o: &Obj<'_>) -> CdcResult<SinkCommon> {
+    let format = match o.string("format")?.unwrap_or("json") {
+        "json" => Format::Json,
+        f @ ("debezium" | "avro" | "protobuf") => return Err(planned("config.format", &format!("format \"{f}\""))),
+        other => {
+            return Err(invalid(format!("config.format: unknown format \"{other}\""))
+                .hint("Valid formats: json, debezium, avro, protobuf."))
+        }
+    };
+    if o.get("schema_registry").is_some() {
+        o.string("schema_registry")?;
+        return Err(planned("config.schema_registry", "schema registry support (with format avro)"));
+    }
+    let partition_key = o.string("partition_key")?.map(str::to_string);
+    let include_transformations = o.bool("include_transformations")?.unwrap_or(true);
+    let checkpoint_interval_ms = o.int("checkpoint_interval_ms", 1, 3_600_000)?.map(|v| v as u32);
+    let tables = o.strings("tables")?;
+    if tables.as_ref().is_some_and(Vec::is_empty) {
+        return Err(invalid("config.tables must list at least one table")
+            .hint("Leave \"tables\" out to deliver every captured table."));
+    }
+    Ok(SinkCommon { tables, include_transformations, checkpoint_interval_ms, partition_key, format })
+}
+
+/// How long one delivery unit of a sink (a Kafka transaction, a database transaction) may stay open: the smallest
+/// `checkpoint_interval_ms` of the sink's config and of the capture configs of its tables, or
+/// `None` when none sets one (a unit then carries one whole read of the slot).
+pub fn checkpoint_interval<'a>(sink: Option<u32>, tables: impl IntoIterator<Item = &'a CaptureConfig>) -> Option<u32> {
+    tables.into_iter().filter_map(|c| c.checkpoint_interval_ms).chain(sink).min()
+}
+
+/// Whether `name` is a table name as SQL writes it: one to three dot-separated identifiers, each
+/// unquoted (a letter or `_`, then letters, digits, `_` or `$`) or double-quoted (`""` inside).
+pub fn is_qualified_name(name: &str) -> bool {
+    let mut parts = 0;
+    let mut chars = name.chars().peekable();
+    loop {
+        parts += 1;
+        match chars.next() {
+            Some('"') => {
+                let mut len = 0;
+                loop {
+                    match chars.next() {
+                        Some('"') if chars.peek() == Some(&'"') => {
+                            chars.next();
+                            len += 1;
+                        }
+                        Some('"') => break,
+                        Some(_) => len += 1,
+                        None => return false,
+                    }
+                }
+                if len == 0 {
+                    return false;
+                }
+            }
+            Some(c) if c.is_alphabetic() || c == '_' => {
+                while let Some(&c) = chars.peek() {
+                    if c.is_alphanumeric() || c == '_' || c == '$' {
+                        chars.next();
+                    } else {
+                        break;
+                    }
+                }
+            }
+            _ => return false,
+        }
+        match chars.next() {
+            None => return parts <= 3,
+            Some('.') => continue,
+            Some(_) => return false,
+        }
+    }
+}

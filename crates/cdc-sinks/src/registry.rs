@@ -1,0 +1,77 @@
+//! The sink types: each one's config parser, by name. Adding a sink type adds its folder and one
+//! line to [`BUILT`] (and its adapter in the worker, which builds the sink from its config).
+use cdc_core::config::sink::SinkCommon;
+use cdc_core::error::did_you_mean;
+use cdc_core::{CdcError, CdcResult, ErrorKind};
+use serde_json::Value;
+
+use crate::kafka::config::KafkaSinkConfig;
+use crate::table::config::TableSinkConfig;
+use crate::DeliveryMode;
+
+/// A validated sink config of one of the built sink types.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkConfig {
+    /// `kafka`: a Kafka topic per table (transactional by default).
+    Kafka(KafkaSinkConfig),
+    /// `table`: a table in this database, consumed with `cdc_consume`.
+    Table(TableSinkConfig),
+}
+
+type Parse = fn(&Value) -> CdcResult<SinkConfig>;
+
+/// The sink types built in this version, and their config parsers.
+const BUILT: &[(&str, Parse)] = &[
+    ("kafka", |v| crate::kafka::config::parse(v).map(SinkConfig::Kafka)),
+    ("table", |v| crate::table::config::parse(v).map(SinkConfig::Table)),
+];
+
+/// Sink types of the product description that are planned, not built: refused with 0A000.
+const PLANNED: &[&str] = &["kinesis", "eventhub", "pubsub", "pulsar", "webhook", "postgres"];
+
+/// Every sink type name pg_cdc knows (built first).
+pub fn sink_types() -> Vec<&'static str> {
+    BUILT.iter().map(|(name, _)| *name).chain(PLANNED.iter().copied()).collect()
+}
+
+/// Validates a sink type and its config.
+pub fn parse_config(sink_type: &str, config: &Value) -> CdcResult<SinkConfig> {
+    if let Some((_, parse)) = BUILT.iter().find(|(name, _)| *name == sink_type) {
+        return parse(config);
+    }
+    let built: Vec<&str> = BUILT.iter().map(|(name, _)| *name).collect();
+    if PLANNED.contains(&sink_type) {
+        return Err(CdcError::new(
+            ErrorKind::FeatureNotSupported,
+            format!("sink type \"{sink_type}\" is not supported yet"),
+        )
+        .hint(format!("Sink types available in this version: {}.", built.join(", "))));
+    }
+    let all = sink_types();
+    let e = CdcError::new(ErrorKind::InvalidParameter, format!("unknown sink type \"{sink_type}\""));
+    Err(match did_you_mean(sink_type, all.iter().copied()) {
+        Some(s) => e.hint(format!("Did you mean \"{s}\"? Valid sink types: {}.", all.join(", "))),
+        None => e.hint(format!("Valid sink types: {}.", all.join(", "))),
+    })
+}
+
+impl SinkConfig {
+    /// The keys every sink type takes.
+    pub fn common(&self) -> &SinkCommon {
+        match self {
+            SinkConfig::Kafka(c) => &c.common,
+            SinkConfig::Table(c) => &c.common,
+        }
+    }
+
+    /// The guarantee the sink gives (stored in `_cdc_sinks.delivery_mode`).
+    pub fn delivery_mode(&self) -> DeliveryMode {
+        match self {
+            SinkConfig::Kafka(c) if !c.exactly_once => DeliveryMode::AtLeastOnce,
+            SinkConfig::Kafka(_) | SinkConfig::Table(_) => DeliveryMode::ExactlyOnce,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

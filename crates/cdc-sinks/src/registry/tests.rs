@@ -1,0 +1,91 @@
+use serde_json::{json, Value};
+
+use super::*;
+
+fn kafka(v: Value) -> KafkaSinkConfig {
+    match parse_config("kafka", &v).unwrap() {
+        SinkConfig::Kafka(c) => c,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn kafka_sink_config() {
+    let c = kafka(json!({"bootstrap_servers": "127.0.0.1:9092", "topic": "orders-cdc", "format": "json",
+        "acks": "all", "compression": "zstd", "batch_size": 16384, "linger_ms": 5, "properties": {"security.protocol": "SASL_SSL", "sasl.password": "canary-secret"}}));
+    assert_eq!(c.topic, "orders-cdc");
+    assert_eq!(c.properties["sasl.password"], "canary-secret");
+    let e = |v| parse_config("kafka", &v).unwrap_err();
+    assert_eq!(e(json!({})).message, "config.topic is required for a kafka sink");
+    assert_eq!(e(json!({"topic": "a b"})).kind.sqlstate(), "22023");
+    assert_eq!(e(json!({"topic": "{tabel}"})).message, "config.topic: unknown placeholder {tabel}");
+    assert!(parse_config("kafka", &json!({"topic": "cdc.{database}.{schema}.{table}"})).is_ok());
+    assert_eq!(e(json!({"topic": "t", "acks": 0})).kind.sqlstate(), "22023");
+    assert_eq!(e(json!({"topic": ".."})).kind.sqlstate(), "22023");
+    // Exactly-once is the default and needs acks=all; a transactional id needs exactly-once.
+    assert!(c.exactly_once && c.transactional_id.is_none());
+    let tx = kafka(json!({"topic": "t", "transactional_id": "tx-1"}));
+    assert_eq!(tx.transactional_id.as_deref(), Some("tx-1"));
+    assert_eq!(e(json!({"topic": "t", "acks": "1"})).kind.sqlstate(), "22023");
+    assert!(!kafka(json!({"topic": "t", "acks": "1", "exactly_once": false})).exactly_once);
+    assert_eq!(e(json!({"topic": "t", "exactly_once": false, "transactional_id": "x"})).kind.sqlstate(), "22023");
+    assert_eq!(e(json!({"topic": "t", "format": "avro"})).kind.sqlstate(), "0A000");
+    assert_eq!(e(json!({"topic": "t", "compression": "brotli"})).kind.sqlstate(), "22023");
+    assert_eq!(
+        e(json!({"topic": "t", "batch_size": "big"})).message,
+        "config.batch_size must be an integer, not string"
+    );
+    assert_eq!(e(json!({"topic": "t", "topci": "x"})).hint.as_deref(), Some("Did you mean \"topic\"?"));
+    let secret = e(json!({"topic": "t", "properties": {"bootstrap.servers": "canary-secret"}}));
+    assert!(!format!("{secret:?}").contains("canary-secret"));
+    let bad_value = e(json!({"topic": "t", "properties": {"sasl.password": ["canary-secret"]}}));
+    assert!(!format!("{bad_value:?}").contains("canary-secret"));
+}
+
+#[test]
+fn sink_types() {
+    let e = parse_config("kafak", &json!({})).unwrap_err();
+    assert_eq!(e.kind.sqlstate(), "22023");
+    assert!(e.hint.unwrap().starts_with("Did you mean \"kafka\"?"));
+    assert_eq!(parse_config("kinesis", &json!({})).unwrap_err().kind.sqlstate(), "0A000");
+    assert!(parse_config("nope", &json!({})).unwrap_err().hint.unwrap().contains("kafka, table, kinesis"));
+}
+
+#[test]
+fn topic_templates_expand_safely() {
+    assert_eq!(
+        crate::kafka::config::expand_topic("cdc.{database}.{schema}.{table}", "db", "public", "My Table"),
+        "cdc.db.public.My_Table"
+    );
+}
+
+#[test]
+fn an_empty_table_list_is_refused() {
+    let e = parse_config("kafka", &json!({"topic": "t", "tables": []})).unwrap_err();
+    assert_eq!(e.message, "config.tables must list at least one table");
+}
+
+#[test]
+fn checkpoint_interval_is_a_common_key() {
+    let s = parse_config("kafka", &json!({"topic": "t", "checkpoint_interval_ms": 500})).unwrap();
+    assert_eq!(s.common().checkpoint_interval_ms, Some(500));
+    assert!(parse_config("kafka", &json!({"topic": "t", "checkpoint_interval_ms": "soon"})).is_err());
+}
+
+#[test]
+fn a_sink_level_partition_key_is_taken_by_every_sink_type() {
+    let k = kafka(json!({"topic": "t", "partition_key": "account_id"}));
+    assert_eq!(k.common.partition_key.as_deref(), Some("account_id"));
+    let t = parse_config("table", &json!({"table": "cdc_events", "partition_key": "account_id"})).unwrap();
+    assert_eq!(t.common().partition_key.as_deref(), Some("account_id"));
+    let e = parse_config("kafka", &json!({"topic": "t", "partition_key": 7})).unwrap_err();
+    assert_eq!(e.message, "config.partition_key must be a string, not number");
+}
+
+#[test]
+fn delivery_modes() {
+    assert_eq!(parse_config("kafka", &json!({"topic": "t"})).unwrap().delivery_mode(), DeliveryMode::ExactlyOnce);
+    let alo = parse_config("kafka", &json!({"topic": "t", "acks": "1", "exactly_once": false})).unwrap();
+    assert_eq!(alo.delivery_mode(), DeliveryMode::AtLeastOnce);
+    assert_eq!(parse_config("table", &json!({"table": "e"})).unwrap().delivery_mode(), DeliveryMode::ExactlyOnce);
+}

@@ -1,0 +1,114 @@
+//! The in-database sink's store (`cdc_sinks::table::EventStore`) over SPI: its events and its
+//! checkpoint are written in the read's own transaction, so they commit together. The sink's
+//! logic and its SQL live in `crates/cdc-sinks/src/table/`.
+use std::time::{Duration, Instant};
+
+use cdc_core::envelope::Event;
+use cdc_sinks::table::config::TableSinkConfig;
+use cdc_sinks::table::{insert_sql, trim_sql, EventStore};
+use cdc_sinks::{Checkpoint, ErrorClass, SinkError};
+use pgrx::JsonB;
+
+use crate::catalog;
+
+/// How often a sink's retention runs.
+const TRIM_EVERY: Duration = Duration::from_secs(60);
+
+/// One in-database sink's event table and checkpoint row.
+pub struct SpiStore {
+    schema: String,
+    sink_id: String,
+    /// `INSERT` into the event table (its name as regclass prints it, resolved from its OID).
+    insert: String,
+    /// The retention's `DELETE`.
+    trim: String,
+    retention_hours: i32,
+    retention_events: Option<i64>,
+    last_trim: Option<Instant>,
+}
+
+impl SpiStore {
+    /// Finds the sink's event table (by OID: a rename is harmless). Runs SPI: call it inside a
+    /// transaction.
+    pub fn open(schema: &str, sink_id: &str, cfg: &TableSinkConfig) -> Result<SpiStore, SinkError> {
+        let table = catalog::select_one::<String>(
+            &format!(
+                "SELECT c.oid::regclass::text FROM {schema}._cdc_table_sinks t JOIN pg_class c ON c.oid = t.event_table \
+                  WHERE t.sink_id = $1::uuid"
+            ),
+            &[sink_id.into()],
+        )
+        .ok_or_else(|| SinkError {
+            class: ErrorClass::Operator,
+            message: format!(
+                "the event table of this sink ({}) was dropped: drop and re-add the sink to create it again",
+                cfg.table
+            ),
+        })?;
+        Ok(SpiStore {
+            schema: schema.to_string(),
+            sink_id: sink_id.to_string(),
+            insert: insert_sql(&table),
+            trim: trim_sql(&table),
+            retention_hours: cfg.retention_hours as i32,
+            retention_events: cfg.retention_events.map(|n| n.min(i64::MAX as u64) as i64),
+            last_trim: None,
+        })
+    }
+
+    /// Removes the events past the retention, at most every minute; records how far in
+    /// `_cdc_table_sinks.trimmed_upto` (so `cdc_consume` can warn a consumer that missed some).
+    /// Runs SPI: call it inside a transaction.
+    pub fn trim_if_due(&mut self) {
+        if self.last_trim.is_some_and(|t| t.elapsed() < TRIM_EVERY) {
+            return;
+        }
+        self.last_trim = Some(Instant::now());
+        let upto =
+            catalog::select_one_write::<i64>(&self.trim, &[self.retention_hours.into(), self.retention_events.into()]);
+        if let Some(upto) = upto {
+            catalog::run(
+                &format!(
+                    "UPDATE {}._cdc_table_sinks SET trimmed_upto = greatest(trimmed_upto, $2) WHERE sink_id = $1::uuid",
+                    self.schema
+                ),
+                &[self.sink_id.as_str().into(), upto.into()],
+            );
+        }
+    }
+}
+
+impl EventStore for SpiStore {
+    fn insert(&mut self, events: &[Event]) -> Result<(), SinkError> {
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let commit: Vec<i64> = events.iter().map(|e| e.commit_lsn.0 as i64).collect();
+        let index: Vec<i32> = events.iter().map(|e| e.index as i32).collect();
+        let lsn: Vec<i64> = events.iter().map(|e| e.lsn.0 as i64).collect();
+        let table: Vec<String> = events.iter().map(|e| format!("{}.{}", e.schema, e.table)).collect();
+        let op: Vec<&str> = events.iter().map(|e| e.op.as_str()).collect();
+        let key: Vec<Option<String>> = events.iter().map(|e| e.key.as_deref().map(text)).collect();
+        let payload: Vec<String> = events.iter().map(|e| text(&e.payload)).collect();
+        catalog::run(
+            &self.insert,
+            &[commit.into(), index.into(), lsn.into(), table.into(), op.into(), key.into(), payload.into()],
+        );
+        Ok(())
+    }
+
+    fn save_checkpoint(&mut self, checkpoint: Checkpoint) -> Result<(), SinkError> {
+        let value: serde_json::Value = serde_json::from_slice(&checkpoint.encode()).unwrap_or_default();
+        catalog::run(
+            &format!("UPDATE {}._cdc_table_sinks SET checkpoint = $2 WHERE sink_id = $1::uuid", self.schema),
+            &[self.sink_id.as_str().into(), JsonB(value).into()],
+        );
+        Ok(())
+    }
+
+    fn load_checkpoint(&mut self) -> Result<Option<Checkpoint>, SinkError> {
+        let stored = catalog::json(
+            &format!("SELECT checkpoint FROM {}._cdc_table_sinks WHERE sink_id = $1::uuid", self.schema),
+            &[self.sink_id.as_str().into()],
+        );
+        Ok(stored.and_then(|v| Checkpoint::decode(v.to_string().as_bytes())))
+    }
+}
