@@ -59,19 +59,39 @@ pub fn load(source: &KeySource) -> Result<Option<TokenKey>, String> {
     if path.is_empty() {
         return Ok(None);
     }
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read the tokenization key file \"{path}\": {e}"))?;
-    if !meta.is_file() {
-        return Err(format!("the tokenization key file \"{path}\" is not a regular file"));
-    }
-    if meta.permissions().mode() & 0o077 != 0 {
-        return Err(format!(
-            "the tokenization key file \"{path}\" can be read by group or others; it must be mode 0600 or 0400 (chmod 600)"
-        ));
-    }
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read the tokenization key file \"{path}\": {e}"))?;
+    let bytes = read_secret_file("tokenization key file", path)?;
     TokenKey::parse(&bytes, source.version)
         .map(Some)
         .map_err(|e| format!("tokenization key file \"{path}\": {}", e.message))
+}
+
+/// Reads a file holding a secret (`what` names it in messages; a relative path is relative to the
+/// data directory): a regular file that neither group nor others can read. Errors name the file and
+/// the problem, never its contents.
+pub fn read_secret_file(what: &str, path: &str) -> Result<Vec<u8>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read the {what} \"{path}\": {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("the {what} \"{path}\" is not a regular file"));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(format!(
+            "the {what} \"{path}\" can be read by group or others; it must be mode 0600 or 0400 (chmod 600)"
+        ));
+    }
+    std::fs::read(path).map_err(|e| format!("cannot read the {what} \"{path}\": {e}"))
+}
+
+/// The secret of a webhook sink's `secret_file`: its content without trailing whitespace (so a file
+/// written with `echo` works); an empty one is refused.
+pub fn webhook_secret(path: &str) -> Result<Vec<u8>, String> {
+    let mut bytes = read_secret_file("webhook secret file", path)?;
+    while bytes.last().is_some_and(u8::is_ascii_whitespace) {
+        bytes.pop();
+    }
+    if bytes.is_empty() {
+        return Err(format!("the webhook secret file \"{path}\" is empty"));
+    }
+    Ok(bytes)
 }
 
 /// Refuses (55000) to configure `what` when no usable tokenization key is in force: a table whose

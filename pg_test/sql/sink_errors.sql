@@ -28,6 +28,13 @@ SELECT cdc_add_sink('regress_bad', 'webhook', '{}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'postgres', '{}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'table', '{}'); \echo SQLSTATE :SQLSTATE
 
+-- Webhooks: a URL, at-least-once, a readable secret file, headers pg_cdc does not own.
+SELECT cdc_add_sink('regress_bad', 'webhook', '{"url": "ftp://example.com/x"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'webhook', '{"url": "https://example.com/x", "exactly_once": true}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'webhook', '{"url": "https://example.com/x", "secret_file": "regress_no_such.key"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'webhook', '{"url": "https://example.com/x", "headers": {"X-Pg-Cdc-Signature": "forged"}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'webhook', '{"url": "https://example.com/x", "headers": {"Authorization": 7}}'); \echo SQLSTATE :SQLSTATE
+
 -- The config: not an object, unknown keys.
 SELECT cdc_add_sink('regress_bad', 'kafka', '[]'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '"orders"'); \echo SQLSTATE :SQLSTATE

@@ -124,7 +124,8 @@ fn cdc_metrics(table_name: Option<pg_sys::Oid>) -> JsonB {
 }
 
 /// Every pg_cdc figure in the Prometheus text exposition format (version 0.0.4): sink states,
-/// events, bytes and transactions delivered, duplicates filtered, aborted Kafka transactions,
+/// sink types, events, bytes and transactions delivered, duplicates filtered, delivery transactions
+/// committed and aborted,
 /// retained WAL and lag per slot, filter and enrichment counts, and latency histograms (publish
 /// and end to end per sink, capture and end to end per table). Serve it over HTTP for Prometheus
 /// (`monitoring/scrape.py` in the repository); postgres_exporter reads `cdc_status()` instead.
@@ -142,7 +143,7 @@ fn cdc_prometheus_metrics() -> String {
     let sinks = catalog::json(
         &format!(
             "SELECT coalesce(jsonb_agg(jsonb_build_object('id', s.sink_id::text, 'name', s.sink_name, 'state', s.state,
-                 'retained', (pg_current_wal_lsn() - r.restart_lsn)::bigint, 'safe', r.safe_wal_size,
+                 'type', s.sink_type, 'mode', s.delivery_mode, 'retained', (pg_current_wal_lsn() - r.restart_lsn)::bigint, 'safe', r.safe_wal_size,
                  'lag', (pg_current_wal_lsn() - r.confirmed_flush_lsn)::bigint) ORDER BY s.sink_name), '[]')
                FROM {schema}._cdc_sinks s LEFT JOIN pg_replication_slots r ON r.slot_name = s.slot_name"
         ),
@@ -177,6 +178,12 @@ fn cdc_prometheus_metrics() -> String {
             x.sample("pg_cdc_sink_state", &[("sink", &name), ("state", st)], f64::from(u8::from(state == st)));
         }
     }
+    x.family("pg_cdc_sink_info", Kind::Gauge, "1 for each sink, with its type and delivery mode.");
+    for s in &sinks {
+        let labels = [("sink", text(s, "name")), ("type", text(s, "type")), ("delivery_mode", text(s, "mode"))];
+        let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        x.sample("pg_cdc_sink_info", &labels, 1.0);
+    }
     let gauges = [
         (
             "pg_cdc_slot_retained_wal_bytes",
@@ -196,7 +203,11 @@ fn cdc_prometheus_metrics() -> String {
             x.sample(metric, &[("sink", &text(s, "name"))], s[key].as_f64().unwrap_or(0.0));
         }
     }
-    x.family("pg_cdc_events_published_total", Kind::Counter, "Events the broker acknowledged, per sink and table.");
+    x.family(
+        "pg_cdc_events_published_total",
+        Kind::Counter,
+        "Events the sink's destination acknowledged, per sink and table.",
+    );
     for o in &offsets {
         x.sample(
             "pg_cdc_events_published_total",
@@ -211,8 +222,12 @@ fn cdc_prometheus_metrics() -> String {
         ("pg_cdc_duplicates_filtered_total", "Events read again after a restart and not published again.", |c| {
             c.duplicate_events_filtered
         }),
-        ("pg_cdc_kafka_transactions_committed_total", "Kafka transactions committed.", |c| c.committed_transactions),
-        ("pg_cdc_kafka_transactions_aborted_total", "Kafka transactions aborted (re-sent later).", |c| {
+        (
+            "pg_cdc_sink_transactions_committed_total",
+            "Delivery transactions committed (Kafka transactions; a table sink's database transactions).",
+            |c| c.committed_transactions,
+        ),
+        ("pg_cdc_sink_transactions_aborted_total", "Delivery transactions aborted (re-sent later).", |c| {
             c.aborted_transactions
         }),
     ];
@@ -260,12 +275,12 @@ fn cdc_prometheus_metrics() -> String {
         .collect();
     type SinkHist = fn(&crate::stats::SinkLatency) -> &Histogram;
     let sink_hists: [(&str, &str, SinkHist); 2] = [
-        ("pg_cdc_publish_latency_seconds", "Events handed to the producer until the broker acknowledged them.", |l| {
+        ("pg_cdc_publish_latency_seconds", "Events handed to the sink until its destination acknowledged them.", |l| {
             &l.publish
         }),
         (
             "pg_cdc_end_to_end_latency_seconds",
-            "Events from their commit in PostgreSQL until the broker acknowledged them.",
+            "Events from their commit in PostgreSQL until the sink's destination acknowledged them.",
             |l| &l.end_to_end,
         ),
     ];

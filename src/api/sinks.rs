@@ -96,6 +96,16 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
             refuse_event_table(&schema, *oid, name);
         }
     }
+    if let SinkConfig::Webhook(w) = &cfg {
+        if let Some(path) = &w.secret_file {
+            if let Err(e) = crate::keys::webhook_secret(path) {
+                raise(CdcError::new(ErrorKind::PrerequisiteState, format!("config.secret_file: {e}")).hint(
+                    "Write the secret to a file in (or relative to) the data directory, owned by the server's \
+                         user, mode 0600.",
+                ));
+            }
+        }
+    }
     if let SinkConfig::Table(t) = &cfg {
         if !has_table_sinks(&schema) {
             raise(

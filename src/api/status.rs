@@ -9,8 +9,8 @@ use serde_json::Value;
 use super::{required, schema};
 use crate::errors::raise;
 
-/// How a sink is delivering: its delivery mode and state; Kafka transactions open, committed and
-/// aborted; the WAL position read and the one committed (`offset_tracking`); duplicates the worker
+/// How a sink is delivering: its type, delivery mode and state; its delivery transactions open,
+/// committed and aborted (Kafka transactions, or a table sink's database transactions); the WAL position read and the one committed (`offset_tracking`); duplicates the worker
 /// found after a restart and filtered; events delivered. Counters start when the server starts (or
 /// restarts after a crash) and survive worker restarts.
 ///
@@ -23,7 +23,7 @@ fn cdc_delivery_status(sink_name: Option<&str>) -> JsonB {
     let schema = schema();
     let row = crate::catalog::json(
         &format!(
-            "SELECT jsonb_build_object('id', sink_id::text, 'delivery_mode', delivery_mode, 'state', state, \
+            "SELECT jsonb_build_object('id', sink_id::text, 'sink_type', sink_type, 'delivery_mode', delivery_mode, 'state', state, \
              'last_error', last_error, 'since', to_char(state_since AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')) \
              FROM {schema}._cdc_sinks WHERE sink_name = $1"
         ),
@@ -39,9 +39,11 @@ fn cdc_delivery_status(sink_name: Option<&str>) -> JsonB {
     let counters_since = counters_since();
     let (id, mode, state, since) = (field("id"), field("delivery_mode"), field("state"), field("since"));
     let last_error = row.get("last_error").and_then(Value::as_str);
+    let sink_type = field("sink_type");
     JsonB(
         DeliveryStatus {
             sink: sink_name,
+            sink_type: &sink_type,
             delivery_mode: &mode,
             state: &state,
             last_error,

@@ -15,6 +15,7 @@ use cdc_core::Lsn;
 use cdc_sinks::kafka::config::KafkaSinkConfig;
 use cdc_sinks::kafka::{with_signals_blocked, KafkaSink, Transactional};
 use cdc_sinks::table::TableSink;
+use cdc_sinks::webhook::WebhookSink;
 use cdc_sinks::{parse_config, Checkpoint, DeliveryMode, ErrorClass, Sink, SinkConfig, SinkError};
 use pgrx::pg_sys;
 
@@ -59,6 +60,8 @@ pub(super) enum Producer {
     Kafka(KafkaSink),
     /// An in-database sink (opened in the read's transaction).
     Table(TableSink<SpiStore>),
+    /// A webhook (opened in the read's transaction: nothing to open but its secret).
+    Webhook(WebhookSink),
 }
 
 impl Producer {
@@ -66,6 +69,7 @@ impl Producer {
         match self {
             Producer::Kafka(k) => k,
             Producer::Table(t) => t,
+            Producer::Webhook(w) => w,
         }
     }
 
@@ -73,20 +77,36 @@ impl Producer {
         match self {
             Producer::Kafka(k) => k.in_source_database(),
             Producer::Table(t) => t.in_source_database(),
+            Producer::Webhook(w) => w.in_source_database(),
         }
     }
 }
 
-/// Opens an in-database sink: finds its event table and reads its checkpoint. Runs SPI.
-fn open_table(
+/// Opens a sink that opens quickly, in the read's transaction: an in-database sink (finds its event
+/// table and reads its checkpoint, with SPI) or a webhook (reads its secret). `None` for a Kafka
+/// sink, which opens on its own thread ([`start_open`]).
+fn open_in_place(
     schema: &str,
     row: &SinkRow,
     config: &SinkConfig,
 ) -> Result<Option<(Producer, Option<Checkpoint>)>, SinkError> {
-    let SinkConfig::Table(cfg) = config else { return Ok(None) };
-    let mut sink = TableSink::new(SpiStore::open(schema, &row.id, cfg)?);
-    let checkpoint = sink.open()?;
-    Ok(Some((Producer::Table(sink), checkpoint)))
+    match config {
+        SinkConfig::Kafka(_) => Ok(None),
+        SinkConfig::Table(cfg) => {
+            let mut sink = TableSink::new(SpiStore::open(schema, &row.id, cfg)?);
+            let checkpoint = sink.open()?;
+            Ok(Some((Producer::Table(sink), checkpoint)))
+        }
+        SinkConfig::Webhook(cfg) => {
+            let secret = match &cfg.secret_file {
+                Some(path) => Some(
+                    keys::webhook_secret(path).map_err(|message| SinkError { class: ErrorClass::Operator, message })?,
+                ),
+                None => None,
+            };
+            Ok(Some((Producer::Webhook(WebhookSink::new(cfg, secret)), None)))
+        }
+    }
 }
 
 /// A producer being opened on its own thread, and what it gives.
@@ -532,7 +552,9 @@ impl Worker {
     fn fail(&mut self, id: &str, state: SinkState, error: String) {
         if let Some(run) = self.sinks.get_mut(id) {
             run.failures = run.failures.saturating_add(1);
-            run.retry_at = Some(retry_at(run.failures));
+            // Not before the destination asked (a webhook's Retry-After), whatever the backoff says.
+            let hold = run.producer.as_mut().and_then(|p| p.sink().hold_until());
+            run.retry_at = Some(retry_at(run.failures).max(hold.unwrap_or_else(Instant::now)));
             run.producer = None;
             run.opening = None;
             run.assembler.reset();
@@ -637,7 +659,7 @@ impl Worker {
         let mut rolled_back: Option<Failure> = None;
         let read = run_tx(|| -> Result<(Batch, Option<protocol::FlushPlan>), Failure> {
             if run.producer.is_none() {
-                match open_table(&schema, &row, &config) {
+                match open_in_place(&schema, &row, &config) {
                     Ok(Some((producer, checkpoint))) => {
                         run.checkpoint = checkpoint;
                         run.producer = Some(producer);

@@ -118,6 +118,10 @@ def test_prometheus_text_parses_and_counts(pg, sinks, unique):
     table_count = [s.value for s in mine("pg_cdc_capture_latency_seconds", table=t) if s.name.endswith("_count")]
     assert table_count == [25]
     assert mine("pg_cdc_slot_retained_wal_bytes", sink=name)[0].value > 0
+    # Figures are named by sink type, not in Kafka-only words.
+    assert [s.value for s in mine("pg_cdc_sink_info", sink=name, type="kafka", delivery_mode="exactly_once")] == [1]
+    assert mine("pg_cdc_sink_transactions_committed", sink=name)[0].value >= 1
+    assert "pg_cdc_kafka_transactions_committed" not in families
     pg.execute("SELECT cdc_disable(%s)", (t,))
 
 

@@ -11,6 +11,7 @@ import time
 
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import (connect, consume, crash_at_failpoint, delivery_status, server_log, server_settings, sink_state, wait_for,
                       worker_pid)
@@ -128,8 +129,19 @@ def test_events_are_in_commit_order_whole_and_each_consumer_reads_each_once(pg, 
         th.join(30)
     assert got["first"] == [r[0] for r in rows[:5]] and got["second"] == [r[0] for r in rows[5:8]] + \
         [r[0] for r in events(pg, table)[8:10]]
-    status = delivery_status(pg, name)
+    # The figures are counted once the slot is confirmed, just after the events' commit.
+    status = wait_for(lambda: (s := delivery_status(pg, name))["delivered"]["events"] >= 18 and s, what="counted")
     assert status["delivery_mode"] == "exactly_once" and status["state"] == "running"
+    assert status["sink_type"] == "table" and status["transaction_status"]["committed_transactions"] >= 1
+    assert status["delivered"]["events"] == 18
+    wait_for(lambda: pg.execute("SELECT sum(events_published) FROM _cdc_offsets WHERE sink_name = %s",
+                                (name,)).fetchone()[0] == 18, what="offsets")
+    text = pg.execute("SELECT cdc_prometheus_metrics()").fetchone()[0]
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    info = [s for s in families["pg_cdc_sink_info"].samples if s.labels["sink"] == name]
+    assert [(s.labels["type"], s.labels["delivery_mode"], s.value) for s in info] == [("table", "exactly_once", 1)]
+    published = [s.value for s in families["pg_cdc_events_published"].samples if s.labels["sink"] == name]
+    assert published == [18]
     pg.execute("SELECT cdc_disable(%s)", (t,))
 
 
@@ -183,10 +195,12 @@ def test_sigkill_during_delivery_loses_and_duplicates_nothing(pg, tsinks, unique
     stop, committed = threading.Event(), []
 
     def writer():
-        n = 0
+        # Reconnects through the crash-restart; uncommitted rows are gone, so it goes on from the
+        # table's highest id.
         while not stop.is_set():
             try:
                 with psycopg.connect(pg.info.dsn, autocommit=True) as w:
+                    n = w.execute(f"SELECT coalesce(max(id) + 1, 0) FROM {t}").fetchone()[0]
                     while not stop.is_set():
                         with w.transaction():
                             for _ in range(20):
@@ -194,9 +208,7 @@ def test_sigkill_during_delivery_loses_and_duplicates_nothing(pg, tsinks, unique
                                 n += 1
                         committed.append(n)
             except psycopg.OperationalError:
-                time.sleep(0.5)  # the crash-restart; uncommitted rows are gone, their ids are reused
-                with connect() as c:
-                    n = (c.execute(f"SELECT coalesce(max(id) + 1, 0) FROM {t}").fetchone()[0])
+                time.sleep(0.5)
 
     th = threading.Thread(target=writer)
     th.start()

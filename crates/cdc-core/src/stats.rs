@@ -12,15 +12,16 @@ use crate::Lsn;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct DeliveryCounters {
-    /// Kafka transactions open now (0 or 1).
+    /// Delivery transactions open now (0 or 1): a Kafka transaction, or the database transaction
+    /// of a table sink (exactly-once sinks only).
     pub open_transactions: u64,
-    /// Kafka transactions committed (each carries whole PostgreSQL transactions and a checkpoint).
+    /// Delivery transactions committed (each carries whole PostgreSQL transactions and a checkpoint).
     pub committed_transactions: u64,
-    /// Kafka transactions aborted (a failed or interrupted delivery; re-sent later).
+    /// Delivery transactions aborted (a failed or interrupted delivery; re-sent later).
     pub aborted_transactions: u64,
     /// End LSN of the last change read from the slot.
     pub read_lsn: u64,
-    /// End LSN covered by the last delivery (exactly-once: the last checkpoint committed to Kafka).
+    /// End LSN covered by the last delivery (exactly-once: the last checkpoint the sink committed).
     pub committed_lsn: u64,
     /// Events read again after a restart that a committed delivery already holds.
     pub duplicate_events_detected: u64,
@@ -149,6 +150,8 @@ pub fn filter_metrics_json(table: &str, per_sink: &[(String, TableCounters)], co
 pub struct DeliveryStatus<'a> {
     /// Sink name.
     pub sink: &'a str,
+    /// Sink type (`kafka`, `table`, `webhook`).
+    pub sink_type: &'a str,
     /// `exactly_once` or `at_least_once`.
     pub delivery_mode: &'a str,
     /// Pipeline state (running, retrying, error, ...).
@@ -171,10 +174,11 @@ impl DeliveryStatus<'_> {
         let exactly_once = self.delivery_mode == "exactly_once";
         // Held back for a compliance reason only while the sink is not delivering.
         let held = c.compliance_hold != 0 && self.state != "running";
-        // Kafka transactions and deduplication exist only in exactly-once mode.
+        // Delivery transactions and deduplication exist only in exactly-once mode.
         let eo = |v: u64| if exactly_once { json!(v) } else { Value::Null };
         json!({
             "sink": self.sink,
+            "sink_type": self.sink_type,
             "delivery_mode": self.delivery_mode,
             "state": self.state,
             "last_error": self.last_error,
@@ -220,6 +224,7 @@ mod tests {
     fn status(mode: &str, counters: Option<DeliveryCounters>) -> Value {
         DeliveryStatus {
             sink: "kafka_compliance",
+            sink_type: "kafka",
             delivery_mode: mode,
             state: "running",
             last_error: None,
@@ -266,6 +271,7 @@ mod tests {
         let c = DeliveryCounters { pii_redactions: 10, audit_records: 5, compliance_hold: 1, ..Default::default() };
         let v = DeliveryStatus {
             sink: "s",
+            sink_type: "table",
             delivery_mode: "exactly_once",
             state: "error",
             last_error: Some("table public.accounts: its config tokenizes columns, but no key"),
@@ -281,7 +287,7 @@ mod tests {
     }
 
     #[test]
-    fn at_least_once_has_no_kafka_transactions_or_dedup() {
+    fn at_least_once_has_no_delivery_transactions_or_dedup() {
         let v = status("at_least_once", None);
         assert_eq!(v["transaction_status"]["committed_transactions"], Value::Null);
         assert_eq!(v["deduplication"]["duplicate_events_detected"], Value::Null);

@@ -15,6 +15,7 @@
 pub mod kafka;
 pub mod registry;
 pub mod table;
+pub mod webhook;
 
 // The ports live in the core (`cdc_core::deliver::port`), with the protocol that drives them and
 // the in-memory doubles it is tested with; each sink here is one adapter.

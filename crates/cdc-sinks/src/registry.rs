@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::kafka::config::KafkaSinkConfig;
 use crate::table::config::TableSinkConfig;
+use crate::webhook::config::WebhookSinkConfig;
 use crate::DeliveryMode;
 
 /// A validated sink config of one of the built sink types.
@@ -16,6 +17,8 @@ pub enum SinkConfig {
     Kafka(KafkaSinkConfig),
     /// `table`: a table in this database, consumed with `cdc_consume`.
     Table(TableSinkConfig),
+    /// `webhook`: batches POSTed to an HTTP endpoint.
+    Webhook(WebhookSinkConfig),
 }
 
 type Parse = fn(&Value) -> CdcResult<SinkConfig>;
@@ -24,10 +27,11 @@ type Parse = fn(&Value) -> CdcResult<SinkConfig>;
 const BUILT: &[(&str, Parse)] = &[
     ("kafka", |v| crate::kafka::config::parse(v).map(SinkConfig::Kafka)),
     ("table", |v| crate::table::config::parse(v).map(SinkConfig::Table)),
+    ("webhook", |v| crate::webhook::config::parse(v).map(SinkConfig::Webhook)),
 ];
 
 /// Sink types of the product description that are planned, not built: refused with 0A000.
-const PLANNED: &[&str] = &["kinesis", "eventhub", "pubsub", "pulsar", "webhook", "postgres"];
+const PLANNED: &[&str] = &["kinesis", "eventhub", "pubsub", "pulsar", "postgres"];
 
 /// Every sink type name pg_cdc knows (built first).
 pub fn sink_types() -> Vec<&'static str> {
@@ -61,6 +65,7 @@ impl SinkConfig {
         match self {
             SinkConfig::Kafka(c) => &c.common,
             SinkConfig::Table(c) => &c.common,
+            SinkConfig::Webhook(c) => &c.common,
         }
     }
 
@@ -68,6 +73,7 @@ impl SinkConfig {
     pub fn delivery_mode(&self) -> DeliveryMode {
         match self {
             SinkConfig::Kafka(c) if !c.exactly_once => DeliveryMode::AtLeastOnce,
+            SinkConfig::Webhook(_) => DeliveryMode::AtLeastOnce,
             SinkConfig::Kafka(_) | SinkConfig::Table(_) => DeliveryMode::ExactlyOnce,
         }
     }

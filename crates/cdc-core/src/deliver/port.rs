@@ -145,6 +145,12 @@ pub trait Sink {
     fn in_source_database(&self) -> bool {
         false
     }
+
+    /// The destination asked not to be sent to before this instant (a webhook's `Retry-After`):
+    /// after a failure the caller waits at least until then, whatever its own backoff says.
+    fn hold_until(&self) -> Option<std::time::Instant> {
+        None
+    }
 }
 
 /// One read of a sink's slot: the changes after its confirmed position, in LSN order, ending with
