@@ -94,6 +94,17 @@ pub fn webhook_secret(path: &str) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
+/// The connection string of an Event Hubs sink's `connection_string_file`, checked for its shape
+/// (errors name the file and what is missing, never the content).
+pub fn eventhub_connection(path: &str) -> Result<String, String> {
+    let bytes = read_secret_file("Event Hubs connection string file", path)?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| format!("the Event Hubs connection string file \"{path}\" is not text"))?;
+    cdc_sinks::eventhub::config::check_connection_string(&text)
+        .map_err(|why| format!("the Event Hubs connection string file \"{path}\" holds no connection string: {why}"))?;
+    Ok(text.trim().to_string())
+}
+
 /// Refuses (55000) to configure `what` when no usable tokenization key is in force: a table whose
 /// events tokenize must never stop a sink (and every other table it carries) afterwards.
 pub fn require_token_key(what: &str) {

@@ -106,6 +106,16 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
             }
         }
     }
+    if let SinkConfig::EventHub(e) = &cfg {
+        if let cdc_sinks::eventhub::config::Connection::File(path) = &e.connection {
+            if let Err(e) = crate::keys::eventhub_connection(path) {
+                raise(CdcError::new(ErrorKind::PrerequisiteState, format!("config.connection_string_file: {e}")).hint(
+                    "Write the connection string to a file in (or relative to) the data directory, owned by the \
+                         server's user, mode 0600.",
+                ));
+            }
+        }
+    }
     if let SinkConfig::Table(t) = &cfg {
         if !has_table_sinks(&schema) {
             raise(

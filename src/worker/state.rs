@@ -12,6 +12,7 @@ use cdc_core::state::SinkState;
 use cdc_core::stats::DeliveryCounters;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
+use cdc_sinks::eventhub::config::Connection;
 use cdc_sinks::kafka::config::KafkaSinkConfig;
 use cdc_sinks::kafka::{with_signals_blocked, KafkaSink, Transactional};
 use cdc_sinks::table::TableSink;
@@ -91,7 +92,7 @@ fn open_in_place(
     config: &SinkConfig,
 ) -> Result<Option<(Producer, Option<Checkpoint>)>, SinkError> {
     match config {
-        SinkConfig::Kafka(_) => Ok(None),
+        SinkConfig::Kafka(_) | SinkConfig::EventHub(_) => Ok(None),
         SinkConfig::Table(cfg) => {
             let mut sink = TableSink::new(SpiStore::open(schema, &row.id, cfg)?);
             let checkpoint = sink.open()?;
@@ -107,6 +108,23 @@ fn open_in_place(
             Ok(Some((Producer::Webhook(WebhookSink::new(cfg, secret)), None)))
         }
     }
+}
+
+/// The Kafka config of a sink that speaks Kafka (a Kafka sink, or Event Hubs with its connection
+/// string read from its file); `None` for the other types.
+fn kafka_config_of(config: &SinkConfig) -> Result<Option<KafkaSinkConfig>, SinkError> {
+    Ok(match config {
+        SinkConfig::Kafka(k) => Some(k.clone()),
+        SinkConfig::EventHub(e) => {
+            let connection = match &e.connection {
+                Connection::Inline(s) => s.clone(),
+                Connection::File(path) => keys::eventhub_connection(path)
+                    .map_err(|message| SinkError { class: ErrorClass::Operator, message })?,
+            };
+            Some(e.kafka_config(&connection))
+        }
+        SinkConfig::Table(_) | SinkConfig::Webhook(_) => None,
+    })
 }
 
 /// A producer being opened on its own thread, and what it gives.
@@ -677,11 +695,13 @@ impl Worker {
                 return Ok((Batch::default(), None));
             }
             if run.producer.is_none() {
-                let SinkConfig::Kafka(kafka) = &config else {
-                    return Err(Failure::new(SinkState::Retrying, "the sink is not open"));
+                let kafka = match kafka_config_of(&config) {
+                    Ok(Some(k)) => k,
+                    Ok(None) => return Err(Failure::new(SinkState::Retrying, "the sink is not open")),
+                    Err(e) => return Err(Failure::sink(e)),
                 };
                 // Only a sink with something to send opens a producer; the next steps wait for it.
-                run.opening = Some(start_open(&run, kafka, cat));
+                run.opening = Some(start_open(&run, &kafka, cat));
                 return Ok((Batch { opening: true, ..Batch::default() }, None));
             }
             let opened = || crate::stats::update(&row.id, |c| c.open_transactions = 1);

@@ -5,6 +5,7 @@ use cdc_core::error::did_you_mean;
 use cdc_core::{CdcError, CdcResult, ErrorKind};
 use serde_json::Value;
 
+use crate::eventhub::config::EventHubSinkConfig;
 use crate::kafka::config::KafkaSinkConfig;
 use crate::table::config::TableSinkConfig;
 use crate::webhook::config::WebhookSinkConfig;
@@ -19,6 +20,8 @@ pub enum SinkConfig {
     Table(TableSinkConfig),
     /// `webhook`: batches POSTed to an HTTP endpoint.
     Webhook(WebhookSinkConfig),
+    /// `eventhub`: Azure Event Hubs, through its Kafka endpoint.
+    EventHub(EventHubSinkConfig),
 }
 
 type Parse = fn(&Value) -> CdcResult<SinkConfig>;
@@ -28,10 +31,11 @@ const BUILT: &[(&str, Parse)] = &[
     ("kafka", |v| crate::kafka::config::parse(v).map(SinkConfig::Kafka)),
     ("table", |v| crate::table::config::parse(v).map(SinkConfig::Table)),
     ("webhook", |v| crate::webhook::config::parse(v).map(SinkConfig::Webhook)),
+    ("eventhub", |v| crate::eventhub::config::parse(v).map(SinkConfig::EventHub)),
 ];
 
 /// Sink types of the product description that are planned, not built: refused with 0A000.
-const PLANNED: &[&str] = &["kinesis", "eventhub", "pubsub", "pulsar", "postgres"];
+const PLANNED: &[&str] = &["kinesis", "pubsub", "pulsar", "postgres"];
 
 /// Every sink type name pg_cdc knows (built first).
 pub fn sink_types() -> Vec<&'static str> {
@@ -66,6 +70,7 @@ impl SinkConfig {
             SinkConfig::Kafka(c) => &c.common,
             SinkConfig::Table(c) => &c.common,
             SinkConfig::Webhook(c) => &c.common,
+            SinkConfig::EventHub(c) => &c.common,
         }
     }
 
@@ -74,7 +79,8 @@ impl SinkConfig {
         match self {
             SinkConfig::Kafka(c) if !c.exactly_once => DeliveryMode::AtLeastOnce,
             SinkConfig::Webhook(_) => DeliveryMode::AtLeastOnce,
-            SinkConfig::Kafka(_) | SinkConfig::Table(_) => DeliveryMode::ExactlyOnce,
+            SinkConfig::EventHub(c) if !c.exactly_once => DeliveryMode::AtLeastOnce,
+            SinkConfig::Kafka(_) | SinkConfig::Table(_) | SinkConfig::EventHub(_) => DeliveryMode::ExactlyOnce,
         }
     }
 }

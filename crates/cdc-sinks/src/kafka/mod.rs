@@ -87,9 +87,25 @@ pub struct DeliveryCounter {
     delivered: AtomicU64,
     failed: AtomicU64,
     first_error: Mutex<Option<(ErrorClass, String)>>,
+    /// The broker refused the credentials (librdkafka's error callback): waiting for delivery
+    /// reports would only end at `message.timeout.ms` with "timed out".
+    auth_error: Mutex<Option<String>>,
 }
 
-impl ClientContext for DeliveryCounter {}
+impl ClientContext for DeliveryCounter {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let auth = matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed)
+        );
+        if auth {
+            if let Ok(mut slot) = self.auth_error.lock() {
+                // librdkafka's reason names the broker and the mechanism's answer, never the password.
+                slot.get_or_insert_with(|| reason.to_string());
+            }
+        }
+    }
+}
 
 impl ProducerContext for DeliveryCounter {
     type DeliveryOpaque = ();
@@ -334,6 +350,7 @@ impl KafkaSink {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                     record = r;
+                    self.check_auth()?;
                     if self.interrupted() {
                         return Err(SinkError { class: ErrorClass::Retry, message: "publish interrupted".into() });
                     }
@@ -351,6 +368,7 @@ impl KafkaSink {
     fn drain(&self) -> Result<(), SinkError> {
         let deadline = Instant::now() + TRANSACTION_TIMEOUT;
         while self.producer.in_flight_count() > 0 {
+            self.check_auth()?;
             if self.interrupted() {
                 return Err(SinkError { class: ErrorClass::Retry, message: "publish interrupted".into() });
             }
@@ -395,6 +413,17 @@ impl KafkaSink {
 
     fn take_error(&self) -> Option<(ErrorClass, String)> {
         self.producer.context().first_error.lock().ok().and_then(|mut e| e.take())
+    }
+
+    /// Fails at once when the broker refused the credentials (an operator must fix them).
+    fn check_auth(&self) -> Result<(), SinkError> {
+        match self.producer.context().auth_error.lock().ok().and_then(|e| e.clone()) {
+            Some(reason) => Err(SinkError {
+                class: ErrorClass::Operator,
+                message: format!("the Kafka broker refused the sink's credentials: {reason}"),
+            }),
+            None => Ok(()),
+        }
     }
 }
 
@@ -455,6 +484,7 @@ impl Sink for KafkaSink {
             if done >= sent {
                 break;
             }
+            self.check_auth()?;
             if self.interrupted() {
                 return Err(SinkError { class: ErrorClass::Retry, message: "publish interrupted".into() });
             }

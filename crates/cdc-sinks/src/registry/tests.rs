@@ -48,7 +48,11 @@ fn sink_types() {
     assert_eq!(e.kind.sqlstate(), "22023");
     assert!(e.hint.unwrap().starts_with("Did you mean \"kafka\"?"));
     assert_eq!(parse_config("kinesis", &json!({})).unwrap_err().kind.sqlstate(), "0A000");
-    assert!(parse_config("nope", &json!({})).unwrap_err().hint.unwrap().contains("kafka, table, webhook, kinesis"));
+    assert!(parse_config("nope", &json!({}))
+        .unwrap_err()
+        .hint
+        .unwrap()
+        .contains("kafka, table, webhook, eventhub, kinesis"));
 }
 
 #[test]
