@@ -264,7 +264,7 @@ impl Worker {
     }
 
     /// Reads `cdc.test_failpoint` again when it changed (a refused value arms nothing and is
-    /// logged once).
+    /// logged once). Arming is logged, so a test knows when the worker has it.
     fn refresh_failpoint(&mut self) {
         let text = gucs::string(&gucs::TEST_FAILPOINT);
         if text == self.failpoint.0 {
@@ -274,6 +274,9 @@ impl Worker {
             pgrx::warning!("pg_cdc worker: {e}; no failpoint is armed");
             Armed::default()
         });
+        if armed != Armed::default() {
+            pgrx::log!("pg_cdc worker: test failpoint {} armed", text.trim());
+        }
         self.failpoint = (text, armed);
     }
 

@@ -6,6 +6,7 @@ worker's own state. Each test uses its own tables and topics, and drops its sink
 import contextlib
 import json
 import os
+import threading
 import time
 import uuid
 
@@ -177,10 +178,19 @@ def restart_worker(conn):
     wait_for(lambda: worker_pid(conn) not in (None, old), what="worker restarted")
 
 
-def server_log():
-    path = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), f"postgresql-{os.environ.get('PGPORT', '55432')}.log")
-    with open(path, errors="replace") as f:
-        return f.read()
+SERVER_LOG = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"),
+                          f"postgresql-{os.environ.get('PGPORT', '55432')}.log")
+
+
+def server_log(since=0):
+    """The server log from byte `since` on (see `server_log_size`)."""
+    with open(SERVER_LOG, "rb") as f:
+        f.seek(since)
+        return f.read().decode(errors="replace")
+
+
+def server_log_size():
+    return os.path.getsize(SERVER_LOG)
 
 
 def sink_state(conn, name):
@@ -215,8 +225,11 @@ def crash_at_failpoint(pg, sink, write):
     until the worker exits at it (after the sink's Kafka commit, before its slot moves), and disarms
     it. The postmaster restarts the worker."""
     old = wait_for(lambda: worker_pid(pg), what="worker running")
+    logged = server_log_size()
     with server_settings({"cdc.test_failpoint": f"after_sink_commit:{sink}"}):
-        time.sleep(1.0)  # the worker re-reads its settings at its next tick
+        # The worker re-reads its settings at its next tick, and logs the failpoint it armed.
+        wait_for(lambda: f"test failpoint after_sink_commit:{sink} armed" in server_log(logged),
+                 what="the worker armed the failpoint")
         write()
         wait_for(lambda: worker_pid(pg) not in (None, old), timeout=30, what="worker exited at the failpoint")
 
@@ -265,3 +278,49 @@ def wait_setting(conn, name, value):
     reload between statements, once the postmaster's signal has arrived)."""
     wait_for(lambda: conn.execute("SELECT current_setting(%s)", (name,)).fetchone()[0] == str(value),
              timeout=10, what=f"{name} = {value} in this session")
+
+
+def worker_back():
+    """Whether the server accepts connections again and the worker runs (after a crash-restart)."""
+    try:
+        with connect() as c:
+            return worker_pid(c) is not None
+    except psycopg.OperationalError:
+        return False
+
+
+def sigkill_while_writing(pg, table, rows_per_txn, kills=2, ready=lambda: True):
+    """Commits transactions of `rows_per_txn` rows into `table` (id int, v text) from a thread while the
+    worker is SIGKILLed `kills` times, each once writes flow and `ready()` holds (PostgreSQL then
+    crash-restarts every backend). The writer reconnects through each restart and goes on from the
+    table's highest id (uncommitted rows are gone). Returns once the server is back after the last
+    kill and the writer stopped: the source table is then the oracle."""
+    stop, committed = threading.Event(), []
+
+    def writer():
+        while not stop.is_set():
+            try:
+                with psycopg.connect(PG_DSN, autocommit=True) as w:
+                    n = w.execute(f"SELECT coalesce(max(id) + 1, 0) FROM {table}").fetchone()[0]
+                    while not stop.is_set():
+                        with w.transaction():
+                            for _ in range(rows_per_txn):
+                                w.execute(f"INSERT INTO {table} VALUES (%s, 'x')", (n,))
+                                n += 1
+                        committed.append(n)
+            except psycopg.OperationalError:
+                time.sleep(0.5)
+
+    th = threading.Thread(target=writer)
+    th.start()
+    try:
+        for _ in range(kills):
+            wait_for(lambda: len(committed) > 30 and ready(), what="writes flowing")
+            committed.clear()
+            with connect() as c:
+                os.kill(wait_for(lambda: worker_pid(c), what="worker"), 9)
+            time.sleep(3)
+            wait_for(worker_back, timeout=60, what="server back")
+    finally:
+        stop.set()
+        th.join(60)

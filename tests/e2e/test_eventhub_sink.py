@@ -5,15 +5,13 @@ that real broker, instead of librdkafka's mock."""
 import collections
 import json
 import os
-import threading
-import time
 import uuid
 
 import psycopg
 import pytest
 
-from conftest import (connect, consume, delete_topics, delivery_status, server_log, sink_state, wait_for,
-                      worker_pid)
+from conftest import (connect, consume, delete_topics, delivery_status, server_log, sigkill_while_writing,
+                      sink_state, wait_for)
 
 RUN = os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc")
 CA = os.path.join(RUN, "kafka", "tls", "ca.pem")
@@ -131,37 +129,7 @@ def test_sigkill_during_delivery_loses_nothing(pg, hubs, connection_file, unique
     t = captured(pg, f"ehkill_{unique}")
     topic = f"ehkill-{unique}"
     add(pg, hubs, f"ehkill_{unique}", topic, connection_string_file=connection_file)
-    stop, committed = threading.Event(), []
-
-    def writer():
-        # Reconnects through the crash-restart; uncommitted rows are gone, so it goes on from the
-        # table's highest id.
-        while not stop.is_set():
-            try:
-                with psycopg.connect(pg.info.dsn, autocommit=True) as w:
-                    n = w.execute(f"SELECT coalesce(max(id) + 1, 0) FROM {t}").fetchone()[0]
-                    while not stop.is_set():
-                        with w.transaction():
-                            for _ in range(10):
-                                w.execute(f"INSERT INTO {t} VALUES (%s, 'x')", (n,))
-                                n += 1
-                        committed.append(n)
-            except psycopg.OperationalError:
-                time.sleep(0.5)
-
-    th = threading.Thread(target=writer)
-    th.start()
-    try:
-        for _ in range(2):
-            wait_for(lambda: len(committed) > 30, what="writes flowing")
-            committed.clear()
-            with connect() as c:
-                os.kill(wait_for(lambda: worker_pid(c), what="worker"), 9)
-            time.sleep(3)
-            wait_for(lambda: _alive(), timeout=60, what="server back")
-    finally:
-        stop.set()
-        th.join(60)
+    sigkill_while_writing(pg, t, 10)
     with connect() as c:
         src = {r[0] for r in c.execute(f"SELECT id FROM {t}").fetchall()}
         msgs = consume(topic, len(src), timeout=120, extra=sasl_client())
@@ -172,14 +140,6 @@ def test_sigkill_during_delivery_loses_nothing(pg, hubs, connection_file, unique
         assert all(len(v) == 1 for v in seen.values()), "a re-sent event differs from its first send"
         assert {m["value"]["after"]["id"] for m in msgs} == src
         c.execute("SELECT cdc_disable(%s)", (t,))
-
-
-def _alive():
-    try:
-        with connect() as c:
-            return worker_pid(c) is not None
-    except psycopg.OperationalError:
-        return False
 
 
 def test_config_errors(pg, unique):

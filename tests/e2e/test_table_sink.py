@@ -5,7 +5,6 @@ The oracle is the source table itself (SELECT), compared with the event table (S
 the worker's own state."""
 import collections
 import json
-import os
 import threading
 import time
 
@@ -13,8 +12,8 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import (connect, consume, crash_at_failpoint, delivery_status, server_log, server_settings, sink_state, wait_for,
-                      worker_pid)
+from conftest import (connect, consume, crash_at_failpoint, delivery_status, server_log, server_settings,
+                      sigkill_while_writing, sink_state, wait_for, worker_pid)
 
 
 class TableSinks:
@@ -192,51 +191,13 @@ def test_sigkill_during_delivery_loses_and_duplicates_nothing(pg, tsinks, unique
     t = captured(pg, f"tkill_{unique}")
     table = f"tkill_events_{unique}"
     tsinks.add(f"tkill_{unique}", table)
-    stop, committed = threading.Event(), []
-
-    def writer():
-        # Reconnects through the crash-restart; uncommitted rows are gone, so it goes on from the
-        # table's highest id.
-        while not stop.is_set():
-            try:
-                with psycopg.connect(pg.info.dsn, autocommit=True) as w:
-                    n = w.execute(f"SELECT coalesce(max(id) + 1, 0) FROM {t}").fetchone()[0]
-                    while not stop.is_set():
-                        with w.transaction():
-                            for _ in range(20):
-                                w.execute(f"INSERT INTO {t} VALUES (%s, 'x')", (n,))
-                                n += 1
-                        committed.append(n)
-            except psycopg.OperationalError:
-                time.sleep(0.5)
-
-    th = threading.Thread(target=writer)
-    th.start()
-    try:
-        for _ in range(2):
-            wait_for(lambda: len(committed) > 20, what="writes flowing")
-            committed.clear()
-            with connect() as c:
-                os.kill(wait_for(lambda: worker_pid(c), what="worker"), 9)
-            time.sleep(3)
-            wait_for(lambda: _alive(), timeout=60, what="server back")
-    finally:
-        stop.set()
-        th.join(60)
+    sigkill_while_writing(pg, t, 20)
     with connect() as c:
         total = c.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
         wait_events(c, table, total, timeout=120)
         time.sleep(1.0)
         assert_exactly_once(c, t, table)
         c.execute("SELECT cdc_disable(%s)", (t,))
-
-
-def _alive():
-    try:
-        with connect() as c:
-            return worker_pid(c) is not None
-    except psycopg.OperationalError:
-        return False
 
 
 def test_retention_removes_old_events_and_consumers_hear_of_what_they_missed(pg, tsinks, unique):

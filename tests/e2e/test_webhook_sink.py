@@ -3,7 +3,6 @@ in commit order, Retry-After honoured, 4xx as an error an operator sees, and at-
 SIGKILL of the worker (duplicates allowed, identified by their id, byte-identical, never out of order).
 
 The oracle is the source table (SELECT) and what the server received: nothing of the worker's state."""
-import collections
 import hashlib
 import hmac
 import http.server
@@ -16,7 +15,7 @@ import uuid
 import psycopg
 import pytest
 
-from conftest import connect, delivery_status, sink_state, wait_for, worker_pid
+from conftest import connect, delivery_status, sigkill_while_writing, sink_state, wait_for
 
 SECRET = b"e2e-webhook-secret"
 
@@ -175,51 +174,13 @@ def test_sigkill_during_delivery_loses_nothing(pg, hooks, hook, unique):
     t = captured(pg, f"whk_{unique}")
     hook.delay = 0.02
     add(pg, hooks, f"whk_{unique}", hook.url, batch_max_events=20)
-    stop, committed = threading.Event(), []
-
-    def writer():
-        # Reconnects through the crash-restart; uncommitted rows are gone, so it goes on from the
-        # table's highest id.
-        while not stop.is_set():
-            try:
-                with psycopg.connect(pg.info.dsn, autocommit=True) as w:
-                    n = w.execute(f"SELECT coalesce(max(id) + 1, 0) FROM {t}").fetchone()[0]
-                    while not stop.is_set():
-                        with w.transaction():
-                            for _ in range(10):
-                                w.execute(f"INSERT INTO {t} VALUES (%s, 'x')", (n,))
-                                n += 1
-                        committed.append(n)
-            except psycopg.OperationalError:
-                time.sleep(0.5)
-
-    th = threading.Thread(target=writer)
-    th.start()
-    try:
-        for _ in range(2):
-            wait_for(lambda: len(committed) > 30 and len(hook.requests) > 5, what="writes and posts flowing")
-            committed.clear()
-            with connect() as c:
-                os.kill(wait_for(lambda: worker_pid(c), what="worker"), 9)
-            time.sleep(3)
-            wait_for(lambda: _alive(), timeout=60, what="server back")
-    finally:
-        stop.set()
-        th.join(60)
+    sigkill_while_writing(pg, t, 10, ready=lambda: len(hook.requests) > 5)
     with connect() as c:
         total = c.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
         wait_for(lambda: len({r["id"] for r in hook.delivered()}) >= total, timeout=120, what="every row posted")
         time.sleep(1.0)
         assert_at_least_once_in_order(hook, c, t)
         c.execute("SELECT cdc_disable(%s)", (t,))
-
-
-def _alive():
-    try:
-        with connect() as c:
-            return worker_pid(c) is not None
-    except psycopg.OperationalError:
-        return False
 
 
 def test_config_errors(pg, unique):

@@ -16,6 +16,8 @@ pub mod eventhub;
 pub mod kafka;
 pub mod registry;
 pub mod table;
+#[cfg(test)]
+mod testutil;
 pub mod webhook;
 
 // The ports live in the core (`cdc_core::deliver::port`), with the protocol that drives them and

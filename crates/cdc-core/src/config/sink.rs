@@ -2,6 +2,8 @@
 //! the tables' transformations, how long one delivery unit may stay open, a sink-level partition
 //! key and the event format. Each sink type parses its own keys (`cdc-sinks`, one folder per sink)
 //! and these with [`parse_common`].
+use serde_json::Value;
+
 use super::object::{invalid, planned, Obj};
 use super::CaptureConfig;
 use crate::error::CdcResult;
@@ -33,6 +35,15 @@ pub struct SinkCommon {
     pub partition_key: Option<String>,
     /// Event encoding.
     pub format: Format,
+}
+
+/// A sink config's object, its keys checked against the type's own keys and [`COMMON_KEYS`]
+/// (an unknown key is 22023 with a "did you mean" hint).
+pub fn sink_object<'a>(config: &'a Value, own_keys: &[&str]) -> CdcResult<Obj<'a>> {
+    let o = Obj::root("config", config)?;
+    let known: Vec<&str> = own_keys.iter().chain(COMMON_KEYS).copied().collect();
+    o.check_keys(&known)?;
+    Ok(o)
 }
 
 /// Parses the keys of [`COMMON_KEYS`] in a sink config (the caller checks for unknown keys).

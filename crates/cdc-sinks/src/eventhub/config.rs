@@ -1,12 +1,12 @@
 //! The Event Hubs sink's config, and the Kafka config it becomes.
 use std::collections::BTreeMap;
 
-use cdc_core::config::object::{invalid, wrong_type, Obj};
-use cdc_core::config::sink::{parse_common, SinkCommon, COMMON_KEYS};
+use cdc_core::config::object::{invalid, wrong_type};
+use cdc_core::config::sink::{parse_common, sink_object, SinkCommon};
 use cdc_core::CdcResult;
 use serde_json::Value;
 
-use crate::kafka::config::{validate_topic_template, KafkaSinkConfig};
+use crate::kafka::config::{parse_properties, validate_topic_template, KafkaSinkConfig};
 
 /// Where the connection string is.
 #[derive(Clone, PartialEq, Eq)]
@@ -88,9 +88,7 @@ pub fn check_connection_string(s: &str) -> Result<(), &'static str> {
 
 /// Parses and validates an Event Hubs sink config.
 pub fn parse(config: &Value) -> CdcResult<EventHubSinkConfig> {
-    let o = Obj::root("config", config)?;
-    let known: Vec<&str> = KEYS.iter().chain(COMMON_KEYS).copied().collect();
-    o.check_keys(&known)?;
+    let o = sink_object(config, KEYS)?;
     let eventhub = o
         .string("eventhub")?
         .ok_or_else(|| {
@@ -133,22 +131,11 @@ pub fn parse(config: &Value) -> CdcResult<EventHubSinkConfig> {
         };
     let exactly_once = o.bool("exactly_once")?.unwrap_or(false);
     let common = parse_common(&o)?;
-    let mut properties = BTreeMap::new();
-    if let Some(p) = o.object("properties")? {
-        for (k, v) in p.map {
-            let path = format!("config.properties.\"{k}\"");
-            let value = match v {
-                Value::String(s) => s.clone(),
-                Value::Number(n) => n.to_string(),
-                Value::Bool(b) => b.to_string(),
-                other => return Err(wrong_type(&path, "a string, number or boolean", other)),
-            };
-            if RESERVED_PROPERTIES.contains(&k.as_str()) {
-                return Err(invalid(format!("{path} is set by pg_cdc for Event Hubs and cannot be overridden")));
-            }
-            properties.insert(k.clone(), value);
-        }
-    }
+    let properties = parse_properties(
+        &o,
+        RESERVED_PROPERTIES,
+        "Event Hubs' security and SASL settings are pg_cdc's; use connection_string_file and bootstrap_servers.",
+    )?;
     Ok(EventHubSinkConfig { common, namespace, eventhub, connection, bootstrap_servers, exactly_once, properties })
 }
 

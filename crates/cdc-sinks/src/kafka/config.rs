@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use cdc_core::config::object::{invalid, wrong_type, Obj};
-use cdc_core::config::sink::{parse_common, SinkCommon, COMMON_KEYS};
+use cdc_core::config::sink::{parse_common, sink_object, SinkCommon};
 use cdc_core::{CdcError, CdcResult};
 use serde_json::Value;
 
@@ -48,11 +48,31 @@ pub const KEYS: &[&str] = &[
 /// librdkafka settings pg_cdc sets itself; `properties` may not override them.
 const RESERVED_PROPERTIES: &[&str] = &["bootstrap.servers", "acks", "enable.idempotence", "transactional.id"];
 
+/// Parses `properties`: librdkafka settings passed through, each a string, number or boolean;
+/// the `reserved` ones (pg_cdc's) are refused with `hint`. Values may be secrets: never echoed.
+pub fn parse_properties(o: &Obj<'_>, reserved: &[&str], hint: &str) -> CdcResult<BTreeMap<String, String>> {
+    let mut properties = BTreeMap::new();
+    if let Some(p) = o.object("properties")? {
+        for (k, v) in p.map {
+            let path = format!("config.properties.\"{k}\"");
+            let value = match v {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                other => return Err(wrong_type(&path, "a string, number or boolean", other)),
+            };
+            if reserved.contains(&k.as_str()) {
+                return Err(invalid(format!("{path} is set by pg_cdc and cannot be overridden")).hint(hint));
+            }
+            properties.insert(k.clone(), value);
+        }
+    }
+    Ok(properties)
+}
+
 /// Parses and validates a Kafka sink config.
 pub fn parse(config: &Value) -> CdcResult<KafkaSinkConfig> {
-    let o = Obj::root("config", config)?;
-    let known: Vec<&str> = KEYS.iter().chain(COMMON_KEYS).copied().collect();
-    o.check_keys(&known)?;
+    let o = sink_object(config, KEYS)?;
     let topic = o
         .string("topic")?
         .ok_or_else(|| invalid("config.topic is required for a kafka sink").hint("Add \"topic\": \"orders-cdc\"."))?
@@ -89,23 +109,8 @@ pub fn parse(config: &Value) -> CdcResult<KafkaSinkConfig> {
         return Err(invalid("config.acks must be \"all\" with exactly-once delivery")
             .hint("Kafka transactions need acks=all; set \"exactly_once\": false to use acks=1."));
     }
-    let mut properties = BTreeMap::new();
-    if let Some(p) = o.object("properties")? {
-        for (k, v) in p.map {
-            let path = format!("config.properties.\"{k}\"");
-            let value = match v {
-                Value::String(s) => s.clone(),
-                Value::Number(n) => n.to_string(),
-                Value::Bool(b) => b.to_string(),
-                other => return Err(wrong_type(&path, "a string, number or boolean", other)),
-            };
-            if RESERVED_PROPERTIES.contains(&k.as_str()) {
-                return Err(invalid(format!("{path} is set by pg_cdc and cannot be overridden"))
-                    .hint("Use the sink's own keys (bootstrap_servers, acks) instead."));
-            }
-            properties.insert(k.clone(), value);
-        }
-    }
+    let properties =
+        parse_properties(&o, RESERVED_PROPERTIES, "Use the sink's own keys (bootstrap_servers, acks) instead.")?;
     Ok(KafkaSinkConfig {
         common,
         exactly_once,

@@ -1,7 +1,7 @@
 //! The in-database sink's config.
 use cdc_core::config::is_qualified_name;
-use cdc_core::config::object::{invalid, Obj};
-use cdc_core::config::sink::{parse_common, SinkCommon, COMMON_KEYS};
+use cdc_core::config::object::invalid;
+use cdc_core::config::sink::{parse_common, sink_object, SinkCommon};
 use cdc_core::{CdcError, CdcResult, ErrorKind};
 use serde_json::Value;
 
@@ -26,9 +26,7 @@ pub const DEFAULT_RETENTION_HOURS: u32 = 168;
 
 /// Parses and validates an in-database sink config.
 pub fn parse(config: &Value) -> CdcResult<TableSinkConfig> {
-    let o = Obj::root("config", config)?;
-    let known: Vec<&str> = KEYS.iter().chain(COMMON_KEYS).copied().collect();
-    o.check_keys(&known)?;
+    let o = sink_object(config, KEYS)?;
     let table = o
         .string("table")?
         .ok_or_else(|| {

@@ -1,11 +1,10 @@
-use std::sync::Arc;
-
-use cdc_core::envelope::{Event, Op};
+use cdc_core::envelope::Event;
 use cdc_core::Lsn;
 use serde_json::json;
 
 use super::config::parse;
 use super::*;
+use crate::testutil::event;
 
 #[derive(Default)]
 struct Memory {
@@ -29,27 +28,13 @@ impl EventStore for Memory {
     }
 }
 
-fn event(commit: u64, index: u32) -> Event {
-    Event {
-        table_oid: 1,
-        schema: Arc::from("public"),
-        table: Arc::from("orders"),
-        op: Op::Insert,
-        lsn: Lsn(commit - 1),
-        commit_lsn: Lsn(commit),
-        index,
-        key: Some(b"{\"id\":1}".to_vec()),
-        payload: b"{}".to_vec(),
-    }
-}
-
 #[test]
 fn events_and_checkpoint_go_to_the_store_and_empty_units_write_nothing() {
     let mut sink = TableSink::new(Memory::default());
     assert_eq!(sink.open().unwrap(), None);
     assert!(sink.in_source_database() && sink.delivery_mode() == DeliveryMode::ExactlyOnce);
-    let stats = sink.send(&[event(10, 1), event(10, 2)]).unwrap();
-    assert_eq!(stats, PublishStats { events: 2, bytes: 2 * (8 + 2) });
+    let stats = sink.send(&[event(10, 1, 1), event(10, 2, 2)]).unwrap();
+    assert_eq!(stats, PublishStats { events: 2, bytes: 2 * (8 + 18) });
     sink.flush(Checkpoint { end_lsn: Lsn(11) }).unwrap();
     // A heartbeat's unit: nothing sent, nothing written (its WAL would call for another heartbeat).
     sink.flush(Checkpoint { end_lsn: Lsn(20) }).unwrap();
@@ -57,7 +42,7 @@ fn events_and_checkpoint_go_to_the_store_and_empty_units_write_nothing() {
     assert_eq!(sink.open().unwrap(), Some(Checkpoint { end_lsn: Lsn(11) }));
     assert_eq!(sink.store_mut().rows, [(10, 1), (10, 2)]);
     // An aborted unit leaves no count behind for the next flush.
-    sink.send(&[event(30, 1)]).unwrap();
+    sink.send(&[event(30, 1, 3)]).unwrap();
     sink.abort();
     sink.flush(Checkpoint { end_lsn: Lsn(40) }).unwrap();
     assert_eq!(sink.store_mut().writes, 1);

@@ -1,8 +1,8 @@
 //! The webhook sink's config.
 use std::collections::BTreeMap;
 
-use cdc_core::config::object::{invalid, wrong_type, Obj};
-use cdc_core::config::sink::{parse_common, SinkCommon, COMMON_KEYS};
+use cdc_core::config::object::{invalid, wrong_type};
+use cdc_core::config::sink::{parse_common, sink_object, SinkCommon};
 use cdc_core::CdcResult;
 use serde_json::Value;
 
@@ -35,9 +35,7 @@ const RESERVED_HEADERS: &[&str] = &["content-type", "content-length", "host", "x
 
 /// Parses and validates a webhook sink config.
 pub fn parse(config: &Value) -> CdcResult<WebhookSinkConfig> {
-    let o = Obj::root("config", config)?;
-    let known: Vec<&str> = KEYS.iter().chain(COMMON_KEYS).copied().collect();
-    o.check_keys(&known)?;
+    let o = sink_object(config, KEYS)?;
     let url = o
         .string("url")?
         .ok_or_else(|| {

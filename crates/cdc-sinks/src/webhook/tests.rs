@@ -4,26 +4,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
-use cdc_core::envelope::Op;
 use cdc_core::Lsn;
 use serde_json::{json, Value};
 
 use super::config::parse;
 use super::*;
-
-fn event(commit: u64, index: u32, id: u32) -> Event {
-    Event {
-        table_oid: 1,
-        schema: Arc::from("public"),
-        table: Arc::from("orders"),
-        op: Op::Insert,
-        lsn: Lsn(commit - 1),
-        commit_lsn: Lsn(commit),
-        index,
-        key: Some(format!("{{\"id\":{id}}}").into_bytes()),
-        payload: format!("{{\"after\":{{\"id\":{id}}}}}").into_bytes(),
-    }
-}
+use crate::testutil::event;
 
 /// A request the server got: its headers (lower-case names) and body.
 type Got = Arc<Mutex<Vec<(Vec<(String, String)>, Vec<u8>)>>>;
