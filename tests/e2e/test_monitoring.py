@@ -63,7 +63,11 @@ def test_end_to_end_percentiles_agree_with_the_broker_timestamps(pg, sinks, uniq
     """pg_cdc's end-to-end latency (commit -> Kafka commit acknowledged) against an independent
     measure: the broker's append time of each record (LogAppendTime) minus the commit time the event
     carries. The broker appends before the transaction commits, so the independent figure is a little
-    lower; the tolerance is 100 ms plus 50 % (the Kafka commit round trip, and 1 ms rounding)."""
+    lower; the tolerance is 100 ms plus 50 % at p50 (the Kafka commit round trip, and 1 ms rounding).
+    At p99 a single slow Kafka commit (the broker writes the transaction markers) lifts pg_cdc's figure
+    for every event of that transaction and not the broker's: one such stall of 265 ms failed a CI run
+    with the p50 tolerance, so p99 may differ by 300 ms plus the broker's own p99 (a wrong clock or a
+    miscounted histogram is off by far more)."""
     t, topic = f"ticks_{unique}", f"ticks-latency-{unique}"
     admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
     admin.create_topics([NewTopic(topic, 1, 1, config={"message.timestamp.type": "LogAppendTime"})])[topic].result(30)
@@ -83,8 +87,9 @@ def test_end_to_end_percentiles_agree_with_the_broker_timestamps(pg, sinks, uniq
     ours = pg.execute("SELECT cdc_metrics(%s)", (t,)).fetchone()[0]["end_to_end_latency"]
     assert ours["samples"] == n + 1
     their_p50, their_p99 = statistics.median(theirs), theirs[int(0.99 * len(theirs)) - 1]
-    for label, mine, other in [("p50", ours["p50_ms"], their_p50), ("p99", ours["p99_ms"], their_p99)]:
-        assert abs(mine - other) <= 100 + 0.5 * other, f"{label}: pg_cdc {mine} ms, broker {other} ms"
+    for label, mine, other, tolerance in [("p50", ours["p50_ms"], their_p50, 100 + 0.5 * their_p50),
+                                          ("p99", ours["p99_ms"], their_p99, 300 + their_p99)]:
+        assert abs(mine - other) <= tolerance, f"{label}: pg_cdc {mine} ms, broker {other} ms"
     print(f"end to end p50 {ours['p50_ms']} ms (broker {their_p50} ms), p99 {ours['p99_ms']} ms (broker {their_p99} ms)")
     pg.execute("SELECT cdc_disable(%s)", (t,))
 
