@@ -96,25 +96,19 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
             refuse_event_table(&schema, *oid, name);
         }
     }
-    if let SinkConfig::Webhook(w) = &cfg {
-        if let Some(path) = &w.secret_file {
-            if let Err(e) = crate::keys::webhook_secret(path) {
-                raise(CdcError::new(ErrorKind::PrerequisiteState, format!("config.secret_file: {e}")).hint(
-                    "Write the secret to a file in (or relative to) the data directory, owned by the server's \
-                         user, mode 0600.",
-                ));
+    match &cfg {
+        SinkConfig::Webhook(w) => {
+            if let Some(path) = &w.secret_file {
+                require_secret_file("secret_file", "the secret", crate::keys::webhook_secret(path));
             }
         }
-    }
-    if let SinkConfig::EventHub(e) = &cfg {
-        if let cdc_sinks::eventhub::config::Connection::File(path) = &e.connection {
-            if let Err(e) = crate::keys::eventhub_connection(path) {
-                raise(CdcError::new(ErrorKind::PrerequisiteState, format!("config.connection_string_file: {e}")).hint(
-                    "Write the connection string to a file in (or relative to) the data directory, owned by the \
-                         server's user, mode 0600.",
-                ));
+        SinkConfig::EventHub(e) => {
+            if let cdc_sinks::eventhub::config::Connection::File(path) = &e.connection {
+                let read = crate::keys::eventhub_connection(path);
+                require_secret_file("connection_string_file", "the connection string", read);
             }
         }
+        SinkConfig::Kafka(_) | SinkConfig::Table(_) => {}
     }
     if let SinkConfig::Table(t) = &cfg {
         if !has_table_sinks(&schema) {
@@ -205,6 +199,16 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         pgrx::notice!("no table is captured yet: SELECT cdc_enable('<table>') to start");
     }
     id
+}
+
+/// Refuses (55000) a sink whose secret file (`config.<key>`, holding `what`) cannot be used: the
+/// worker would stop the sink at once.
+fn require_secret_file<T>(key: &str, what: &str, read: Result<T, String>) {
+    if let Err(e) = read {
+        raise(CdcError::new(ErrorKind::PrerequisiteState, format!("config.{key}: {e}")).hint(format!(
+            "Write {what} to a file in (or relative to) the data directory, owned by the server's user, mode 0600."
+        )));
+    }
 }
 
 /// Whether the catalog has the in-database sinks' table: not before `ALTER EXTENSION pg_cdc UPDATE`

@@ -324,3 +324,21 @@ def sigkill_while_writing(pg, table, rows_per_txn, kills=2, ready=lambda: True):
     finally:
         stop.set()
         th.join(60)
+
+
+@contextlib.contextmanager
+def secret_in_data_dir(pg, prefix, content):
+    """A file holding `content` in the data directory, owned by the server's user, mode 0600, as pg_cdc
+    wants its secret files; yields its name (relative to the data directory) and removes it after."""
+    data = pg.execute("SHOW data_directory").fetchone()[0]
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    path = os.path.join(data, name)
+    with open(path, "wb") as f:
+        f.write(content)
+    st = os.stat(data)
+    os.chown(path, st.st_uid, st.st_gid)
+    os.chmod(path, 0o600)
+    try:
+        yield name
+    finally:
+        os.unlink(path)

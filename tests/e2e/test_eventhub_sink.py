@@ -10,8 +10,8 @@ import uuid
 import psycopg
 import pytest
 
-from conftest import (connect, consume, delete_topics, delivery_status, server_log, sigkill_while_writing,
-                      sink_state, wait_for)
+from conftest import (connect, consume, delete_topics, delivery_status, secret_in_data_dir, server_log,
+                      sigkill_while_writing, sink_state, wait_for)
 
 RUN = os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc")
 CA = os.path.join(RUN, "kafka", "tls", "ca.pem")
@@ -32,17 +32,9 @@ def sasl_client(extra=None):
 
 @pytest.fixture
 def connection_file(pg):
-    """The connection string in a file in the data directory, owned by the server's user, mode 0600."""
-    data = pg.execute("SHOW data_directory").fetchone()[0]
-    name = f"e2e_eventhub_{uuid.uuid4().hex[:8]}.conn"
-    path = os.path.join(data, name)
-    with open(path, "w") as f:
-        f.write(connection_string() + "\n")
-    st = os.stat(data)
-    os.chown(path, st.st_uid, st.st_gid)
-    os.chmod(path, 0o600)
-    yield name
-    os.unlink(path)
+    """The connection string in a file in the data directory."""
+    with secret_in_data_dir(pg, "e2e_eventhub", connection_string().encode() + b"\n") as name:
+        yield name
 
 
 @pytest.fixture

@@ -7,15 +7,13 @@ import hashlib
 import hmac
 import http.server
 import json
-import os
 import threading
 import time
-import uuid
 
 import psycopg
 import pytest
 
-from conftest import connect, delivery_status, sigkill_while_writing, sink_state, wait_for
+from conftest import connect, delivery_status, secret_in_data_dir, sigkill_while_writing, sink_state, wait_for
 
 SECRET = b"e2e-webhook-secret"
 
@@ -68,17 +66,9 @@ def hook():
 
 @pytest.fixture
 def secret_file(pg):
-    """A secret file in the data directory, owned by the server's user, mode 0600."""
-    data = pg.execute("SHOW data_directory").fetchone()[0]
-    name = f"e2e_hook_{uuid.uuid4().hex[:8]}.key"
-    path = os.path.join(data, name)
-    with open(path, "wb") as f:
-        f.write(SECRET + b"\n")
-    st = os.stat(data)
-    os.chown(path, st.st_uid, st.st_gid)
-    os.chmod(path, 0o600)
-    yield name
-    os.unlink(path)
+    """The signing secret in a file in the data directory (with the newline `echo` would add)."""
+    with secret_in_data_dir(pg, "e2e_hook", SECRET + b"\n") as name:
+        yield name
 
 
 @pytest.fixture
