@@ -18,12 +18,14 @@ deps:
 install: deps
 	@scripts/install-ext.sh
 
-## up: start PostgreSQL 15 (pg_cdc preloaded) and a single-node Kafka; restarts PostgreSQL when the extension changed
+## up: start PostgreSQL 15 (pg_cdc preloaded), a single-node Kafka and a local Kinesis server; restarts PostgreSQL when the extension changed
 up: install
 	@scripts/pg.sh start-fresh
 	@scripts/kafka.sh start
+	@scripts/kinesis.sh start
 
 down:
+	@scripts/kinesis.sh stop
 	@scripts/kafka.sh stop
 	@scripts/pg.sh stop
 

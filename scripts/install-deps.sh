@@ -42,7 +42,7 @@ if [ ! -x "$PG_CDC_VENV/bin/python" ]; then
   log "python venv $PG_CDC_VENV"
   python3 -m venv "$PG_CDC_VENV"
 fi
-if ! "$PG_CDC_VENV/bin/python" -c 'import confluent_kafka, psycopg, prometheus_client, pytest' 2>/dev/null; then
+if ! "$PG_CDC_VENV/bin/python" -c 'import confluent_kafka, psycopg, prometheus_client, pytest, boto3' 2>/dev/null; then
   log "python packages"
   "$PG_CDC_VENV/bin/pip" install -q -r "$here/../tests/requirements.txt"
 fi
@@ -52,5 +52,15 @@ if ! "$PG_CDC_VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
   "$PG_CDC_VENV/bin/pip" install -q -r "$here/../bench/requirements.txt"
 fi
 
+# node runs the local Kinesis server (kinesis-local from npm, checked with node 20; Debian 12's own
+# nodejs is 18). Installed from Debian only when no node is there at all.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  log "apt packages: nodejs npm"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+
 "$here/kafka.sh" install
+"$here/kinesis.sh" install
 log "done"

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The dev/test PostgreSQL 15 cluster: wal_level=logical, pg_cdc preloaded, trust auth on loopback,
 # run by the `postgres` user (initdb refuses root).
+# Kinesis sinks find the local Kinesis server (scripts/kinesis.sh) through cdc.kinesis_endpoint and
+# cdc.aws_region, and their credentials the usual AWS way: the server runs with AWS_CONFIG_FILE and
+# AWS_SHARED_CREDENTIALS_FILE pointing at $PG_CDC_RUN/aws, test keys the local server accepts (it checks
+# no signature), with profiles `default` and `local` — never the postgres user's own ~/.aws.
 #
 #   scripts/pg.sh start     initdb the first time, then start and wait until it accepts connections
 #   scripts/pg.sh start-fresh  start, restarting first if the installed pg_cdc library differs from the loaded one
@@ -29,6 +33,13 @@ ensure_dirs() {
   chown postgres:postgres "$PG_CDC_RUN/sock"
   touch "$LOG_FILE"
   chown postgres:postgres "$LOG_FILE"
+  mkdir -p "$PG_CDC_RUN/aws"
+  printf '[default]\naws_access_key_id = pgcdclocal\naws_secret_access_key = pgcdclocalsecret\n\n[local]\naws_access_key_id = pgcdclocal\naws_secret_access_key = pgcdclocalsecret\n' \
+    >"$PG_CDC_RUN/aws/credentials"
+  printf '[default]\n\n[profile local]\n' >"$PG_CDC_RUN/aws/config"
+  chown -R postgres:postgres "$PG_CDC_RUN/aws"
+  chmod 700 "$PG_CDC_RUN/aws"
+  chmod 600 "$PG_CDC_RUN/aws/credentials" "$PG_CDC_RUN/aws/config"
 }
 
 init_cluster() {
@@ -53,6 +64,8 @@ max_wal_senders = 16
 max_worker_processes = 16
 cdc.database = '$PGDATABASE'
 cdc.kafka_bootstrap_servers = '$KAFKA_BOOTSTRAP'
+cdc.kinesis_endpoint = '$KINESIS_ENDPOINT'
+cdc.aws_region = 'us-east-1'
 log_min_messages = warning
 log_line_prefix = '%m [%p] %b '
 log_timezone = 'UTC'
@@ -77,7 +90,8 @@ start() {
     return 0
   fi
   # RUST_BACKTRACE in the server's environment would put Rust backtraces into clients' error DETAILs.
-  env -u RUST_BACKTRACE runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -l "$LOG_FILE" -w -t 60 start >/dev/null \
+  env -u RUST_BACKTRACE AWS_CONFIG_FILE="$PG_CDC_RUN/aws/config" AWS_SHARED_CREDENTIALS_FILE="$PG_CDC_RUN/aws/credentials" \
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -l "$LOG_FILE" -w -t 60 start >/dev/null \
     || { tail -n 30 "$LOG_FILE" >&2; exit 1; }
   if [ -f "$LIB" ]; then sha256sum <"$LIB" >"$LOADED"; fi
   log "running on $PGHOST:$PGPORT (data $PGDATA_DIR, log $LOG_FILE)"

@@ -4,6 +4,8 @@
 //! |---|---|---|---|
 //! | `cdc.database` | postmaster | `postgres` | database the worker connects to (where `CREATE EXTENSION pg_cdc` ran) |
 //! | `cdc.kafka_bootstrap_servers` | sighup | `127.0.0.1:9092` | Kafka servers for sinks whose config gives none |
+//! | `cdc.aws_region` | sighup | (none) | AWS region for Kinesis sinks whose config gives none (else the AWS default chain: `AWS_REGION`, the profile's region) |
+//! | `cdc.kinesis_endpoint` | sighup | (none) | Kinesis endpoint URL for sinks whose config gives none (else `AWS_ENDPOINT_URL_KINESIS`, `AWS_ENDPOINT_URL`, or the region's endpoint) |
 //! | `cdc.naptime_ms` | sighup | 200 | longest worker sleep when no sink had work (while changes keep coming it wakes within 5 ms of new WAL; each empty pass doubles that, up to this) |
 //! | `cdc.batch_changes` | sighup | 100000 | `upto_nchanges` of one peek, one Kafka transaction (whole transactions are never split); at most min(this, 10000) frames are held in memory |
 //! | `cdc.heartbeat_interval_ms` | sighup | 10000 | how often an idle sink moves its slot forward over WAL it does not capture |
@@ -19,6 +21,10 @@ pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>
 /// `cdc.kafka_bootstrap_servers`.
 pub static KAFKA_BOOTSTRAP_SERVERS: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"127.0.0.1:9092"));
+/// `cdc.aws_region`.
+pub static AWS_REGION: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// `cdc.kinesis_endpoint`.
+pub static KINESIS_ENDPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// `cdc.naptime_ms`.
 pub static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
 /// `cdc.batch_changes`.
@@ -94,6 +100,22 @@ pub fn init() {
         c"Kafka bootstrap servers for sinks whose config names none.",
         c"",
         &KAFKA_BOOTSTRAP_SERVERS,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"cdc.aws_region",
+        c"AWS region for Kinesis sinks whose config names none.",
+        c"Unset: the AWS default chain (AWS_REGION, the profile's region).",
+        &AWS_REGION,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"cdc.kinesis_endpoint",
+        c"Kinesis endpoint URL for sinks whose config names none.",
+        c"Unset: AWS_ENDPOINT_URL_KINESIS, AWS_ENDPOINT_URL, or the region's endpoint.",
+        &KINESIS_ENDPOINT,
         GucContext::Sighup,
         GucFlags::default(),
     );

@@ -21,6 +21,8 @@ SELECT cdc_add_sink('regress_bad', 'kafak', '{"topic": "t"}'); \echo SQLSTATE :S
 SELECT cdc_add_sink('regress_bad', 'Kafka', '{"topic": "t"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', '', '{"topic": "t"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kinesis', '{"stream": "s"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'kinesis', '{"stream_name": "s", "exactly_once": true}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'kinesis', '{"stream_name": "orders/cdc"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'eventhub', '{}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'pubsub', '{}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'pulsar', '{}'); \echo SQLSTATE :SQLSTATE

@@ -15,6 +15,8 @@ use cdc_core::Lsn;
 use cdc_sinks::eventhub::config::Connection;
 use cdc_sinks::kafka::config::KafkaSinkConfig;
 use cdc_sinks::kafka::{with_signals_blocked, KafkaSink, Transactional};
+use cdc_sinks::kinesis::aws::{AwsKinesis, Defaults};
+use cdc_sinks::kinesis::KinesisSink;
 use cdc_sinks::table::TableSink;
 use cdc_sinks::webhook::WebhookSink;
 use cdc_sinks::{parse_config, Checkpoint, DeliveryMode, ErrorClass, Sink, SinkConfig, SinkError};
@@ -63,6 +65,8 @@ pub(super) enum Producer {
     Table(TableSink<SpiStore>),
     /// A webhook (opened in the read's transaction: nothing to open but its secret).
     Webhook(WebhookSink),
+    /// A Kinesis stream (opened on its own thread: finding credentials may take seconds).
+    Kinesis(KinesisSink<AwsKinesis>),
 }
 
 impl Producer {
@@ -71,6 +75,7 @@ impl Producer {
             Producer::Kafka(k) => k,
             Producer::Table(t) => t,
             Producer::Webhook(w) => w,
+            Producer::Kinesis(k) => k,
         }
     }
 
@@ -79,20 +84,21 @@ impl Producer {
             Producer::Kafka(k) => k.in_source_database(),
             Producer::Table(t) => t.in_source_database(),
             Producer::Webhook(w) => w.in_source_database(),
+            Producer::Kinesis(k) => k.in_source_database(),
         }
     }
 }
 
 /// Opens a sink that opens quickly, in the read's transaction: an in-database sink (finds its event
-/// table and reads its checkpoint, with SPI) or a webhook (reads its secret). `None` for a Kafka
-/// sink, which opens on its own thread ([`start_open`]).
+/// table and reads its checkpoint, with SPI) or a webhook (reads its secret). `None` for a Kafka,
+/// Event Hubs or Kinesis sink, which opens on its own thread ([`start_open`]).
 fn open_in_place(
     schema: &str,
     row: &SinkRow,
     config: &SinkConfig,
 ) -> Result<Option<(Producer, Option<Checkpoint>)>, SinkError> {
     match config {
-        SinkConfig::Kafka(_) | SinkConfig::EventHub(_) => Ok(None),
+        SinkConfig::Kafka(_) | SinkConfig::EventHub(_) | SinkConfig::Kinesis(_) => Ok(None),
         SinkConfig::Table(cfg) => {
             let mut sink = TableSink::new(SpiStore::open(schema, &row.id, cfg)?);
             let checkpoint = sink.open()?;
@@ -123,18 +129,41 @@ fn kafka_config_of(config: &SinkConfig) -> Result<Option<KafkaSinkConfig>, SinkE
             };
             Some(e.kafka_config(&connection))
         }
-        SinkConfig::Table(_) | SinkConfig::Webhook(_) => None,
+        SinkConfig::Table(_) | SinkConfig::Webhook(_) | SinkConfig::Kinesis(_) => None,
     })
 }
 
-/// A producer being opened on its own thread, and what it gives.
-type Opening = std::thread::JoinHandle<Result<(KafkaSink, Option<Checkpoint>), SinkError>>;
+/// A sink opened on its own thread.
+pub(super) enum Opened {
+    Kafka(KafkaSink),
+    Kinesis(KinesisSink<AwsKinesis>),
+}
 
-/// Starts opening a sink's producer on its own thread: it fences older producers of the pipeline
-/// and reads its last checkpoint (exactly-once), which takes up to the transaction timeout when
-/// the broker is unreachable, and must not stall the other sinks. The thread touches nothing of
-/// PostgreSQL, and starts with every signal blocked, so PostgreSQL's handlers stay on the main thread.
-fn start_open(run: &SinkRun, config: &KafkaSinkConfig, cat: &Catalog) -> Opening {
+/// A producer being opened on its own thread, and what it gives.
+type Opening = std::thread::JoinHandle<Result<(Opened, Option<Checkpoint>), SinkError>>;
+
+/// Starts opening a sink on its own thread. A Kafka producer fences older producers of the
+/// pipeline and reads its last checkpoint (exactly-once), which takes up to the transaction
+/// timeout when the broker is unreachable; a Kinesis client finds its credentials (seconds, when
+/// the chain asks an instance metadata service that is not there) and checks its stream. Neither
+/// may stall the other sinks. The thread touches nothing of PostgreSQL, and starts with every
+/// signal blocked, so PostgreSQL's handlers stay on the main thread.
+fn start_open(run: &SinkRun, config: &SinkConfig, cat: &Catalog) -> Result<Opening, SinkError> {
+    if let SinkConfig::Kinesis(cfg) = config {
+        let setting = |g| Some(gucs::string(g)).filter(|s| !s.trim().is_empty());
+        let defaults = Defaults { region: setting(&gucs::AWS_REGION), endpoint: setting(&gucs::KINESIS_ENDPOINT) };
+        let cfg = cfg.clone();
+        return Ok(with_signals_blocked(move || {
+            std::thread::spawn(move || {
+                let sink = AwsKinesis::open(&cfg, &defaults)?.into_sink(&cfg);
+                Ok((Opened::Kinesis(sink), None))
+            })
+        }));
+    }
+    let Some(config) = kafka_config_of(config)? else {
+        return Err(SinkError { class: ErrorClass::Retry, message: "the sink is not open".into() });
+    };
+    let config = &config;
     let row = &run.row;
     let transactional = config.exactly_once.then(|| {
         let hex = row.slot.trim_start_matches("_cdc_");
@@ -150,25 +179,33 @@ fn start_open(run: &SinkRun, config: &KafkaSinkConfig, cat: &Catalog) -> Opening
     let client_id = format!("pg_cdc-{}", row.name);
     let bootstrap = gucs::string(&gucs::KAFKA_BOOTSTRAP_SERVERS);
     let (config, database) = (config.clone(), cat.database.clone());
-    with_signals_blocked(move || {
+    Ok(with_signals_blocked(move || {
         std::thread::spawn(move || {
             let mut p = KafkaSink::new(&config, &bootstrap, &database, &client_id, transactional)?;
             let checkpoint = p.open()?;
-            Ok((p, checkpoint))
+            Ok((Opened::Kafka(p), checkpoint))
         })
-    })
+    }))
 }
 
 /// Installs a producer that finished opening, refusing a slot ahead of its checkpoint.
 fn finish_open(run: &mut SinkRun, opening: Opening, slot: &SlotView) -> Result<(), Failure> {
     let opened = opening.join().unwrap_or_else(|_| {
-        Err(SinkError { class: ErrorClass::Retry, message: "opening the Kafka producer failed unexpectedly".into() })
+        Err(SinkError { class: ErrorClass::Retry, message: "opening the sink failed unexpectedly".into() })
     });
-    let (mut producer, checkpoint) = opened.map_err(Failure::sink)?;
+    let (opened, checkpoint) = opened.map_err(Failure::sink)?;
     protocol::check_checkpoint(slot, checkpoint, false)?;
-    producer.set_interrupt(stop_requested);
     run.checkpoint = checkpoint;
-    run.producer = Some(Producer::Kafka(producer));
+    run.producer = Some(match opened {
+        Opened::Kafka(mut p) => {
+            p.set_interrupt(stop_requested);
+            Producer::Kafka(p)
+        }
+        Opened::Kinesis(mut k) => {
+            k.set_interrupt(stop_requested);
+            Producer::Kinesis(k)
+        }
+    });
     Ok(())
 }
 
@@ -698,13 +735,8 @@ impl Worker {
                 return Ok((Batch::default(), None));
             }
             if run.producer.is_none() {
-                let kafka = match kafka_config_of(&config) {
-                    Ok(Some(k)) => k,
-                    Ok(None) => return Err(Failure::new(SinkState::Retrying, "the sink is not open")),
-                    Err(e) => return Err(Failure::sink(e)),
-                };
                 // Only a sink with something to send opens a producer; the next steps wait for it.
-                run.opening = Some(start_open(&run, &kafka, cat));
+                run.opening = Some(start_open(&run, &config, cat).map_err(Failure::sink)?);
                 return Ok((Batch { opening: true, ..Batch::default() }, None));
             }
             let opened = || crate::stats::update(&row.id, |c| c.open_transactions = 1);

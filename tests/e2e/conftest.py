@@ -289,12 +289,13 @@ def worker_back():
         return False
 
 
-def sigkill_while_writing(pg, table, rows_per_txn, kills=2, ready=lambda: True):
+def sigkill_while_writing(pg, table, rows_per_txn, kills=2, ready=lambda: True, pause=0.0):
     """Commits transactions of `rows_per_txn` rows into `table` (id int, v text) from a thread while the
     worker is SIGKILLed `kills` times, each once writes flow and `ready()` holds (PostgreSQL then
     crash-restarts every backend). The writer reconnects through each restart and goes on from the
-    table's highest id (uncommitted rows are gone). Returns once the server is back after the last
-    kill and the writer stopped: the source table is then the oracle."""
+    table's highest id (uncommitted rows are gone); it sleeps `pause` seconds after each commit (a slow
+    peer would otherwise fall minutes behind). Returns once the server is back after the last kill and
+    the writer stopped: the source table is then the oracle."""
     stop, committed = threading.Event(), []
 
     def writer():
@@ -308,6 +309,8 @@ def sigkill_while_writing(pg, table, rows_per_txn, kills=2, ready=lambda: True):
                                 w.execute(f"INSERT INTO {table} VALUES (%s, 'x')", (n,))
                                 n += 1
                         committed.append(n)
+                        if pause:
+                            time.sleep(pause)
             except psycopg.OperationalError:
                 time.sleep(0.5)
 

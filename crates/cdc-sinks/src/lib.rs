@@ -14,6 +14,7 @@
 
 pub mod eventhub;
 pub mod kafka;
+pub mod kinesis;
 pub mod registry;
 pub mod table;
 #[cfg(test)]

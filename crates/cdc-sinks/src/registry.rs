@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::eventhub::config::EventHubSinkConfig;
 use crate::kafka::config::KafkaSinkConfig;
+use crate::kinesis::config::KinesisSinkConfig;
 use crate::table::config::TableSinkConfig;
 use crate::webhook::config::WebhookSinkConfig;
 use crate::DeliveryMode;
@@ -22,6 +23,8 @@ pub enum SinkConfig {
     Webhook(WebhookSinkConfig),
     /// `eventhub`: Azure Event Hubs, through its Kafka endpoint.
     EventHub(EventHubSinkConfig),
+    /// `kinesis`: an Amazon Kinesis data stream.
+    Kinesis(KinesisSinkConfig),
 }
 
 type Parse = fn(&Value) -> CdcResult<SinkConfig>;
@@ -32,10 +35,11 @@ const BUILT: &[(&str, Parse)] = &[
     ("table", |v| crate::table::config::parse(v).map(SinkConfig::Table)),
     ("webhook", |v| crate::webhook::config::parse(v).map(SinkConfig::Webhook)),
     ("eventhub", |v| crate::eventhub::config::parse(v).map(SinkConfig::EventHub)),
+    ("kinesis", |v| crate::kinesis::config::parse(v).map(SinkConfig::Kinesis)),
 ];
 
 /// Sink types of the product description that are planned, not built: refused with 0A000.
-const PLANNED: &[&str] = &["kinesis", "pubsub", "pulsar", "postgres"];
+const PLANNED: &[&str] = &["pubsub", "pulsar", "postgres"];
 
 /// Every sink type name pg_cdc knows (built first).
 pub fn sink_types() -> Vec<&'static str> {
@@ -71,6 +75,7 @@ impl SinkConfig {
             SinkConfig::Table(c) => &c.common,
             SinkConfig::Webhook(c) => &c.common,
             SinkConfig::EventHub(c) => &c.common,
+            SinkConfig::Kinesis(c) => &c.common,
         }
     }
 
@@ -78,7 +83,7 @@ impl SinkConfig {
     pub fn delivery_mode(&self) -> DeliveryMode {
         match self {
             SinkConfig::Kafka(c) if !c.exactly_once => DeliveryMode::AtLeastOnce,
-            SinkConfig::Webhook(_) => DeliveryMode::AtLeastOnce,
+            SinkConfig::Webhook(_) | SinkConfig::Kinesis(_) => DeliveryMode::AtLeastOnce,
             SinkConfig::EventHub(c) if !c.exactly_once => DeliveryMode::AtLeastOnce,
             SinkConfig::Kafka(_) | SinkConfig::Table(_) | SinkConfig::EventHub(_) => DeliveryMode::ExactlyOnce,
         }
