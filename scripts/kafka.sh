@@ -50,6 +50,13 @@ eventhub_file="$run_dir/eventhub.connection"
 log() { printf '[kafka] %s\n' "$*"; }
 die() { printf '[kafka] ERROR: %s\n' "$*" >&2; exit 1; }
 
+# shellcheck source=service.sh source-path=SCRIPTDIR
+source "$here/service.sh"
+service_what=broker
+service_where="$KAFKA_BOOTSTRAP"
+start_timeout="$KAFKA_START_TIMEOUT"
+stop_timeout="$KAFKA_STOP_TIMEOUT"
+
 # ---------------------------------------------------------------------------------------------
 # install
 
@@ -91,19 +98,9 @@ cmd_install() {
 # ---------------------------------------------------------------------------------------------
 # helpers
 
-# Sets run_as_prefix to a command prefix that runs what follows as $KAFKA_USER when we are root
-# (empty otherwise). setpriv execs in place (no PAM session, no extra parent process), so a pid
-# taken before it is the pid of the final program.
-set_run_as_prefix() {
-  run_as_prefix=()
-  if [ "$(id -u)" -eq 0 ] && [ "$KAFKA_USER" != root ]; then
-    run_as_prefix=(setpriv --reuid="$(id -u "$KAFKA_USER")" --regid="$(id -g "$KAFKA_USER")"
-      --init-groups env HOME="$run_dir" USER="$KAFKA_USER" LOGNAME="$KAFKA_USER")
-  fi
-}
 
 as_kafka_user() {
-  set_run_as_prefix
+  set_run_as_prefix "$KAFKA_USER"
   "${run_as_prefix[@]}" "$@"
 }
 
@@ -116,7 +113,7 @@ kafka_tool() {
 
 # The pid of the running broker, if the pid file names a live kafka.Kafka process.
 # Checking the command line guards against a stale pid file whose pid was reused.
-broker_pid() {
+service_pid() {
   [ -f "$pid_file" ] || return 1
   local pid
   pid="$(cat "$pid_file" 2>/dev/null)" || return 1
@@ -125,13 +122,9 @@ broker_pid() {
   echo "$pid"
 }
 
-port_open() {  # host port
-  (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
-}
-
 # True when the broker answers a metadata request and lists itself. Uses the Python client when
 # the test venv exists (fast); falls back to kafka-topics (a JVM start, about 2 s).
-broker_answers() {
+service_answers() {
   port_open "$KAFKA_HOST" "$KAFKA_PORT" || return 1
   if [ -x "$PG_CDC_VENV/bin/python" ] &&
      "$PG_CDC_VENV/bin/python" -c 'import confluent_kafka' 2>/dev/null; then
@@ -145,43 +138,6 @@ EOF
     kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$KAFKA_BOOTSTRAP" --list \
       >/dev/null 2>&1
   fi
-}
-
-wait_gone() {  # pid seconds -> true once the process has exited
-  local pid="$1" deadline=$((SECONDS + $2))
-  while kill -0 "$pid" 2>/dev/null; do
-    [ "$SECONDS" -lt "$deadline" ] || return 1
-    sleep 0.2
-  done
-}
-
-show_log_tail() {
-  if [ -f "$log_file" ]; then
-    echo "---- last 60 lines of $log_file ----" >&2
-    tail -n 60 "$log_file" >&2
-    echo "----" >&2
-  fi
-}
-
-# Waits until the broker answers; otherwise prints the log tail, stops it and exits non-zero.
-wait_ready() {
-  local pid="$1" deadline=$((SECONDS + KAFKA_START_TIMEOUT))
-  while :; do
-    if ! kill -0 "$pid" 2>/dev/null; then
-      show_log_tail
-      rm -f "$pid_file"
-      die "broker (pid $pid) exited during startup"
-    fi
-    if broker_answers; then
-      return 0
-    fi
-    if [ "$SECONDS" -ge "$deadline" ]; then
-      show_log_tail
-      cmd_stop >&2 || true
-      die "broker did not answer on $KAFKA_BOOTSTRAP within ${KAFKA_START_TIMEOUT}s"
-    fi
-    sleep 0.5
-  done
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -306,7 +262,7 @@ cmd_start() {
   local pid
   mkdir -p "$run_dir"
   make_secrets
-  if pid="$(broker_pid)"; then
+  if pid="$(service_pid)"; then
     write_config "$conf.next"
     if ! cmp -s "$conf.next" "$conf"; then
       log "its configuration changed; restarting"
@@ -316,7 +272,7 @@ cmd_start() {
       return 0
     fi
     rm -f "$conf.next"
-    if broker_answers; then
+    if service_answers; then
       log "already running (pid $pid) and answering on $KAFKA_BOOTSTRAP"
       return 0
     fi
@@ -377,7 +333,7 @@ cmd_start() {
 # Internal: becomes the broker JVM (exec, so the pid cmd_start recorded is the JVM's), as
 # $KAFKA_USER. Called only by cmd_start; stdout/stderr are already the log file.
 cmd_exec_broker() {
-  set_run_as_prefix
+  set_run_as_prefix "$KAFKA_USER"
   # shellcheck disable=SC2086  # KAFKA_HEAP_OPTS is a list of JVM flags
   exec "${run_as_prefix[@]}" java $KAFKA_HEAP_OPTS \
     -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError \
@@ -390,66 +346,10 @@ cmd_exec_broker() {
 # ---------------------------------------------------------------------------------------------
 # stop / kill / status / logs / reset
 
-cmd_stop() {
-  local pid
-  if ! pid="$(broker_pid)"; then
-    rm -f "$pid_file"
-    log "not running"
-    return 0
-  fi
-  log "stopping (pid $pid)"
-  kill -TERM "$pid" 2>/dev/null || true
-  if ! wait_gone "$pid" "$KAFKA_STOP_TIMEOUT"; then
-    log "still running after ${KAFKA_STOP_TIMEOUT}s; SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    wait_gone "$pid" 10 || die "pid $pid survived SIGKILL"
-  fi
-  rm -f "$pid_file"
-  log "stopped"
-}
-
-cmd_kill() {
-  local pid
-  if ! pid="$(broker_pid)"; then
-    rm -f "$pid_file"
-    log "not running"
-    return 0
-  fi
-  log "SIGKILL (pid $pid)"
-  kill -KILL "$pid" 2>/dev/null || true
-  wait_gone "$pid" 10 || die "pid $pid survived SIGKILL"
-  rm -f "$pid_file"
-}
-
-cmd_status() {
-  local pid
-  if ! pid="$(broker_pid)"; then
-    log "stopped"
-    return 3
-  fi
-  if broker_answers; then
-    log "running (pid $pid), answering on $KAFKA_BOOTSTRAP"
-    return 0
-  fi
-  log "running (pid $pid), NOT answering on $KAFKA_BOOTSTRAP"
-  return 1
-}
-
-cmd_logs() {
-  [ -f "$log_file" ] || die "no log yet ($log_file)"
-  if [ $# -eq 0 ]; then set -- -n 100; fi
-  tail "$@" "$log_file"
-}
-
 cmd_reset() {
   cmd_stop
   log "wiping $data_dir"
   rm -rf "$data_dir"
-}
-
-usage() {
-  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2
-  exit 2
 }
 
 case "${1:-}" in

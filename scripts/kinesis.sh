@@ -59,6 +59,13 @@ pid_file="$run_dir/kinesis.pid"
 log() { printf '[kinesis] %s\n' "$*"; }
 die() { printf '[kinesis] ERROR: %s\n' "$*" >&2; exit 1; }
 
+# shellcheck source=service.sh source-path=SCRIPTDIR
+source "$here/service.sh"
+service_what=server
+service_where="$KINESIS_ENDPOINT"
+start_timeout="$KINESIS_START_TIMEOUT"
+stop_timeout="$KINESIS_STOP_TIMEOUT"
+
 # ---------------------------------------------------------------------------------------------
 # install
 
@@ -99,16 +106,6 @@ cmd_install() {
 # ---------------------------------------------------------------------------------------------
 # helpers
 
-# Sets run_as_prefix to a command prefix that runs what follows as $KINESIS_USER when we are root
-# (empty otherwise). setpriv execs in place, so a pid taken before it is the pid of node itself.
-set_run_as_prefix() {
-  run_as_prefix=()
-  if [ "$(id -u)" -eq 0 ] && [ "$KINESIS_USER" != root ]; then
-    run_as_prefix=(setpriv --reuid="$(id -u "$KINESIS_USER")" --regid="$(id -g "$KINESIS_USER")"
-      --init-groups env HOME="$run_dir" USER="$KINESIS_USER" LOGNAME="$KINESIS_USER")
-  fi
-}
-
 # The server's environment (kinesis-mock reads its whole configuration from it), one VAR=value a
 # line. See the README in $pkg_dir for every setting.
 write_settings() {  # file
@@ -134,7 +131,7 @@ write_settings() {  # file
 
 # The pid of the running server, if the pid file names a live `node .../kinesis-local/main.js`.
 # Checking the command line guards against a stale pid file whose pid was reused.
-server_pid() {
+service_pid() {
   [ -f "$pid_file" ] || return 1
   local pid
   pid="$(cat "$pid_file" 2>/dev/null)" || return 1
@@ -143,12 +140,8 @@ server_pid() {
   echo "$pid"
 }
 
-port_open() {  # host port
-  (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
-}
-
 # True when the plain port answers a real, (dummy-)signed ListStreams with 200 and a stream list.
-server_answers() {
+service_answers() {
   port_open 127.0.0.1 "$KINESIS_PORT" || return 1
   local url="http://127.0.0.1:$KINESIS_PORT/"
   local auth="AWS4-HMAC-SHA256 Credential=test/20260101/$KINESIS_REGION/kinesis/aws4_request, SignedHeaders=host, Signature=0"
@@ -180,43 +173,6 @@ elapsed_since() {  # $EPOCHREALTIME value -> seconds since then, 1 decimal
   printf '%d.%d' $((ms / 1000)) $((ms % 1000 / 100))
 }
 
-wait_gone() {  # pid seconds -> true once the process has exited
-  local pid="$1" deadline=$((SECONDS + $2))
-  while kill -0 "$pid" 2>/dev/null; do
-    [ "$SECONDS" -lt "$deadline" ] || return 1
-    sleep 0.1
-  done
-}
-
-show_log_tail() {
-  if [ -f "$log_file" ]; then
-    echo "---- last 40 lines of $log_file ----" >&2
-    tail -n 40 "$log_file" >&2
-    echo "----" >&2
-  fi
-}
-
-# Waits until the server answers; otherwise prints the log tail, stops it and exits non-zero.
-wait_ready() {
-  local pid="$1" deadline=$((SECONDS + KINESIS_START_TIMEOUT))
-  while :; do
-    if ! kill -0 "$pid" 2>/dev/null; then
-      show_log_tail
-      rm -f "$pid_file"
-      die "server (pid $pid) exited during startup"
-    fi
-    if server_answers; then
-      return 0
-    fi
-    if [ "$SECONDS" -ge "$deadline" ]; then
-      show_log_tail
-      cmd_stop >&2 || true
-      die "server did not answer on $KINESIS_ENDPOINT within ${KINESIS_START_TIMEOUT}s"
-    fi
-    sleep 0.1
-  done
-}
-
 # ---------------------------------------------------------------------------------------------
 # start
 
@@ -225,7 +181,7 @@ cmd_start() {
 
   local pid
   mkdir -p "$run_dir"
-  if pid="$(server_pid)"; then
+  if pid="$(service_pid)"; then
     write_settings "$settings_file.next"
     if ! cmp -s "$settings_file.next" "$settings_file"; then
       log "its settings changed; restarting"
@@ -235,7 +191,7 @@ cmd_start() {
       return 0
     fi
     rm -f "$settings_file.next"
-    if server_answers; then
+    if service_answers; then
       log "already running (pid $pid) and answering on $KINESIS_ENDPOINT"
       return 0
     fi
@@ -291,7 +247,7 @@ cmd_start() {
 # in $run_dir (where kinesis-mock would put relative paths). Called only by cmd_start;
 # stdout/stderr are already the log file.
 cmd_exec_server() {
-  set_run_as_prefix
+  set_run_as_prefix "$KINESIS_USER"
   cd "$run_dir"
   local settings=()
   mapfile -t settings <"$settings_file"
@@ -301,67 +257,11 @@ cmd_exec_server() {
 # ---------------------------------------------------------------------------------------------
 # stop / kill / status / logs / reset
 
-cmd_stop() {
-  local pid
-  if ! pid="$(server_pid)"; then
-    rm -f "$pid_file"
-    log "not running"
-    return 0
-  fi
-  log "stopping (pid $pid)"
-  kill -TERM "$pid" 2>/dev/null || true
-  if ! wait_gone "$pid" "$KINESIS_STOP_TIMEOUT"; then
-    log "still running after ${KINESIS_STOP_TIMEOUT}s; SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    wait_gone "$pid" 10 || die "pid $pid survived SIGKILL"
-  fi
-  rm -f "$pid_file"
-  log "stopped"
-}
-
-cmd_kill() {
-  local pid
-  if ! pid="$(server_pid)"; then
-    rm -f "$pid_file"
-    log "not running"
-    return 0
-  fi
-  log "SIGKILL (pid $pid)"
-  kill -KILL "$pid" 2>/dev/null || true
-  wait_gone "$pid" 10 || die "pid $pid survived SIGKILL"
-  rm -f "$pid_file"
-}
-
-cmd_status() {
-  local pid
-  if ! pid="$(server_pid)"; then
-    log "stopped"
-    return 3
-  fi
-  if server_answers; then
-    log "running (pid $pid), answering on $KINESIS_ENDPOINT"
-    return 0
-  fi
-  log "running (pid $pid), NOT answering on $KINESIS_ENDPOINT"
-  return 1
-}
-
-cmd_logs() {
-  [ -f "$log_file" ] || die "no log yet ($log_file)"
-  if [ $# -eq 0 ]; then set -- -n 100; fi
-  tail "$@" "$log_file"
-}
-
 # No persistent state: streams and records live in the server's memory (SHOULD_PERSIST_DATA=false),
 # so stopping is all a reset needs. The next start begins empty.
 cmd_reset() {
   cmd_stop
   log "no persistent state; streams are gone with the process"
-}
-
-usage() {
-  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2
-  exit 2
 }
 
 case "${1:-}" in
