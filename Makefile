@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 
-.PHONY: demo test deps install up down restart psql unit lint regress e2e chaos chaos-long golden bench bench-e2e clean logs
+.PHONY: demo test deps install up down restart psql unit lint regress e2e chaos chaos-long golden bench bench-e2e bench-sinks clean logs
 
 ## demo: install what is missing, build + install the extension, start PostgreSQL and Kafka, run the demo
 demo: up
@@ -77,6 +77,11 @@ bench: deps
 ## runs it too); writes bench/results/e2e.md, e2e.csv, e2e.png. Extra options: BENCH_E2E_ARGS=--quick
 bench-e2e: up
 	@$(ENV) "$$PG_CDC_VENV/bin/python" bench/e2e_bench.py $(BENCH_E2E_ARGS)
+
+## bench-sinks: the worker's CPU per delivered event for each sink type, side by side in one run (a minute or
+## two; needs a quiet cluster); writes bench/results/sink_cpu.md
+bench-sinks: up
+	@$(ENV) "$$PG_CDC_VENV/bin/python" bench/sink_cpu.py
 
 ## golden: re-capture the pgoutput golden files from the running PostgreSQL
 golden:
