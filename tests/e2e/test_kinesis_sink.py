@@ -7,7 +7,6 @@ shard, and what a fault-injecting proxy saw on the wire: nothing of the worker's
 simulates no throughput limits, so the proxy between pg_cdc and the server fails records the way
 Kinesis does (it forwards the others, then answers ProvisionedThroughputExceededException for the ones it
 held back), and fails whole requests (throttled, 500)."""
-import base64
 import http.client
 import http.server
 import json
