@@ -244,7 +244,9 @@ def test_seed_examples_run_as_written(pg, kinesis_sinks, unique):
     acc2 = [r["event"] for r in ml if r["pk"] == pks["ACC-2"]]
     assert [e["metadata"]["operation"] for e in acc2] == ["INSERT"] * 10 + ["UPDATE"] * 10, "per-key commit order"
     for name in ("kinesis_fraud", "kinesis_fraud_ml"):
-        status = wait_for(lambda: (s := delivery_status(pg, name))["delivered"]["events"] > 0 and s, what="counted")
+        # Events count once acknowledged; the state turns running once the slot is confirmed after.
+        status = wait_for(lambda: (s := delivery_status(pg, name))["delivered"]["events"] > 0
+                          and s["state"] == "running" and s, what="counted and running")
         assert status["sink_type"] == "kinesis" and status["delivery_mode"] == "at_least_once"
         assert status["state"] == "running"
     pg.execute("SELECT cdc_disable(%s)", (orders,))

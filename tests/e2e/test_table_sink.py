@@ -129,7 +129,8 @@ def test_events_are_in_commit_order_whole_and_each_consumer_reads_each_once(pg, 
     assert got["first"] == [r[0] for r in rows[:5]] and got["second"] == [r[0] for r in rows[5:8]] + \
         [r[0] for r in events(pg, table)[8:10]]
     # The figures are counted once the slot is confirmed, just after the events' commit.
-    status = wait_for(lambda: (s := delivery_status(pg, name))["delivered"]["events"] >= 18 and s, what="counted")
+    status = wait_for(lambda: (s := delivery_status(pg, name))["delivered"]["events"] >= 18
+                      and s["state"] == "running" and s, what="counted and running")
     assert status["delivery_mode"] == "exactly_once" and status["state"] == "running"
     assert status["sink_type"] == "table" and status["transaction_status"]["committed_transactions"] >= 1
     assert status["delivered"]["events"] == 18

@@ -130,7 +130,8 @@ def test_signed_batches_arrive_in_commit_order(pg, hooks, hook, secret_file, uni
     assert records[-1]["event"]["metadata"]["operation"] == "UPDATE" and records[-1]["key"] == {"id": 3}
     assert records[0]["id"] == f"{records[0]['commit_lsn']}-1" and records[0]["table"] == f"public.{t}"
     assert assert_at_least_once_in_order(hook, pg, t) == 0
-    status = wait_for(lambda: (s := delivery_status(pg, name))["delivered"]["events"] >= 31 and s, what="counted")
+    status = wait_for(lambda: (s := delivery_status(pg, name))["delivered"]["events"] >= 31
+                      and s["state"] == "running" and s, what="counted and running")
     assert status["delivery_mode"] == "at_least_once" and status["state"] == "running"
     assert status["sink_type"] == "webhook" and status["transaction_status"]["committed_transactions"] is None
     assert status["delivered"]["events"] == 31
