@@ -293,8 +293,9 @@ impl<A: KinesisApi> KinesisSink<A> {
         Ok(count)
     }
 
-    /// Sends rounds until `done` holds. A round without progress waits (backoff, jittered) before
-    /// the next; `retry_timeout` without progress fails the delivery.
+    /// Sends rounds until `done` holds. A round with a failure waits (backoff, jittered; back to
+    /// the first wait after a round that stored records) before the next; `retry_timeout` without
+    /// progress fails the delivery.
     fn drain(&mut self, done: impl Fn(&Self) -> bool) -> Result<(), SinkError> {
         let mut last_progress = Instant::now();
         let mut wait = self.backoff.first;
@@ -316,11 +317,11 @@ impl<A: KinesisApi> KinesisSink<A> {
                     format!("no progress for {} ms: {failure}", self.retry_timeout.as_millis()),
                 ));
             }
-            if stored == 0 {
-                let pause = self.jitter(wait);
-                self.sleep(pause)?;
-                wait = (wait * 2).min(self.backoff.max);
-            }
+            // Any failure pauses before the next round, even when other records went through (a
+            // throttled shard is not sent to again at once); the pause grows while nothing is stored.
+            let pause = self.jitter(wait);
+            self.sleep(pause)?;
+            wait = (wait * 2).min(self.backoff.max);
         }
         Ok(())
     }
