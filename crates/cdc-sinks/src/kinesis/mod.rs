@@ -148,8 +148,9 @@ impl Default for Backoff {
 /// A queued record.
 struct Queued {
     entry: Entry,
-    /// For messages: where it came from.
-    table: String,
+    /// For messages: where it came from (the event's own names, not a copy per record).
+    schema: std::sync::Arc<str>,
+    table: std::sync::Arc<str>,
     lsn: u64,
 }
 
@@ -187,7 +188,7 @@ impl<A: KinesisApi> KinesisSink<A> {
         }
     }
 
-    /// Sets the backoff between rounds without progress.
+    /// Sets the pauses after a round with a failure.
     pub fn set_backoff(&mut self, backoff: Backoff) {
         self.backoff = backoff;
     }
@@ -267,7 +268,14 @@ impl<A: KinesisApi> KinesisSink<A> {
                     let q = &self.queue[i];
                     return Err(self.error(
                         ErrorClass::Operator,
-                        format!("{}: {} (record of {} at LSN {})", e.code, e.message, q.table, cdc_core::Lsn(q.lsn)),
+                        format!(
+                            "{}: {} (record of {}.{} at LSN {})",
+                            e.code,
+                            e.message,
+                            q.schema,
+                            q.table,
+                            cdc_core::Lsn(q.lsn)
+                        ),
                     ));
                 }
                 Some(e) => {
@@ -370,7 +378,8 @@ impl<A: KinesisApi> Sink for KinesisSink<A> {
             stats.events += 1;
             stats.bytes += (ev.payload.len() + ev.key.as_ref().map_or(0, Vec::len)) as u64;
             self.queued_bytes += entry.size();
-            self.queue.push_back(Queued { entry, table: format!("{}.{}", ev.schema, ev.table), lsn: ev.lsn.0 });
+            let (schema, table) = (ev.schema.clone(), ev.table.clone());
+            self.queue.push_back(Queued { entry, schema, table, lsn: ev.lsn.0 });
         }
         let (records, bytes) = (2 * self.max_records, 2 * self.max_bytes);
         self.drain(|s| s.queue.len() < records && s.queued_bytes < bytes)?;
