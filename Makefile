@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 
-.PHONY: demo test deps install up down restart psql unit lint regress e2e chaos chaos-long golden bench bench-e2e bench-sinks clean logs
+.PHONY: demo test deps install up down restart psql unit lint regress e2e chaos chaos-long golden bench bench-e2e bench-sinks bench-read-path clean logs
 
 ## demo: install what is missing, build + install the extension, start PostgreSQL and Kafka, run the demo
 demo: up
@@ -39,7 +39,7 @@ logs:
 	@scripts/pg.sh logs -n 50
 
 unit: deps
-	cargo test -p cdc-core -p cdc-sinks
+	cargo test -p cdc-core -p cdc-sinks -p cdc-repl
 
 lint: deps
 	cargo fmt --all -- --check
@@ -82,6 +82,12 @@ bench-e2e: up
 ## two; needs a quiet cluster); writes bench/results/sink_cpu.md
 bench-sinks: up
 	@$(ENV) "$$PG_CDC_VENV/bin/python" bench/sink_cpu.py
+
+## bench-read-path: the read-path prototype: one backlog read by the peek loop, by one decoding session and
+## by a walsender over the replication connection, side by side (a minute; needs a quiet cluster); writes
+## bench/results/read_path.md. Extra options: READ_PATH_ARGS='--rows 200000'
+bench-read-path: up
+	@$(ENV) "$$PG_CDC_VENV/bin/python" bench/read_path.py $(READ_PATH_ARGS)
 
 ## golden: re-capture the pgoutput golden files from the running PostgreSQL
 golden:
