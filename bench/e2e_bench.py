@@ -559,12 +559,16 @@ def redecode_sampler(conn, slot):
     return Sampler(lambda: (conn.execute(sql, (slot,)).fetchone() or (None,))[0], 0.5)
 
 
-def worker_pid(conn):
-    """The pg_cdc background worker (ps title "postgres: pg_cdc worker")."""
-    row = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'").fetchone()
-    if row is None:
-        raise BenchError("no pg_cdc worker is running (is pg_cdc in shared_preload_libraries?)")
-    return row[0]
+def capture_pids(conn):
+    """Every pg_cdc process: the launcher and the sink workers (one per sink, started by the launcher
+    once it sees the sink; ps titles "postgres: pg_cdc launcher", "postgres: pg_cdc worker")."""
+    sql = "SELECT pid FROM pg_stat_activity WHERE backend_type IN ('pg_cdc worker', 'pg_cdc launcher')"
+    wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'"
+                                    ).fetchone()[0] > 0, 30, "a pg_cdc sink worker")
+    pids = [r[0] for r in conn.execute(sql).fetchall()]
+    if not pids:
+        raise BenchError("no pg_cdc process is running (is pg_cdc in shared_preload_libraries?)")
+    return pids
 
 
 # ---------------------------------------------------------------------------------------------
@@ -585,7 +589,7 @@ class PgCdc:
         conn.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)", (name, json.dumps(config)))
         slot = conn.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0]
         try:
-            yield Capture([worker_pid(conn)], slot)
+            yield Capture(capture_pids(conn), slot)
         finally:
             conn.execute("SELECT cdc_drop_sink(%s)", (name,))
             self.bench.topics_to_delete.append("pg_cdc.progress." + slot.removeprefix("_cdc_"))

@@ -29,6 +29,8 @@ pub static KINESIS_ENDPOINT: GucSetting<Option<CString>> = GucSetting::<Option<C
 pub static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
 /// `cdc.batch_changes`.
 pub static BATCH_CHANGES: GucSetting<i32> = GucSetting::<i32>::new(100_000);
+/// `cdc.max_concurrent_reads`.
+pub static MAX_CONCURRENT_READS: GucSetting<i32> = GucSetting::<i32>::new(1);
 /// `cdc.wal_warning_bytes` (0: off).
 pub static WAL_WARNING_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024);
 /// `cdc.enrich_cache_rows`.
@@ -136,6 +138,16 @@ pub fn init() {
         &BATCH_CHANGES,
         1,
         10_000_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"cdc.max_concurrent_reads",
+        c"Sink workers that read (decode) their slots at the same time; the others wait their turn.",
+        c"Each slot decodes all of the database's WAL; on a primary with few cores, parallel reads by many sinks take CPU from the application. Waiting for a destination (a Kafka commit) holds no turn.",
+        &MAX_CONCURRENT_READS,
+        1,
+        1024,
         GucContext::Sighup,
         GucFlags::default(),
     );

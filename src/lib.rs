@@ -43,6 +43,7 @@ pub extern "C-unwind" fn _PG_init() {
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
         stats::init();
+        worker::launcher::init();
         worker::register();
     }
 }

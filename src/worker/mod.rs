@@ -1,26 +1,29 @@
-//! The background worker: for each sink, read its slot, build events, publish, then confirm.
+//! The background workers: a launcher, and one sink worker per sink that reads its slot, builds
+//! events, publishes, then confirms.
 //!
 //! ```text
-//!  loop:
-//!    catalog (one transaction, read-only) ── sinks, captured tables, slots
-//!    for each sink (state.rs; the decisions are cdc_core::deliver's):
+//!  launcher (static worker, launcher.rs):
+//!    catalog ── start a sink worker for each sink no live process serves; chores for all sinks
+//!  sink worker (dynamic worker, one per sink; state.rs; the decisions are cdc_core::deliver's):
+//!    loop:
+//!      catalog (one transaction, read-only) ── its sink, captured tables, slots
 //!      protocol::slot_failure / check_checkpoint ── may it read?
 //!      one read-only transaction: a scrollable cursor over a peek of its slot (batch.rs, the
 //!        ChangeSource) ─▶ deliver::read: Assembler ─▶ events ─▶ sink.send (large transactions in pieces)
 //!      protocol::plan_flush ─▶ sink.flush (no transaction open; Kafka commit with the checkpoint)
 //!      advance the slot + _cdc_offsets + state (one short writing transaction)
-//!    write a running-transactions record every 2 MB of WAL (so restart_lsn follows, see state.rs)
-//!    drop slots of dropped sinks; when nothing happened, sleep cdc.naptime_ms or until WAL is flushed
+//!      when nothing happened, sleep cdc.naptime_ms or until WAL is flushed; exit once the sink is dropped
 //! ```
 //! Ack before advance: the slot moves only after the sink acknowledged, so a crash anywhere
 //! re-sends (at-least-once). Every SPI step runs in [`run_tx`], which turns a PostgreSQL ERROR
 //! (a dropped slot, a dropped publication) into an `Err` for that sink instead of killing the worker.
 //!
-//! Threads: everything here runs on the worker's main thread. librdkafka's own threads never call
+//! Threads: everything here runs on each worker's main thread. librdkafka's own threads never call
 //! back into PostgreSQL: delivery reports are served by `poll` on this thread.
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 mod batch;
+pub mod launcher;
 pub(crate) mod source;
 mod state;
 mod table_sink;
@@ -34,13 +37,13 @@ use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 
 use crate::gucs;
-use state::Worker;
+use state::{Role, Worker};
 
-/// Registers the static worker (from `_PG_init` while preloading).
+/// Registers the launcher, the static worker (from `_PG_init` while preloading).
 pub fn register() {
-    BackgroundWorkerBuilder::new("pg_cdc worker")
-        .set_type("pg_cdc worker")
-        .set_function("pg_cdc_worker_main")
+    BackgroundWorkerBuilder::new("pg_cdc launcher")
+        .set_type("pg_cdc launcher")
+        .set_function("pg_cdc_launcher_main")
         .set_library("pg_cdc")
         .enable_spi_access()
         .set_start_time(BgWorkerStartTime::RecoveryFinished)
@@ -49,21 +52,46 @@ pub fn register() {
         .load();
 }
 
-/// Worker entry point.
+/// The launcher's entry point.
 #[pg_guard]
 #[no_mangle]
-pub extern "C-unwind" fn pg_cdc_worker_main(_arg: pg_sys::Datum) {
+pub extern "C-unwind" fn pg_cdc_launcher_main(_arg: pg_sys::Datum) {
+    run(Role::Launcher)
+}
+
+/// A sink worker's entry point; its sink id is the worker's extra data.
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn pg_cdc_sink_worker_main(_arg: pg_sys::Datum) {
+    run(Role::Sink(BackgroundWorker::get_extra().to_string()))
+}
+
+fn run(role: Role) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     let database = gucs::string(&gucs::DATABASE);
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
-    pgrx::log!("pg_cdc worker started in database \"{database}\"");
+    let what = match &role {
+        Role::Launcher => "pg_cdc launcher".to_string(),
+        Role::Sink(id) => {
+            if !launcher::claim(id) {
+                // Another process serves this sink (one started by an earlier launcher).
+                // SAFETY: ends this dynamic background worker; it is never restarted.
+                unsafe { pg_sys::proc_exit(0) };
+            }
+            format!("pg_cdc worker for sink {id}")
+        }
+    };
+    pgrx::log!("{what} started in database \"{database}\"");
 
-    let mut worker = Worker::new();
-    if let Err(e) = run_tx(source::set_session_settings) {
-        pgrx::warning!("pg_cdc worker: cannot set its session settings: {e}");
+    let sink_worker = matches!(role, Role::Sink(_));
+    let mut worker = Worker::new(role);
+    if let Err(e) =
+        run_tx(|| source::set_session_settings(if sink_worker { "pg_cdc worker" } else { "pg_cdc launcher" }))
+    {
+        pgrx::warning!("{what}: cannot set its session settings: {e}");
     }
     let mut poll = WAL_POLL;
-    while !stop_requested() {
+    while !stop_requested() && !worker.finished() {
         if BackgroundWorker::sighup_received() {
             // SAFETY: the documented way for a background worker to reload postgresql.conf.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
@@ -73,18 +101,21 @@ pub extern "C-unwind" fn pg_cdc_worker_main(_arg: pg_sys::Datum) {
             poll = WAL_POLL;
             continue;
         }
-        if !nap(flushed, poll) {
+        if worker.finished() || !nap(flushed, poll) {
             break;
         }
         // Nothing to read although WAL may have moved (tables no sink captures, or nothing at
         // all): look for new WAL less and less often, up to the naptime, until a pass reads again.
         poll = (poll * 2).min(naptime());
     }
+    worker.release();
     // proc_exit skips Rust destructors: close the producers first.
     drop(worker);
-    pgrx::log!("pg_cdc worker stopping");
-    // SAFETY: ends this background worker process; exit code 1 asks the postmaster to restart it.
-    unsafe { pg_sys::proc_exit(1) };
+    pgrx::log!("{what} stopping");
+    // SAFETY: ends this background worker process. The launcher exits 1 so the postmaster restarts
+    // it; a sink worker is never restarted by the postmaster (the launcher starts a new one while
+    // its sink exists).
+    unsafe { pg_sys::proc_exit(i32::from(!sink_worker)) };
 }
 
 /// How often a napping worker looks whether WAL was flushed since its last pass, right after a

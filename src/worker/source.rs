@@ -27,14 +27,43 @@ pub const TEXT_FORMAT_SETTINGS: &[(&str, &str)] = &[
 pub const DECODING_WORK_MEM: &str = "16MB";
 
 /// The worker's session settings: the text format, no statement timeout, the decoding memory.
-pub fn set_session_settings() {
+pub fn set_session_settings(application_name: &str) {
     for (name, value) in TEXT_FORMAT_SETTINGS {
         catalog::run(&format!("SET {name} = '{value}'"), &[]);
     }
-    for stmt in ["SET statement_timeout = 0", "SET lock_timeout = '10s'", "SET application_name = 'pg_cdc worker'"] {
+    for stmt in ["SET statement_timeout = 0", "SET lock_timeout = '10s'"] {
         catalog::run(stmt, &[]);
     }
+    catalog::run(&format!("SET application_name = '{application_name}'"), &[]);
     catalog::run(&format!("SET logical_decoding_work_mem = '{DECODING_WORK_MEM}'"), &[]);
+}
+
+/// The advisory-lock class of the read turns (`cdc.max_concurrent_reads`): "cdc" in ASCII.
+const READ_TURN_CLASS: i32 = 0x0063_6463;
+
+/// Takes one of `turns` read turns for the rest of this transaction (a transaction-level advisory
+/// lock), waiting for one if all are taken; `preferred` spreads the waiters over the turns. Shows
+/// in pg_locks as an advisory lock with classid 6513763.
+pub fn take_read_turn(turns: i32, preferred: u32) {
+    let turns = turns.max(1);
+    for k in 0..turns {
+        let got =
+            catalog::json("SELECT to_jsonb(pg_try_advisory_xact_lock($1, $2))", &[READ_TURN_CLASS.into(), k.into()]);
+        if got == Some(Value::Bool(true)) {
+            return;
+        }
+    }
+    let k = (preferred % turns as u32) as i32;
+    // A turn can be held for as long as a read takes (a large backlog): wait without the
+    // session's lock_timeout, then put it back for the rest of the read's transaction.
+    catalog::run("SELECT set_config('lock_timeout', '0', true)", &[]);
+    catalog::json("SELECT to_jsonb(pg_advisory_xact_lock($1, $2)::text)", &[READ_TURN_CLASS.into(), k.into()]);
+    catalog::run("SELECT set_config('lock_timeout', '10s', true)", &[]);
+}
+
+/// Sets this session's `application_name` (for the rest of the session).
+pub fn set_application_name(name: &str) {
+    catalog::run("SELECT set_config('application_name', $1, false)", &[name.into()]);
 }
 
 /// A sink as the catalog has it.

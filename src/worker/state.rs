@@ -252,8 +252,29 @@ fn record_latencies(sink_id: &str, sent: &[batch::Sent], acked: i64) {
     crate::stats::add_latencies(sink_id, &sink, &tables);
 }
 
-/// The worker.
+/// Which read turn a sink waits for when every turn is taken: spreads the waiters over the turns.
+fn read_turn_hint(id: &str) -> u32 {
+    id.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
+}
+
+/// What a worker process does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// Starts the sink workers; the chores that concern every sink.
+    Launcher,
+    /// Delivers the sink with this id.
+    Sink(String),
+}
+
+/// A worker: the launcher, or one sink's worker.
 pub struct Worker {
+    role: Role,
+    /// The launcher's sink workers.
+    starter: super::launcher::Starter,
+    /// A sink worker's sink was dropped (or the extension): it exits.
+    finished: bool,
+    /// The sink name a sink worker shows in `application_name` (`pg_cdc worker: <name>`).
+    shown_name: Option<String>,
     sinks: HashMap<String, SinkRun>,
     types: TypeRegistry,
     /// Parsed capture configs by (oid, config text), so a config is parsed once.
@@ -281,8 +302,12 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new() -> Self {
+    pub fn new(role: Role) -> Self {
         Worker {
+            role,
+            starter: Default::default(),
+            finished: false,
+            shown_name: None,
             sinks: HashMap::new(),
             types: TypeRegistry::new(),
             configs: HashMap::new(),
@@ -317,43 +342,78 @@ impl Worker {
         self.failpoint = (text, armed);
     }
 
-    /// One pass over every sink. Returns true when any sink read changes (run again at once).
+    /// A sink worker whose sink is gone: it exits.
+    pub fn finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Gives up a sink worker's claim on its sink (before it exits).
+    pub fn release(&self) {
+        if let Role::Sink(id) = &self.role {
+            super::launcher::release(id);
+        }
+    }
+
+    /// One pass: the launcher's over every sink, a sink worker's over its sink. Returns true when
+    /// the sink read changes (run again at once).
     pub fn tick(&mut self) -> bool {
-        let cat = match run_tx(source::load_catalog) {
+        let who = match &self.role {
+            Role::Launcher => "pg_cdc launcher",
+            Role::Sink(_) => "pg_cdc worker",
+        };
+        let mut cat = match run_tx(source::load_catalog) {
             Ok(cat) if cat.installed => {
                 self.schema = cat.schema.clone();
                 cat
             }
             Ok(cat) => {
+                if self.role != Role::Launcher {
+                    self.finished = true;
+                    return false;
+                }
                 if self.last_missing_extension_log.is_none_or(|t| t.elapsed().as_secs() > 300) {
-                    pgrx::log!("pg_cdc worker: extension pg_cdc is not installed in this database; waiting");
+                    pgrx::log!("{who}: extension pg_cdc is not installed in this database; waiting");
                     self.last_missing_extension_log = Some(Instant::now());
                 }
-                self.sinks.clear();
                 self.drop_orphan_slots(&cat);
                 return false;
             }
             Err(e) => {
-                pgrx::warning!("pg_cdc worker: cannot read its catalog: {e}");
+                pgrx::warning!("{who}: cannot read its catalog: {e}");
                 return false;
             }
         };
+        let id = match &self.role {
+            Role::Launcher => {
+                // Counters and latencies of dropped sinks and tables free their shared-memory entries.
+                crate::stats::retain(&cat.sinks.iter().map(|s| s.id.as_str()).collect::<Vec<_>>());
+                crate::stats::retain_tables(&cat.tables.iter().map(|t| t.oid).collect::<Vec<_>>());
+                let sinks: Vec<(String, String)> = cat.sinks.iter().map(|s| (s.id.clone(), s.name.clone())).collect();
+                self.starter.ensure(&sinks);
+                self.warn_retained_wal(&cat);
+                self.mark_restart_point(&cat);
+                self.drop_orphan_slots(&cat);
+                return false;
+            }
+            Role::Sink(id) => id.clone(),
+        };
+        cat.sinks.retain(|s| s.id == id);
+        let Some(name) = cat.sinks.first().map(|s| s.name.clone()) else {
+            self.finished = true;
+            return false;
+        };
+        if self.shown_name.as_ref() != Some(&name) {
+            // Which process serves which sink, in pg_stat_activity.
+            let shown = format!("pg_cdc worker: {name}");
+            if run_tx(|| source::set_application_name(&shown)).is_ok() {
+                self.shown_name = Some(name);
+            }
+        }
         self.refresh_configs(&cat);
         self.sync_sinks(&cat);
-        self.warn_retained_wal(&cat);
-        self.mark_restart_point(&cat);
         self.refresh_token_key();
         self.refresh_failpoint();
-        let mut busy = false;
-        let ids: Vec<String> = cat.sinks.iter().map(|s| s.id.clone()).collect();
-        for id in ids {
-            if stop_requested() {
-                break;
-            }
-            busy |= self.step(&id, &cat);
-        }
-        self.drop_orphan_slots(&cat);
-        busy
+        self.step(&id, &cat)
     }
 
     fn refresh_configs(&mut self, cat: &Catalog) {
@@ -466,9 +526,6 @@ impl Worker {
 
     fn sync_sinks(&mut self, cat: &Catalog) {
         self.sinks.retain(|id, _| cat.sinks.iter().any(|s| &s.id == id));
-        // Counters and latencies of dropped sinks and tables free their shared-memory entries.
-        crate::stats::retain(&cat.sinks.iter().map(|s| s.id.as_str()).collect::<Vec<_>>());
-        crate::stats::retain_tables(&cat.tables.iter().map(|t| t.oid).collect::<Vec<_>>());
         for row in &cat.sinks {
             let changed =
                 self.sinks.get(&row.id).is_none_or(|r| r.row.config != row.config || r.row.tables != row.tables);
@@ -729,6 +786,9 @@ impl Worker {
             if let Some(Producer::Table(t)) = run.producer.as_mut() {
                 t.store_mut().trim_if_due();
             }
+            // Reading (decoding) takes a turn: with many sinks, parallel reads would take the
+            // primary's CPU (each slot decodes all WAL). Flushing to the destination holds none.
+            source::take_read_turn(gucs::MAX_CONCURRENT_READS.get(), read_turn_hint(&row.id));
             let mut peek = Peek::open(&row.slot, batch_changes);
             let first = peek.fetch(batch::FETCH_ROWS as i64, &mut types);
             if first.is_empty() {
@@ -825,6 +885,7 @@ impl Worker {
         let mut counted = batch.counted;
         let mut target = batch.target.filter(|l| *l > confirmed && batch.rows > 0);
         if let Some(producer) = run.producer.as_mut() {
+            let in_source = producer.in_source_database();
             let sink = producer.sink();
             let mode = sink.delivery_mode();
             let exactly_once = mode == DeliveryMode::ExactlyOnce;
@@ -849,7 +910,9 @@ impl Worker {
                 crate::stats::update(&row.id, |c| add(c, &counted));
                 crate::stats::add_tables(&row.id, &batch.tables);
                 record_latencies(&row.id, &batch.sent_log, acked);
-                if self.failpoint.1.fires(Failpoint::AfterSinkCommit, &row.name) {
+                // An in-database sink commits nothing for a unit without events (a heartbeat's).
+                let committed = batch.sent || !in_source;
+                if committed && self.failpoint.1.fires(Failpoint::AfterSinkCommit, &row.name) {
                     pgrx::log!(
                         "pg_cdc worker: failpoint after_sink_commit of sink \"{}\": exiting before the slot is confirmed",
                         row.name

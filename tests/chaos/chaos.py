@@ -187,16 +187,17 @@ class Faults:
             # and when the writers are done there is nothing to commit: write one transaction of
             # our own (writer 0, gap-free like the others, checked by the oracle the same way).
             with connect() as c:
-                old = wait_worker()
+                wait_worker()
+                logged = os.path.getsize(SERVER_LOG)
                 c.execute(f"ALTER SYSTEM SET cdc.test_failpoint = 'after_sink_commit:{self.sink}'")
                 c.execute("SELECT pg_reload_conf()")
                 deadline, nudge_at = time.time() + 180, time.time() + 30
                 fired = False
                 while time.time() < deadline and not fired:
-                    # A new worker pid: the old one exited at the failpoint. (Checked once, here: the
-                    # new worker may fire it again before the RESET below reaches it, and be gone
-                    # again by the time anyone looks; a table sink commits that quickly.)
-                    fired = worker_pid(c) not in (None, old)
+                    # The worker logs its exit at the failpoint. (Read from the log: each new worker
+                    # may fire it again before the RESET below reaches it, and be gone within
+                    # milliseconds; a table sink commits that quickly.)
+                    fired = failpoint_logged(self.sink, logged)
                     if time.time() > nudge_at:
                         self.nudges += 1
                         c.execute("INSERT INTO chaos_txn VALUES (0, %s)", (self.nudges,))
@@ -218,11 +219,21 @@ class Faults:
         wait_worker()
 
 
+SERVER_LOG = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"),
+                          f"postgresql-{os.environ.get('PGPORT', '55432')}.log")
+
+
+def failpoint_logged(sink, since):
+    """Whether a worker exited at the after_sink_commit failpoint of `sink` (server log from byte `since`)."""
+    with open(SERVER_LOG, "rb") as f:
+        f.seek(since)
+        return f'failpoint after_sink_commit of sink "{sink}": exiting'.encode() in f.read()
+
+
 def dedup_logged(sink, since):
     """Events the worker reported skipping (already in Kafka), from the server log since `since`."""
-    path = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), f"postgresql-{os.environ.get('PGPORT', '55432')}.log")
     total, marker = 0, f'pg_cdc sink "{sink}": skipped '
-    with open(path, errors="replace") as f:
+    with open(SERVER_LOG, errors="replace") as f:
         for line in f:
             if marker in line and line[:19] >= since:
                 total += int(line.split(marker, 1)[1].split()[0])

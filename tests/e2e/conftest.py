@@ -166,16 +166,29 @@ def wait_for(pred, timeout=30.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
-def worker_pid(conn):
-    row = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'").fetchone()
-    return row[0] if row else None
+def worker_pids(conn):
+    """Every sink worker (one process per sink; pg_stat_activity.backend_type 'pg_cdc worker')."""
+    return [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker' "
+                                       "ORDER BY backend_start").fetchall()]
+
+
+def worker_pid(conn, sink=None):
+    """The sink worker of `sink` (its application_name is 'pg_cdc worker: <sink name>'), or, without
+    a sink, the newest sink worker (tests with one sink)."""
+    if sink is not None:
+        row = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker' "
+                           "AND application_name = %s", (f"pg_cdc worker: {sink}",)).fetchone()
+        return row[0] if row else None
+    pids = worker_pids(conn)
+    return pids[-1] if pids else None
 
 
 def restart_worker(conn):
-    """pg_terminate_backend on the pg_cdc worker, then wait for the postmaster to start a new one."""
-    old = wait_for(lambda: worker_pid(conn), what="worker running")
-    conn.execute("SELECT pg_terminate_backend(%s)", (old,))
-    wait_for(lambda: worker_pid(conn) not in (None, old), what="worker restarted")
+    """pg_terminate_backend on every sink worker, then wait for the launcher to start new ones."""
+    old = set(wait_for(lambda: worker_pids(conn), what="worker running"))
+    for pid in old:
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    wait_for(lambda: worker_pids(conn) and not old & set(worker_pids(conn)), what="worker restarted")
 
 
 SERVER_LOG = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"),
@@ -223,26 +236,31 @@ def server_settings(settings):
 def crash_at_failpoint(pg, sink, write):
     """Arms the after_sink_commit failpoint of `sink` (and of no other sink), runs `write`, waits
     until the worker exits at it (after the sink's Kafka commit, before its slot moves), and disarms
-    it. The postmaster restarts the worker."""
-    old = wait_for(lambda: worker_pid(pg), what="worker running")
+    it. The launcher starts a new worker for the sink."""
+    old = wait_for(lambda: worker_pid(pg, sink), what="worker running")
     logged = server_log_size()
     with server_settings({"cdc.test_failpoint": f"after_sink_commit:{sink}"}):
         # The worker re-reads its settings at its next tick, and logs the failpoint it armed.
         wait_for(lambda: f"test failpoint after_sink_commit:{sink} armed" in server_log(logged),
                  what="the worker armed the failpoint")
         write()
-        wait_for(lambda: worker_pid(pg) not in (None, old), timeout=30, what="worker exited at the failpoint")
+        # Read from the log: the worker may exit at the failpoint again and again while it stays
+        # armed, each replacement living only milliseconds.
+        wait_for(lambda: f'failpoint after_sink_commit of sink "{sink}": exiting' in server_log(logged),
+                 timeout=30, what="worker exited at the failpoint")
+    wait_for(lambda: worker_pid(pg, sink) not in (None, old), timeout=30, what="a new worker for the sink")
 
 
 @contextlib.contextmanager
 def hold_worker(pg):
-    """Holds the worker at the start of its next pass (it waits for a lock on _cdc_sinks) while the
+    """Holds the sink workers at the start of their next pass (they wait for a lock on _cdc_sinks) while the
     block runs, so everything the block commits is read afterwards as one backlog."""
     with connect() as holder:
         holder.execute("BEGIN")
         holder.execute("LOCK TABLE _cdc_sinks IN ACCESS EXCLUSIVE MODE")
-        wait_for(lambda: pg.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-                                    (worker_pid(pg),)).fetchone() == ("Lock",), what="worker waiting")
+        wait_for(lambda: worker_pids(pg) and all(
+            pg.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (p,)).fetchone() == ("Lock",)
+            for p in worker_pids(pg)), what="worker waiting")
         yield
         holder.execute("COMMIT")
 

@@ -3,8 +3,8 @@ Kafka transaction, and a failpoint armed for one sink never fires for another.""
 import json
 import time
 
-from conftest import (consume, delivery_status, hold_worker, progress_records, server_log, server_settings, wait_for,
-                      wal_lsn, worker_pid)
+from conftest import (consume, delivery_status, hold_worker, progress_records, server_log, server_log_size, server_settings,
+                      wait_for, wal_lsn)
 
 
 def backlog_transactions(pg, sinks, unique, prefix, capture, sink_extra, n=10_000):
@@ -60,11 +60,12 @@ def test_a_failpoint_fires_only_for_the_sink_it_names(pg, sinks, unique):
     pg.execute(f"INSERT INTO {tb} VALUES (0)")
     consume(f"fpa-{unique}", 1)
     consume(f"fpb-{unique}", 1)
-    pid = wait_for(lambda: worker_pid(pg), what="worker running")
+    logged = server_log_size()
     with server_settings({"cdc.test_failpoint": f"after_sink_commit:{named}"}):
         time.sleep(1.0)  # the worker re-reads its settings at its next pass
         pg.execute(f"INSERT INTO {tb} VALUES (1)")
-        wait_for(lambda: worker_pid(pg) not in (None, pid), timeout=30, what="worker exited at the failpoint")
+        wait_for(lambda: f'failpoint after_sink_commit of sink "{named}": exiting' in server_log(logged),
+                 timeout=30, what="worker exited at the failpoint")
     log = server_log()
     assert f'failpoint after_sink_commit of sink "{named}"' in log
     assert f'failpoint after_sink_commit of sink "{other}"' not in log

@@ -207,7 +207,7 @@ def test_retention_removes_old_events_and_consumers_hear_of_what_they_missed(pg,
     pg.execute(f"INSERT INTO {t} SELECT g, 'x' FROM generate_series(1, 20) g")
     wait_events(pg, table, 20)
     # Retention runs when the sink opens and every minute after: a restarted worker opens it now.
-    old = worker_pid(pg)
+    old = worker_pid(pg, name)
     pg.execute("SELECT pg_terminate_backend(%s)", (old,))
     wait_for(lambda: pg.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 5, what="retention applied")
     kept = [r[5]["after"]["id"] for r in events(pg, table)]

@@ -1,0 +1,158 @@
+//! One process per sink. The launcher (the static background worker) starts a sink worker (a
+//! dynamic background worker) for each sink in the catalog and does the chores that concern all
+//! sinks; each sink worker reads, delivers and confirms its own sink only, so a destination that
+//! is slow or down holds back no other sink.
+//!
+//! ```text
+//!  launcher ── each pass: catalog ─▶ for each sink without a live worker: start one (extra = sink id)
+//!           └─ chores: free dropped sinks' counters, retained-WAL warnings, running-xacts records,
+//!                      drop orphaned slots
+//!  sink worker ── claims its sink in shared memory (a second one for the same sink exits at once)
+//!              └─ the delivery loop for that sink (state.rs); exits when the sink is dropped
+//! ```
+//! Sink workers are never restarted by the postmaster (`BGW_NEVER_RESTART`): the launcher starts
+//! a new one when the claim's process is gone, so a restarted launcher (or a crash restart) never
+//! leaves two processes on one sink.
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use pgrx::bgworkers::{BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime, DynamicBackgroundWorker};
+use pgrx::prelude::*;
+use pgrx::{pg_shmem_init, PGRXSharedMemory, PgLwLock};
+
+use crate::stats::{sink_key, MAX_SINKS};
+
+#[derive(Clone, Copy, Default)]
+struct Claim {
+    /// The sink id (uuid bytes); all zero when free.
+    id: [u8; 16],
+    /// The sink worker serving it.
+    pid: i32,
+}
+
+#[derive(Clone, Copy)]
+struct Claims {
+    entries: [Claim; MAX_SINKS],
+}
+
+// SAFETY: plain old data (integers and byte arrays), no pointers.
+unsafe impl PGRXSharedMemory for Claims {}
+
+static CLAIMS: PgLwLock<Claims> = unsafe { PgLwLock::new(c"pg_cdc sink workers") };
+
+/// Reserves the shared memory (from `_PG_init` while preloading).
+// pg_shmem_init! tests pgrx's own PostgreSQL-version features.
+#[allow(unexpected_cfgs)]
+pub fn init() {
+    pg_shmem_init!(CLAIMS = Claims { entries: [Claim::default(); MAX_SINKS] });
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists (the postmaster's children run as the
+    // same user, so permission is never the reason it fails).
+    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+}
+
+/// Claims `sink_id` for this process: false when a live process already serves it (or the table
+/// is full).
+pub fn claim(sink_id: &str) -> bool {
+    let Some(key) = sink_key(sink_id) else { return false };
+    // SAFETY: reads this process's pid, set at process start.
+    let me = unsafe { pg_sys::MyProcPid };
+    let mut claims = CLAIMS.exclusive();
+    if let Some(c) = claims.entries.iter_mut().find(|c| c.id == key) {
+        if c.pid != me && alive(c.pid) {
+            return false;
+        }
+        c.pid = me;
+        return true;
+    }
+    match claims.entries.iter_mut().find(|c| c.id == [0; 16] || !alive(c.pid)) {
+        Some(c) => {
+            *c = Claim { id: key, pid: me };
+            true
+        }
+        None => false,
+    }
+}
+
+/// Gives up this process's claim on `sink_id`.
+pub fn release(sink_id: &str) {
+    let Some(key) = sink_key(sink_id) else { return };
+    // SAFETY: as in `claim`.
+    let me = unsafe { pg_sys::MyProcPid };
+    let mut claims = CLAIMS.exclusive();
+    for c in claims.entries.iter_mut().filter(|c| c.id == key && c.pid == me) {
+        *c = Claim::default();
+    }
+}
+
+/// The live process serving `sink_id`, if any.
+pub fn serving(sink_id: &str) -> Option<i32> {
+    let key = sink_key(sink_id)?;
+    let claims = CLAIMS.share();
+    claims.entries.iter().find(|c| c.id == key).map(|c| c.pid).filter(|&pid| alive(pid))
+}
+
+/// The least time between two starts of a sink's worker (what the postmaster's restart delay was
+/// for the single worker): a sink worker that exits at once is not restarted in a tight loop.
+const RESTART_DELAY: Duration = Duration::from_secs(1);
+
+/// The launcher's memory of the sink workers it started.
+#[derive(Default)]
+pub struct Starter {
+    /// The worker last started for each sink, and when.
+    started: HashMap<String, (DynamicBackgroundWorker, Instant)>,
+    /// When starting one last failed for want of a worker slot (logged once a minute).
+    no_slot_logged: Option<Instant>,
+}
+
+impl Starter {
+    /// Starts a sink worker for each of `sinks` (id, name) that no live process serves and whose
+    /// last worker is gone. Returns the sinks no worker could be started for (no free background
+    /// worker slot).
+    pub fn ensure(&mut self, sinks: &[(String, String)]) -> Vec<String> {
+        self.started.retain(|id, _| sinks.iter().any(|(s, _)| s == id));
+        let mut refused = Vec::new();
+        for (id, name) in sinks {
+            if serving(id).is_some() {
+                continue;
+            }
+            if let Some((worker, at)) = self.started.get(id) {
+                // Still starting (not claimed yet), or gone too recently.
+                let gone = matches!(worker.pid(), Err(BackgroundWorkerStatus::Stopped));
+                if !gone || at.elapsed() < RESTART_DELAY {
+                    continue;
+                }
+            }
+            let started = BackgroundWorkerBuilder::new(&format!("pg_cdc worker for sink {name}"))
+                .set_type("pg_cdc worker")
+                .set_function("pg_cdc_sink_worker_main")
+                .set_library("pg_cdc")
+                .enable_spi_access()
+                .set_start_time(BgWorkerStartTime::RecoveryFinished)
+                // Never restarted by the postmaster: the launcher decides.
+                .set_restart_time(None)
+                .set_extra(id)
+                .load_dynamic();
+            match started {
+                Ok(worker) => {
+                    self.started.insert(id.clone(), (worker, Instant::now()));
+                }
+                Err(_) => {
+                    refused.push(id.clone());
+                    if self.no_slot_logged.is_none_or(|t| t.elapsed().as_secs() >= 60) {
+                        self.no_slot_logged = Some(Instant::now());
+                        pgrx::warning!(
+                            "pg_cdc launcher: no background worker slot free for sink \"{name}\"; each sink needs one \
+                             (max_worker_processes, currently {})",
+                            // SAFETY: a GUC variable, read on the launcher's own thread.
+                            unsafe { pg_sys::max_worker_processes }
+                        );
+                    }
+                }
+            }
+        }
+        refused
+    }
+}
