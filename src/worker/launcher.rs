@@ -47,11 +47,22 @@ pub fn init() {
     pg_shmem_init!(CLAIMS = Claims { entries: [Claim::default(); MAX_SINKS] });
 }
 
+/// Whether `pid` is a live pg_cdc sink worker. A claim left by a process that died without
+/// releasing it (kill -9, a failpoint) names a pid the kernel may give to any other process later:
+/// the process title (`postgres: pg_cdc worker ...`) tells them apart.
 fn alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks that the process exists (the postmaster's children run as the
     // same user, so permission is never the reason it fails).
-    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+    if pid <= 0 || unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|title| title.windows(SINK_WORKER_TITLE.len()).any(|w| w == SINK_WORKER_TITLE))
+        .unwrap_or(true)
 }
+
+/// What a sink worker's process title contains (its `bgw_name` starts with it).
+const SINK_WORKER_TITLE: &[u8] = b"pg_cdc worker";
 
 /// Claims `sink_id` for this process: false when a live process already serves it (or the table
 /// is full).

@@ -224,6 +224,15 @@ pub fn older_transaction_open(since: &str) -> bool {
     ) == Some(Value::Bool(true))
 }
 
+/// Whether a sink row names `slot` (read in the caller's transaction: a sink committed after the
+/// catalog was read, whose slot was created inside its transaction, counts).
+pub fn slot_has_sink(schema: &str, slot: &str) -> bool {
+    catalog::json(
+        &format!("SELECT to_jsonb(EXISTS (SELECT 1 FROM {schema}._cdc_sinks WHERE slot_name = $1))"),
+        &[slot.into()],
+    ) == Some(Value::Bool(true))
+}
+
 /// A scrollable cursor over one peek of a slot: up to `batch` changes, always ending with a whole
 /// transaction (PostgreSQL decodes a transaction at its commit record). The rows live in the peek
 /// function's tuplestore, which spills to disk past `work_mem`, so a transaction of any size can

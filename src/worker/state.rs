@@ -1039,9 +1039,14 @@ impl Worker {
                 }
                 Some(first_seen) => {
                     let (name, seen) = (slot.name.clone(), first_seen.clone());
+                    let schema = cat.installed.then(|| self.schema.clone()).flatten();
                     let dropped = slot.active_pid.is_none()
                         && run_tx(|| {
-                            if source::older_transaction_open(&seen) {
+                            // The catalog was read before this transaction: a sink committed since
+                            // (its slot made inside its transaction) is looked for again here.
+                            if source::older_transaction_open(&seen)
+                                || schema.as_deref().is_some_and(|s| source::slot_has_sink(s, &name))
+                            {
                                 false
                             } else {
                                 source::drop_slot(&name);
