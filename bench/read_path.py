@@ -29,17 +29,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "e2e"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import connect  # noqa: E402
+from e2e_bench import cpu_seconds  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 PROBE = os.path.join(ROOT, "target", "release", "examples", "stream_probe")
 OPTS = "'proto_version', '1', 'publication_names', 'rp_bench_pub', 'messages', 'true'"
-
-
-def cpu_seconds(pid):
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def restart_lsn(conn, slot):
@@ -50,7 +46,7 @@ def restart_lsn(conn, slot):
 def peek_loop(slot, batch):
     conn = connect()
     pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    cpu0, t0 = cpu_seconds([pid]), time.monotonic()
     decoded, changes, calls = 0, 0, 0
     while True:
         start = restart_lsn(conn, slot)
@@ -68,7 +64,7 @@ def peek_loop(slot, batch):
         conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, row[1]))
         decoded += int(row[0]) - int(start)
     elapsed = time.monotonic() - t0
-    cpu = cpu_seconds(pid) - cpu0
+    cpu = cpu_seconds([pid]) - cpu0
     conn.close()
     return {"changes": changes, "elapsed_s": elapsed, "cpu_s": cpu, "wal_decoded": decoded, "calls": calls}
 
@@ -77,12 +73,12 @@ def one_session(slot):
     conn = connect()
     pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
     start = restart_lsn(conn, slot)
-    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    cpu0, t0 = cpu_seconds([pid]), time.monotonic()
     row = conn.execute(
         f"SELECT max(lsn) - '0/0'::pg_lsn, count(*) FILTER (WHERE get_byte(data, 0) IN (73, 85, 68)) "
         f"FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, {OPTS})", (slot,)).fetchone()
     elapsed = time.monotonic() - t0
-    cpu = cpu_seconds(pid) - cpu0
+    cpu = cpu_seconds([pid]) - cpu0
     conn.close()
     return {"changes": row[1], "elapsed_s": elapsed, "cpu_s": cpu, "wal_decoded": int(row[0]) - int(start), "calls": 1}
 

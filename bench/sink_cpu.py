@@ -21,15 +21,11 @@ import boto3
 import psycopg
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "e2e"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import connect, delivery_status, foreign_sinks, wait_for, worker_pid  # noqa: E402
+from e2e_bench import cpu_seconds  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
 KINESIS = os.environ.get("KINESIS_ENDPOINT", "http://127.0.0.1:4568")
-
-
-def cpu_seconds(pid):
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def kinesis_stream(name):
@@ -63,14 +59,14 @@ def run(conn, kind, rows):
         conn.execute(f"INSERT INTO {table} VALUES (0, 0, 0, 'warm-up')")
         wait_for(lambda: delivery_status(conn, sink)["delivered"]["events"] >= 1, timeout=60, what="warm-up delivered")
         pid = worker_pid(conn)
-        cpu0, t0 = cpu_seconds(pid), time.time()
+        cpu0, t0 = cpu_seconds([pid]), time.time()
         for start in range(1, rows + 1, 100):
             with conn.transaction():
                 conn.execute(f"INSERT INTO {table} SELECT g, g %% 97, g * 1.5, 'note ' || g "
                              f"FROM generate_series(%s::int, %s::int) g", (start, min(start + 99, rows)))
         wait_for(lambda: delivery_status(conn, sink)["delivered"]["events"] >= rows + 1, timeout=900,
                  what=f"{kind}: every event delivered")
-        wall, cpu = time.time() - t0, cpu_seconds(pid) - cpu0
+        wall, cpu = time.time() - t0, cpu_seconds([pid]) - cpu0
         assert worker_pid(conn) == pid, "the worker restarted during the run"
     finally:
         conn.execute("SELECT cdc_drop_sink(%s)", (sink,))

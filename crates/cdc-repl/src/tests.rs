@@ -22,6 +22,17 @@ fn params(password: Option<&str>) -> Params {
     }
 }
 
+/// A client socket, and a thread playing the server side by `script` (it returns the server's
+/// socket, so the connection stays open until the test joins it).
+fn serve(script: impl FnOnce(&mut UnixStream) + Send + 'static) -> (UnixStream, std::thread::JoinHandle<UnixStream>) {
+    let (client, mut server) = UnixStream::pair().unwrap();
+    let t = std::thread::spawn(move || {
+        script(&mut server);
+        server
+    });
+    (client, t)
+}
+
 /// The server side: reads one frontend message (the startup packet has no tag).
 fn read_msg(s: &mut UnixStream, tagged: bool) -> (u8, Vec<u8>) {
     let mut tag = [0u8; 1];
@@ -71,16 +82,14 @@ fn xlogdata(start: u64, data: &[u8]) -> Vec<u8> {
 
 #[test]
 fn startup_asks_for_a_database_replication_connection_and_trusts() {
-    let (client, mut server) = UnixStream::pair().unwrap();
-    let t = std::thread::spawn(move || {
-        let (_, body) = read_msg(&mut server, false);
+    let (client, t) = serve(move |server| {
+        let (_, body) = read_msg(server, false);
         assert_eq!(&body[..4], &196_608u32.to_be_bytes());
         let text = String::from_utf8_lossy(&body[4..]).to_string();
         for kv in ["user\0cdc\0", "database\0app\0", "replication\0database\0", "application_name\0pg_cdc test\0"] {
             assert!(text.contains(kv), "{kv:?} in {text:?}");
         }
-        ready(&mut server);
-        server
+        ready(server);
     });
     let c = Connection::handshake(client, &params(None)).unwrap();
     assert_eq!(c.backend_pid, 4242);
@@ -89,16 +98,14 @@ fn startup_asks_for_a_database_replication_connection_and_trusts() {
 
 #[test]
 fn md5_answers_with_the_salted_hash() {
-    let (client, mut server) = UnixStream::pair().unwrap();
-    let t = std::thread::spawn(move || {
-        read_msg(&mut server, false);
-        send(&mut server, b'R', &auth(5, &[1, 2, 3, 4]));
-        let (tag, body) = read_msg(&mut server, true);
+    let (client, t) = serve(move |server| {
+        read_msg(server, false);
+        send(server, b'R', &auth(5, &[1, 2, 3, 4]));
+        let (tag, body) = read_msg(server, true);
         assert_eq!(tag, b'p');
         let expected = postgres_protocol::authentication::md5_hash(b"cdc", b"s3cret", [1, 2, 3, 4]);
         assert_eq!(&body[..body.len() - 1], expected.as_bytes());
-        ready(&mut server);
-        server
+        ready(server);
     });
     Connection::handshake(client, &params(Some("s3cret"))).unwrap();
     drop(t.join().unwrap());
@@ -106,11 +113,9 @@ fn md5_answers_with_the_salted_hash() {
 
 #[test]
 fn a_password_request_without_a_password_names_the_role_and_never_guesses() {
-    let (client, mut server) = UnixStream::pair().unwrap();
-    let t = std::thread::spawn(move || {
-        read_msg(&mut server, false);
-        send(&mut server, b'R', &auth(10, b"SCRAM-SHA-256\0\0"));
-        server
+    let (client, t) = serve(move |server| {
+        read_msg(server, false);
+        send(server, b'R', &auth(10, b"SCRAM-SHA-256\0\0"));
     });
     let e = Connection::handshake(client, &params(None)).err().unwrap();
     assert!(matches!(&e, Error::Auth(m) if m.contains("role cdc") && m.contains("scram-sha-256")), "{e}");
@@ -119,21 +124,17 @@ fn a_password_request_without_a_password_names_the_role_and_never_guesses() {
 
 #[test]
 fn unsupported_methods_and_server_errors_are_reported() {
-    let (client, mut server) = UnixStream::pair().unwrap();
-    let t = std::thread::spawn(move || {
-        read_msg(&mut server, false);
-        send(&mut server, b'R', &auth(7, &[])); // GSS
-        server
+    let (client, t) = serve(move |server| {
+        read_msg(server, false);
+        send(server, b'R', &auth(7, &[])); // GSS
     });
     let e = Connection::handshake(client, &params(Some("x"))).err().unwrap();
     assert!(matches!(&e, Error::Auth(m) if m.contains("method 7")), "{e}");
     drop(t.join().unwrap());
 
-    let (client, mut server) = UnixStream::pair().unwrap();
-    let t = std::thread::spawn(move || {
-        read_msg(&mut server, false);
-        send(&mut server, b'E', &error_body("28000", "no pg_hba.conf entry for replication connection"));
-        server
+    let (client, t) = serve(move |server| {
+        read_msg(server, false);
+        send(server, b'E', &error_body("28000", "no pg_hba.conf entry for replication connection"));
     });
     let e = Connection::handshake(client, &params(None)).err().unwrap();
     assert_eq!(e.sqlstate(), Some("28000"));
@@ -143,13 +144,12 @@ fn unsupported_methods_and_server_errors_are_reported() {
 
 #[test]
 fn queries_return_text_rows_and_errors_keep_the_connection() {
-    let (client, mut server) = UnixStream::pair().unwrap();
-    let t = std::thread::spawn(move || {
-        read_msg(&mut server, false);
-        ready(&mut server);
-        let (tag, body) = read_msg(&mut server, true);
+    let (client, t) = serve(move |server| {
+        read_msg(server, false);
+        ready(server);
+        let (tag, body) = read_msg(server, true);
         assert_eq!((tag, body.as_slice()), (b'Q', &b"IDENTIFY_SYSTEM\0"[..]));
-        send(&mut server, b'T', &[0, 0]);
+        send(server, b'T', &[0, 0]);
         let mut row = 4u16.to_be_bytes().to_vec();
         for v in [Some("7301"), Some("1"), Some("0/16B3748"), None] {
             match v {
@@ -160,13 +160,12 @@ fn queries_return_text_rows_and_errors_keep_the_connection() {
                 None => row.extend_from_slice(&(-1i32).to_be_bytes()),
             }
         }
-        send(&mut server, b'D', &row);
-        send(&mut server, b'C', b"IDENTIFY_SYSTEM\0");
-        send(&mut server, b'Z', b"I");
-        read_msg(&mut server, true);
-        send(&mut server, b'E', &error_body("42704", "replication slot \"x\" does not exist"));
-        send(&mut server, b'Z', b"I");
-        server
+        send(server, b'D', &row);
+        send(server, b'C', b"IDENTIFY_SYSTEM\0");
+        send(server, b'Z', b"I");
+        read_msg(server, true);
+        send(server, b'E', &error_body("42704", "replication slot \"x\" does not exist"));
+        send(server, b'Z', b"I");
     });
     let mut c = Connection::handshake(client, &params(None)).unwrap();
     assert_eq!(c.identify_system().unwrap(), ("7301".to_string(), 1, 0x16B_3748));
@@ -177,18 +176,17 @@ fn queries_return_text_rows_and_errors_keep_the_connection() {
 
 #[test]
 fn the_stream_survives_split_messages_and_timeouts_mid_message() {
-    let (client, mut server) = UnixStream::pair().unwrap();
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-    let t = std::thread::spawn(move || {
-        read_msg(&mut server, false);
-        ready(&mut server);
-        let (_, body) = read_msg(&mut server, true);
+    let (client, t) = serve(move |server| {
+        read_msg(server, false);
+        ready(server);
+        let (_, body) = read_msg(server, true);
         let sql = String::from_utf8(body).unwrap();
         assert_eq!(
             sql,
             "START_REPLICATION SLOT \"_cdc_1\" LOGICAL 1/A0 (\"proto_version\" '1', \"publication_names\" 'a,b')\0"
         );
-        send(&mut server, b'W', &[0, 0, 0]);
+        send(server, b'W', &[0, 0, 0]);
         // A large frame sent in two halves, with a pause the client's deadline falls into.
         let big = vec![b'I'; 300_000];
         let mut whole = Vec::new();
@@ -201,14 +199,13 @@ fn the_stream_survives_split_messages_and_timeouts_mid_message() {
         k.extend_from_slice(&0x1_0000_0200u64.to_be_bytes());
         k.extend_from_slice(&0i64.to_be_bytes());
         k.push(1);
-        send(&mut server, b'd', &k);
-        let (tag, body) = read_msg(&mut server, true);
+        send(server, b'd', &k);
+        let (tag, body) = read_msg(server, true);
         assert_eq!(tag, b'd');
         assert_eq!(body[0], b'r');
         assert_eq!(&body[1..9], &0x1_0000_0200u64.to_be_bytes());
         assert_eq!(&body[9..17], &0x1_0000_0200u64.to_be_bytes());
-        send(&mut server, b'E', &error_body("55000", "replication slot \"_cdc_1\" was dropped"));
-        server
+        send(server, b'E', &error_body("55000", "replication slot \"_cdc_1\" was dropped"));
     });
     let c = Connection::handshake(client, &params(None)).unwrap();
     let mut s =
