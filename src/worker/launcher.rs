@@ -62,7 +62,12 @@ fn alive(pid: i32) -> bool {
 }
 
 /// What a sink worker's process title contains (its `bgw_name` starts with it).
-const SINK_WORKER_TITLE: &[u8] = b"pg_cdc worker";
+const SINK_WORKER_TITLE: &[u8] = SINK_WORKER.as_bytes();
+
+/// The sink workers' `backend_type` and `application_name` (before the sink's name is known).
+pub const SINK_WORKER: &str = "pg_cdc worker";
+/// The launcher's.
+pub const LAUNCHER: &str = "pg_cdc launcher";
 
 /// Claims `sink_id` for this process: false when a live process already serves it (or the table
 /// is full).
@@ -120,11 +125,9 @@ pub struct Starter {
 
 impl Starter {
     /// Starts a sink worker for each of `sinks` (id, name) that no live process serves and whose
-    /// last worker is gone. Returns the sinks no worker could be started for (no free background
-    /// worker slot).
-    pub fn ensure(&mut self, sinks: &[(String, String)]) -> Vec<String> {
+    /// last worker is gone; a sink no worker slot is free for waits (logged once a minute).
+    pub fn ensure(&mut self, sinks: &[(String, String)]) {
         self.started.retain(|id, _| sinks.iter().any(|(s, _)| s == id));
-        let mut refused = Vec::new();
         for (id, name) in sinks {
             if serving(id).is_some() {
                 continue;
@@ -136,8 +139,8 @@ impl Starter {
                     continue;
                 }
             }
-            let started = BackgroundWorkerBuilder::new(&format!("pg_cdc worker for sink {name}"))
-                .set_type("pg_cdc worker")
+            let started = BackgroundWorkerBuilder::new(&format!("{SINK_WORKER} for sink {name}"))
+                .set_type(SINK_WORKER)
                 .set_function("pg_cdc_sink_worker_main")
                 .set_library("pg_cdc")
                 .enable_spi_access()
@@ -151,7 +154,6 @@ impl Starter {
                     self.started.insert(id.clone(), (worker, Instant::now()));
                 }
                 Err(_) => {
-                    refused.push(id.clone());
                     if self.no_slot_logged.is_none_or(|t| t.elapsed().as_secs() >= 60) {
                         self.no_slot_logged = Some(Instant::now());
                         pgrx::warning!(
@@ -164,6 +166,5 @@ impl Starter {
                 }
             }
         }
-        refused
     }
 }

@@ -41,8 +41,8 @@ use state::{Role, Worker};
 
 /// Registers the launcher, the static worker (from `_PG_init` while preloading).
 pub fn register() {
-    BackgroundWorkerBuilder::new("pg_cdc launcher")
-        .set_type("pg_cdc launcher")
+    BackgroundWorkerBuilder::new(launcher::LAUNCHER)
+        .set_type(launcher::LAUNCHER)
         .set_function("pg_cdc_launcher_main")
         .set_library("pg_cdc")
         .enable_spi_access()
@@ -71,25 +71,23 @@ fn run(role: Role) {
     let database = gucs::string(&gucs::DATABASE);
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
     let what = match &role {
-        Role::Launcher => "pg_cdc launcher".to_string(),
+        Role::Launcher => role.name().to_string(),
         Role::Sink(id) => {
             if !launcher::claim(id) {
                 // Another process serves this sink (one started by an earlier launcher).
                 // SAFETY: ends this dynamic background worker; it is never restarted.
                 unsafe { pg_sys::proc_exit(0) };
             }
-            format!("pg_cdc worker for sink {id}")
+            format!("{} for sink {id}", role.name())
         }
     };
     pgrx::log!("{what} started in database \"{database}\"");
 
     let sink_worker = matches!(role, Role::Sink(_));
-    let mut worker = Worker::new(role);
-    if let Err(e) =
-        run_tx(|| source::set_session_settings(if sink_worker { "pg_cdc worker" } else { "pg_cdc launcher" }))
-    {
+    if let Err(e) = run_tx(|| source::set_session_settings(role.name())) {
         pgrx::warning!("{what}: cannot set its session settings: {e}");
     }
+    let mut worker = Worker::new(role);
     let mut poll = WAL_POLL;
     while !stop_requested() && !worker.finished() {
         if BackgroundWorker::sighup_received() {

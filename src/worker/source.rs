@@ -26,15 +26,17 @@ pub const TEXT_FORMAT_SETTINGS: &[(&str, &str)] = &[
 /// the default, most of it this buffer. Transactions smaller than it (nearly all) never spill.
 pub const DECODING_WORK_MEM: &str = "16MB";
 
+/// How long a worker's statement waits for a lock (a read turn excepted).
+const LOCK_TIMEOUT: &str = "10s";
+
 /// The worker's session settings: the text format, no statement timeout, the decoding memory.
 pub fn set_session_settings(application_name: &str) {
     for (name, value) in TEXT_FORMAT_SETTINGS {
         catalog::run(&format!("SET {name} = '{value}'"), &[]);
     }
-    for stmt in ["SET statement_timeout = 0", "SET lock_timeout = '10s'"] {
-        catalog::run(stmt, &[]);
-    }
-    catalog::run(&format!("SET application_name = '{application_name}'"), &[]);
+    catalog::run("SET statement_timeout = 0", &[]);
+    catalog::run(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'"), &[]);
+    set_application_name(application_name);
     catalog::run(&format!("SET logical_decoding_work_mem = '{DECODING_WORK_MEM}'"), &[]);
 }
 
@@ -58,7 +60,7 @@ pub fn take_read_turn(turns: i32, preferred: u32) {
     // session's lock_timeout, then put it back for the rest of the read's transaction.
     catalog::run("SELECT set_config('lock_timeout', '0', true)", &[]);
     catalog::json("SELECT to_jsonb(pg_advisory_xact_lock($1, $2)::text)", &[READ_TURN_CLASS.into(), k.into()]);
-    catalog::run("SELECT set_config('lock_timeout', '10s', true)", &[]);
+    catalog::run("SELECT set_config('lock_timeout', $1, true)", &[LOCK_TIMEOUT.into()]);
 }
 
 /// Sets this session's `application_name` (for the rest of the session).

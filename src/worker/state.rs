@@ -266,6 +266,16 @@ pub enum Role {
     Sink(String),
 }
 
+impl Role {
+    /// The process's `backend_type`, and the prefix of its log lines.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Role::Launcher => super::launcher::LAUNCHER,
+            Role::Sink(_) => super::launcher::SINK_WORKER,
+        }
+    }
+}
+
 /// A worker: the launcher, or one sink's worker.
 pub struct Worker {
     role: Role,
@@ -357,10 +367,7 @@ impl Worker {
     /// One pass: the launcher's over every sink, a sink worker's over its sink. Returns true when
     /// the sink read changes (run again at once).
     pub fn tick(&mut self) -> bool {
-        let who = match &self.role {
-            Role::Launcher => "pg_cdc launcher",
-            Role::Sink(_) => "pg_cdc worker",
-        };
+        let who = self.role.name();
         let mut cat = match run_tx(source::load_catalog) {
             Ok(cat) if cat.installed => {
                 self.schema = cat.schema.clone();
@@ -404,7 +411,7 @@ impl Worker {
         };
         if self.shown_name.as_ref() != Some(&name) {
             // Which process serves which sink, in pg_stat_activity.
-            let shown = format!("pg_cdc worker: {name}");
+            let shown = format!("{}: {name}", self.role.name());
             if run_tx(|| source::set_application_name(&shown)).is_ok() {
                 self.shown_name = Some(name);
             }
@@ -488,7 +495,7 @@ impl Worker {
             Ok(None) => self.restart_mark = Some(insert),
             Err(e) => {
                 // Not fatal: the slots still move at the background writer's records.
-                pgrx::warning!("pg_cdc worker: cannot write a running-transactions record: {e}");
+                pgrx::warning!("{}: cannot write a running-transactions record: {e}", self.role.name());
                 self.restart_mark = Some(insert);
             }
         }
@@ -1055,7 +1062,7 @@ impl Worker {
                         })
                         .unwrap_or(false);
                     if dropped {
-                        pgrx::log!("pg_cdc worker: dropped replication slot {name} of a dropped sink");
+                        pgrx::log!("{}: dropped replication slot {name} of a dropped sink", self.role.name());
                     } else {
                         still.insert(slot.name.clone(), first_seen.clone());
                     }
