@@ -216,7 +216,7 @@ fn cdc_prometheus_metrics() -> String {
         );
     }
     type Counter = (&'static str, &'static str, fn(&cdc_core::stats::DeliveryCounters) -> u64);
-    let counters: [Counter; 5] = [
+    let counters: [Counter; 6] = [
         ("pg_cdc_bytes_published_total", "Key and value bytes of the events delivered.", |c| c.bytes_delivered),
         ("pg_cdc_source_transactions_total", "PostgreSQL transactions delivered.", |c| c.source_transactions_delivered),
         ("pg_cdc_duplicates_filtered_total", "Events read again after a restart and not published again.", |c| {
@@ -230,6 +230,7 @@ fn cdc_prometheus_metrics() -> String {
         ("pg_cdc_sink_transactions_aborted_total", "Delivery transactions aborted (re-sent later).", |c| {
             c.aborted_transactions
         }),
+        ("pg_cdc_wal_decoded_bytes_total", "WAL the sink's decoding sessions decoded.", |c| c.wal_decoded_bytes),
     ];
     for (metric, help, get) in counters {
         x.family(metric, Kind::Counter, help);

@@ -8,10 +8,11 @@
 //!    loop:
 //!      catalog (one transaction, read-only) ── its sink, captured tables, slots
 //!      protocol::slot_failure / check_checkpoint ── may it read?
-//!      one read-only transaction: a scrollable cursor over a peek of its slot (batch.rs, the
-//!        ChangeSource) ─▶ deliver::read: Assembler ─▶ events ─▶ sink.send (large transactions in pieces)
+//!      one transaction: its decoding session (decoding.rs, kept open across reads: the slot is
+//!        held and each WAL record decoded once; the ChangeSource) ─▶ deliver::read: Assembler
+//!        ─▶ events ─▶ sink.send (large transactions in pieces)
 //!      protocol::plan_flush ─▶ sink.flush (no transaction open; Kafka commit with the checkpoint)
-//!      advance the slot + _cdc_offsets + state (one short writing transaction)
+//!      _cdc_offsets + confirm the slot in the session (one short writing transaction)
 //!      when nothing happened, sleep cdc.naptime_ms or until WAL is flushed; exit once the sink is dropped
 //! ```
 //! Ack before advance: the slot moves only after the sink acknowledged, so a crash anywhere
@@ -23,6 +24,7 @@
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 mod batch;
+mod decoding;
 pub mod launcher;
 pub(crate) mod source;
 mod state;

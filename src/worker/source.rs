@@ -1,5 +1,5 @@
-//! The worker's SPI calls: catalog, slots, peeking, confirming. Each function runs inside
-//! `run_tx` and returns owned Rust data.
+//! The worker's SPI calls: catalog, slots, progress, types. Each function runs inside `run_tx` and
+//! returns owned Rust data. (Reading the slot is `decoding.rs`.)
 use std::collections::HashMap;
 
 use cdc_core::pipeline::RawFrame;
@@ -235,85 +235,9 @@ pub fn slot_has_sink(schema: &str, slot: &str) -> bool {
     ) == Some(Value::Bool(true))
 }
 
-/// A scrollable cursor over one peek of a slot: up to `batch` changes, always ending with a whole
-/// transaction (PostgreSQL decodes a transaction at its commit record). The rows live in the peek
-/// function's tuplestore, which spills to disk past `work_mem`, so a transaction of any size can
-/// be read in pieces, and read again from its Begin ([`Peek::seek`]). Valid until the end of the
-/// transaction that opened it.
-pub struct Peek {
-    name: String,
-    position: u64,
-}
-
-impl Peek {
-    /// Starts reading a slot without consuming it.
-    pub fn open(slot: &str, batch: i32) -> Peek {
-        let sql = format!(
-            "SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, \
-             'proto_version', '1', 'publication_names', '{PUBLICATION_NAMES}', 'messages', 'true')"
-        );
-        quiet_decoding_logs();
-        let name = Spi::connect(|client| -> Result<String, pgrx::spi::SpiError> {
-            // A plan over a function scan can run backwards, so PostgreSQL makes the cursor scrollable.
-            Ok(client.try_open_cursor(&sql, &[slot.into(), batch.into()])?.detach_into_name())
-        })
-        .unwrap_or_else(|e| pgrx::error!("reading slot {slot}: {e}"));
-        Peek { name, position: 0 }
-    }
-
-    /// How many rows were read (the 0-based index of the next row).
-    pub fn position(&self) -> u64 {
-        self.position
-    }
-
-    /// Reads up to `count` more rows; learns the column types of the Relation messages among them.
-    pub fn fetch(&mut self, count: i64, types: &mut TypeRegistry) -> Vec<RawFrame> {
-        let frames = Spi::connect(|client| -> Result<Vec<RawFrame>, pgrx::spi::SpiError> {
-            let mut cursor = client.find_cursor(&self.name)?;
-            let mut frames = Vec::with_capacity(count as usize);
-            for row in cursor.fetch(count as std::ffi::c_long)? {
-                let lsn = row.get::<i64>(1)?.unwrap_or(0);
-                let data = row.get::<Vec<u8>>(2)?.unwrap_or_default();
-                frames.push(RawFrame { lsn: Lsn(lsn as u64), data });
-            }
-            // Keep the portal open for the next fetch (dropping the handle would close it).
-            cursor.detach_into_name();
-            Ok(frames)
-        })
-        .unwrap_or_else(|e| pgrx::error!("reading the changes of slot cursor {}: {e}", self.name));
-        self.position += frames.len() as u64;
-        learn_types(&frames, types);
-        frames
-    }
-
-    /// Makes the next fetch start at row `position` (0-based).
-    pub fn seek(&mut self, position: u64) {
-        let Ok(name) = std::ffi::CString::new(self.name.as_str()) else {
-            pgrx::error!("invalid cursor name {}", self.name);
-        };
-        Spi::connect(|_client| {
-            // SAFETY: the portal was opened by `Peek::open` in this transaction and is still open;
-            // SPI is connected for the duration of this closure.
-            unsafe {
-                let portal = pg_sys::SPI_cursor_find(name.as_ptr());
-                if portal.is_null() {
-                    pgrx::error!("slot cursor {} is gone", self.name);
-                }
-                // MOVE ABSOLUTE n leaves the cursor on row n (1-based): the next fetch returns row n + 1.
-                pg_sys::SPI_scroll_cursor_move(
-                    portal,
-                    pg_sys::FetchDirection::FETCH_ABSOLUTE,
-                    position as std::ffi::c_long,
-                );
-            }
-        });
-        self.position = position;
-    }
-}
-
 /// Looks up, in pg_type, every column type of the batch's relations the registry has not seen
 /// (then their element and base types), once per worker lifetime.
-fn learn_types(frames: &[RawFrame], types: &mut TypeRegistry) {
+pub(super) fn learn_types(frames: &[RawFrame], types: &mut TypeRegistry) {
     let mut oids: Vec<u32> = Vec::new();
     for f in frames.iter().filter(|f| f.data.first() == Some(&b'R')) {
         if let Ok(cdc_core::decode::Message::Relation(rel)) = cdc_core::decode::decode(&f.data) {
@@ -393,20 +317,8 @@ pub fn learn_type_oids(oids: &[u32], types: &mut TypeRegistry) {
 
 pub use cdc_core::deliver::read::TableProgress;
 
-/// PostgreSQL 15 logs "starting logical decoding for slot ..." at LOG level for every peek and
-/// advance; at one peek per sink every `cdc.naptime_ms` that would flood the server log. Silence
-/// it for the current transaction only (our own failures are reported through the sink state).
-fn quiet_decoding_logs() {
-    catalog::json("SELECT to_jsonb(set_config('log_min_messages', 'fatal', true))", &[]);
-}
-
-/// Confirms the slot up to `lsn` and records per-table progress.
-pub fn confirm(schema: &str, sink_name: &str, slot: &str, lsn: Lsn, progress: &HashMap<u32, TableProgress>) {
-    quiet_decoding_logs();
-    catalog::json(
-        "SELECT to_jsonb((pg_replication_slot_advance($1, $2::pg_lsn)).end_lsn::text)",
-        &[slot.into(), lsn.to_string().into()],
-    );
+/// Records the per-table progress of a delivered read (`_cdc_offsets`).
+pub fn record_progress(schema: &str, sink_name: &str, progress: &HashMap<u32, TableProgress>) {
     if progress.is_empty() {
         return;
     }

@@ -22,12 +22,14 @@ use cdc_sinks::webhook::WebhookSink;
 use cdc_sinks::{parse_config, Checkpoint, DeliveryMode, ErrorClass, Sink, SinkConfig, SinkError};
 use pgrx::pg_sys;
 
-use super::batch::{self, Batch, Failure, Inputs, SlotRead, Unit};
-use super::source::{self, Catalog, Peek, SinkRow};
+use super::batch::{self, Batch, Failure, Inputs, Unit};
+use super::decoding::{self, Session, SessionRead};
+use super::source::{self, Catalog, SinkRow};
 use super::table_sink::SpiStore;
 use super::{retry_at, run_tx, stop_requested, OrphanSightings};
 use crate::catalog::PUBLICATION_NAMES;
 use crate::{gucs, keys, lookups};
+use cdc_core::deliver::port::ChangeSource;
 use cdc_core::deliver::protocol::{self, SlotView};
 
 /// WAL written between two running-transactions records of the worker: the most a peek decodes
@@ -54,6 +56,8 @@ pub struct SinkRun {
     /// Its events are held back for a compliance reason (mirrors the shared counter, so a
     /// delivering sink does not take the counters' lock each pass to clear it).
     compliance_hold: bool,
+    /// Its decoding session (holds the slot), open from the first read until a failure.
+    session: Option<Session>,
 }
 
 /// A sink's open destination, by type: besides building it, the one place the worker names sink
@@ -566,6 +570,7 @@ impl Worker {
                         // The shared counter may be set from before (a worker restart, a changed
                         // config): cleared at the first delivery.
                         compliance_hold: true,
+                        session: None,
                     },
                 );
             } else if let Some(r) = self.sinks.get_mut(&row.id) {
@@ -682,6 +687,13 @@ impl Worker {
             run.assembler.reset();
         }
         self.set_state(id, state, Some(error));
+        if let Some(run) = self.sinks.get_mut(id) {
+            // What it decoded and sent is read again by a new session, from the slot's confirmed
+            // position (the old one may have let go of messages the failed delivery held).
+            run.session = None;
+        }
+        // A session that failed to open may hold the slot already.
+        decoding::release_slot();
     }
 
     /// Marks a failed read or delivery; one that holds events back for a compliance reason shows
@@ -735,7 +747,9 @@ impl Worker {
             name: row.slot.clone(),
             exists: found.is_some(),
             wal_status: found.and_then(|s| s.wal_status.clone()),
-            active_pid: found.and_then(|s| s.active_pid),
+            // Its own session holds the slot between reads.
+            // SAFETY: MyProcPid is this process's pid, set at its start.
+            active_pid: found.and_then(|s| s.active_pid).filter(|&p| p != unsafe { pg_sys::MyProcPid }),
             confirmed: found.and_then(|s| s.confirmed.as_deref()).and_then(|s| s.parse().ok()).unwrap_or_default(),
         };
         if let Some(f) = protocol::slot_failure(missing, &slot) {
@@ -796,8 +810,17 @@ impl Worker {
             // Reading (decoding) takes a turn: with many sinks, parallel reads would take the
             // primary's CPU (each slot decodes all WAL). Flushing to the destination holds none.
             source::take_read_turn(gucs::MAX_CONCURRENT_READS.get(), read_turn_hint(&row.id));
-            let mut peek = Peek::open(&row.slot, batch_changes);
-            let first = peek.fetch(batch::FETCH_ROWS as i64, &mut types);
+            let session = match run.session.as_mut() {
+                Some(s) => s,
+                None => {
+                    crate::stats::update(&row.id, |c| c.decoding_sessions += 1);
+                    run.session.insert(Session::open(&row.slot))
+                }
+            };
+            session.begin_read(confirmed);
+            let mut source =
+                SessionRead { session, most: batch_changes.max(1) as u64, schema: &schema, sink_name: &row.name };
+            let first = source.fetch(batch::FETCH_ROWS, &mut types);
             if first.is_empty() {
                 return Ok((Batch::default(), None));
             }
@@ -819,8 +842,7 @@ impl Worker {
                 .map(|ms| std::time::Duration::from_millis(u64::from(ms))),
                 on_open: Some(&opened),
             };
-            let mut source = SlotRead { peek, schema: &schema, sink_name: &row.name };
-            let SinkRun { assembler, producer, checkpoint, .. } = &mut run;
+            let (assembler, producer, checkpoint) = (&mut run.assembler, &mut run.producer, &mut run.checkpoint);
             let Some(producer) = producer.as_mut() else {
                 return Err(Failure::new(SinkState::Retrying, "the sink is not open"));
             };
@@ -850,6 +872,8 @@ impl Worker {
             }
             flushed
         });
+        let decoded = run.session.as_mut().map_or(0, Session::take_decoded_bytes);
+        crate::stats::update(&row.id, |c| c.wal_decoded_bytes += decoded);
         self.sinks.insert(id.to_string(), run);
         let (batch, preflushed) = match read {
             Ok(Ok((b, _))) if b.opening => {
@@ -961,8 +985,16 @@ impl Worker {
                     return false;
                 }
             }
-            let (name, slot_name) = (row.name.clone(), row.slot.clone());
-            if let Err(e) = run_tx(|| source::confirm(&schema, &name, &slot_name, lsn, &batch.progress)) {
+            let name = row.name.clone();
+            let session = self.sinks.get_mut(id).and_then(|r| r.session.as_mut());
+            let confirmed = run_tx(|| {
+                source::record_progress(&schema, &name, &batch.progress);
+                match session {
+                    Some(s) => s.confirm(lsn),
+                    None => pgrx::error!("the slot's decoding session is gone"),
+                }
+            });
+            if let Err(e) = confirmed {
                 self.fail(id, SinkState::Error, format!("cannot confirm replication slot {}: {e}", row.slot));
                 return false;
             }

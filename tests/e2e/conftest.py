@@ -191,6 +191,23 @@ def restart_worker(conn):
     wait_for(lambda: worker_pids(conn) and not old & set(worker_pids(conn)), what="worker restarted")
 
 
+def with_slot_taken_from_worker(conn, slot, sql, params=()):
+    """Runs `sql` on a sink's slot, which its worker holds while it runs (its decoding session):
+    ends the process holding it, then runs `sql` before the launcher's new worker takes it back
+    (the launcher waits a second between starts of one sink's worker). What a DBA does to touch a
+    slot by hand."""
+    for _ in range(100):
+        row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+        if row and row[0] is not None:
+            conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+            time.sleep(0.05)
+        try:
+            return conn.execute(sql, params)
+        except psycopg.errors.ObjectInUse:
+            time.sleep(0.05)
+    raise AssertionError(f"slot {slot} stayed in use")
+
+
 SERVER_LOG = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"),
                           f"postgresql-{os.environ.get('PGPORT', '55432')}.log")
 

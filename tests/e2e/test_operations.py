@@ -7,7 +7,8 @@ import time
 import psycopg
 import pytest
 
-from conftest import connect, consume, restart_worker, server_settings, sink_state, wait_for
+from conftest import (connect, consume, restart_worker, server_settings, sink_state, wait_for,
+                      with_slot_taken_from_worker)
 
 
 def slot_of(pg, sink):
@@ -81,13 +82,7 @@ def test_slot_dropped_by_hand_is_an_error_not_a_resync(pg, sinks, unique):
     name = sinks.add(f"lost_{unique}", f"lost-{unique}")
     slot = slot_of(pg, name)
     wait_for(lambda: sink_state(pg, name)[0] == "running", what="sink running")
-    wait_for(lambda: pg.execute("SELECT active_pid IS NULL FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0], what="slot idle")
-    for _ in range(50):
-        try:
-            pg.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-            break
-        except Exception:  # in use by the worker's peek at that instant
-            time.sleep(0.05)
+    with_slot_taken_from_worker(pg, slot, "SELECT pg_drop_replication_slot(%s)", (slot,))
     state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, what="error state")
     assert "does not exist" in state[1] and "re-add" in state[1]
     time.sleep(1.0)
@@ -215,12 +210,7 @@ def test_slot_moved_past_the_kafka_checkpoint_is_an_error(pg, sinks, unique):
     # WAL the sink does not capture, then the slot jumps to its end behind the worker's back.
     pg.execute(f"CREATE TABLE other_{unique} AS SELECT 1 AS x")
     target = pg.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
-    for _ in range(100):
-        try:
-            pg.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, target))
-            break
-        except psycopg.errors.ObjectInUse:  # the worker's peek holds it at that instant
-            time.sleep(0.05)
+    with_slot_taken_from_worker(pg, slot, "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, target))
     pg.execute(f"INSERT INTO {t} VALUES (2)")
     state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, timeout=60, what="error state")
     assert "past the last checkpoint its sink committed" in state[1], state[1]

@@ -43,6 +43,10 @@ pub struct DeliveryCounters {
     /// 1 while the sink holds events back for a compliance reason (a table's events cannot be
     /// redacted as configured: the tokenization key is missing); the reason is its `last_error`.
     pub compliance_hold: u64,
+    /// WAL its decoding sessions decoded, bytes (each session from the slot's restart position).
+    pub wal_decoded_bytes: u64,
+    /// Decoding sessions started (one per worker start, and one after each failure).
+    pub decoding_sessions: u64,
 }
 
 /// Filter and transformation counts of one table in one sink's pipeline (`cdc_filter_metrics`).
@@ -205,6 +209,10 @@ impl DeliveryStatus<'_> {
                 "bytes": c.bytes_delivered,
                 "source_transactions": c.source_transactions_delivered,
                 "large_transactions": c.large_transactions,
+            },
+            "decoding": {
+                "wal_decoded_bytes": c.wal_decoded_bytes,
+                "sessions_started": c.decoding_sessions,
             },
             "compliance_metrics": {
                 "pii_redactions": c.pii_redactions,

@@ -19,12 +19,14 @@ pub struct MemorySource {
     position: u64,
     /// Rows handed out (a large transaction's rows count once per pass).
     pub fetched: u64,
+    /// Rows before this were released: reading them again breaks the port's contract.
+    released: u64,
 }
 
 impl MemorySource {
     /// A read over `frames`, any number of rows per fetch.
     pub fn new(frames: Vec<RawFrame>) -> Self {
-        MemorySource { frames, chunk: usize::MAX, recorded: HashMap::new(), position: 0, fetched: 0 }
+        MemorySource { frames, chunk: usize::MAX, recorded: HashMap::new(), position: 0, fetched: 0, released: 0 }
     }
 
     /// The read a slot confirmed at `lsn` returns: every transaction whose commit ends after it
@@ -52,7 +54,13 @@ impl ChangeSource for MemorySource {
     }
 
     fn seek(&mut self, position: u64) {
+        assert!(position >= self.released, "seek to row {position}, released before {}", self.released);
         self.position = position;
+    }
+
+    fn release_before(&mut self, position: u64) {
+        assert!(position <= self.position, "released row {position} before fetching it");
+        self.released = self.released.max(position);
     }
 
     fn recorded_offsets(&mut self) -> HashMap<u32, u64> {

@@ -167,6 +167,11 @@ pub trait ChangeSource {
     /// Makes the next fetch start at row `position`.
     fn seek(&mut self, position: u64);
 
+    /// The read will not seek back before row `position` (rows before it are sent, whole
+    /// transactions): a source that buffers rows may free them. Rows released are either
+    /// delivered with this read or, when it fails, read again from the slot.
+    fn release_before(&mut self, _position: u64) {}
+
     /// The commit LSN of the last transaction the progress store recorded for each table of the
     /// sink (`_cdc_offsets.last_lsn`): a delivered transaction past it was never recorded.
     fn recorded_offsets(&mut self) -> HashMap<u32, u64>;

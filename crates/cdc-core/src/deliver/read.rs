@@ -204,6 +204,7 @@ pub fn read(u: &mut Unit<'_>, inputs: &Inputs<'_>, first: Vec<RawFrame>) -> Resu
                 send_whole(u, inputs, &buf, &mut b)?;
                 buf.clear();
                 whole_bytes = 0;
+                u.source.release_before(start + i as u64 + 1);
             }
             if let Some((begin, position, bytes)) = open {
                 if buf.len() - begin > inputs.large_frames || bytes > LARGE_TRANSACTION_BYTES {
@@ -212,8 +213,10 @@ pub fn read(u: &mut Unit<'_>, inputs: &Inputs<'_>, first: Vec<RawFrame>) -> Resu
                     buf.clear();
                     whole_bytes = 0;
                     open = None;
+                    u.source.release_before(position);
                     u.source.seek(position);
                     send_large(u, inputs, &mut b)?;
+                    u.source.release_before(u.source.position());
                     if inputs.due(b.opened_at) {
                         break 'rows;
                     }
