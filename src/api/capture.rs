@@ -163,6 +163,7 @@ fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
     let key_columns = cfg.key_columns.clone();
     let previous_lookups = previous_lookup_oids(&schema, oid.to_u32());
     let config_value = config.0.clone();
+    crate::worker::launcher::catalog_changed();
     let id = Spi::get_one_with_args::<Uuid>(
         &format!(
             "INSERT INTO {schema}._cdc_publications AS p
@@ -453,6 +454,7 @@ fn cdc_disable(table_name: Option<pg_sys::Oid>) {
     let oid = required(table_name, "table_name");
     let schema = schema();
     let previous_lookups = previous_lookup_oids(&schema, oid.to_u32());
+    crate::worker::launcher::catalog_changed();
     let Some(row) = catalog::json_write(
         &format!(
             "DELETE FROM {schema}._cdc_publications WHERE table_oid = $1 \

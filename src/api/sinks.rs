@@ -159,6 +159,7 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         );
         true
     };
+    crate::worker::launcher::catalog_changed();
     catalog::run(
         &format!(
             "INSERT INTO {schema}._cdc_sinks (sink_id, sink_name, sink_type, config, slot_name, table_oids, delivery_mode, state)
@@ -263,6 +264,7 @@ fn cdc_drop_sink(sink_name: Option<&str>) {
             &[sink_name.into()],
         )
     });
+    crate::worker::launcher::catalog_changed();
     let deleted = catalog::json_write(
         &format!("WITH d AS (DELETE FROM {schema}._cdc_sinks WHERE sink_name = $1 RETURNING 1) SELECT to_jsonb(count(*)) FROM d"),
         &[sink_name.into()],

@@ -277,6 +277,16 @@ pub fn release_slot() {
     }
 }
 
+/// The confirmed position of the slot this process holds, if it holds one.
+pub fn held_slot_confirmed() -> Option<Lsn> {
+    // SAFETY: MyReplicationSlot is this process's own slot; only the process holding a slot
+    // writes its confirmed position, so reading it here races with nothing.
+    unsafe {
+        let slot = pg_sys::MyReplicationSlot;
+        (!slot.is_null()).then(|| Lsn((*slot).data.confirmed_flush))
+    }
+}
+
 fn cstr(s: &str) -> CString {
     CString::new(s).unwrap_or_default()
 }

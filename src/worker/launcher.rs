@@ -33,6 +33,8 @@ struct Claim {
 #[derive(Clone, Copy)]
 struct Claims {
     entries: [Claim; MAX_SINKS],
+    /// Bumped when a transaction that changed pg_cdc's catalog commits ([`catalog_changed`]).
+    generation: u64,
 }
 
 // SAFETY: plain old data (integers and byte arrays), no pointers.
@@ -44,8 +46,32 @@ static CLAIMS: PgLwLock<Claims> = unsafe { PgLwLock::new(c"pg_cdc sink workers")
 // pg_shmem_init! tests pgrx's own PostgreSQL-version features.
 #[allow(unexpected_cfgs)]
 pub fn init() {
-    pg_shmem_init!(CLAIMS = Claims { entries: [Claim::default(); MAX_SINKS] });
+    pg_shmem_init!(CLAIMS = Claims { entries: [Claim::default(); MAX_SINKS], generation: 0 });
 }
+
+/// Marks pg_cdc's catalog (sinks, captured tables) as changed once the current transaction
+/// commits: sink workers read it again at their next pass instead of using the copy they keep
+/// (they also read it again every [`CATALOG_REFRESH`] whatever happens, which covers changes made
+/// by other paths: the event trigger of a dropped table, DROP EXTENSION).
+pub fn catalog_changed() {
+    if !crate::preloaded() {
+        return;
+    }
+    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, || {
+        CLAIMS.exclusive().generation += 1;
+    });
+}
+
+/// The catalog's generation: changes whenever a transaction that changed it commits.
+pub fn catalog_generation() -> u64 {
+    if !crate::preloaded() {
+        return 0;
+    }
+    CLAIMS.share().generation
+}
+
+/// The longest a sink worker uses its copy of the catalog without reading it again.
+pub const CATALOG_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Whether `pid` is a live pg_cdc sink worker. A claim left by a process that died without
 /// releasing it (kill -9, a failpoint) names a pid the kernel may give to any other process later:

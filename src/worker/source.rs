@@ -49,9 +49,7 @@ const READ_TURN_CLASS: i32 = 0x0063_6463;
 pub fn take_read_turn(turns: i32, preferred: u32) {
     let turns = turns.max(1);
     for k in 0..turns {
-        let got =
-            catalog::json("SELECT to_jsonb(pg_try_advisory_xact_lock($1, $2))", &[READ_TURN_CLASS.into(), k.into()]);
-        if got == Some(Value::Bool(true)) {
+        if try_read_turn(k) {
             return;
         }
     }
@@ -61,6 +59,26 @@ pub fn take_read_turn(turns: i32, preferred: u32) {
     catalog::run("SELECT set_config('lock_timeout', '0', true)", &[]);
     catalog::json("SELECT to_jsonb(pg_advisory_xact_lock($1, $2)::text)", &[READ_TURN_CLASS.into(), k.into()]);
     catalog::run("SELECT set_config('lock_timeout', $1, true)", &[LOCK_TIMEOUT.into()]);
+}
+
+/// `pg_try_advisory_xact_lock(READ_TURN_CLASS, k)` without a query (one at every read: a query
+/// is parsed and planned again each time, the read having invalidated the backend's caches).
+fn try_read_turn(k: i32) -> bool {
+    // SAFETY: the lock tag pg_try_advisory_xact_lock(int4, int4) builds (SET_LOCKTAG_INT32: the
+    // database, both keys, field4 = 2), taken for the transaction without waiting, inside the
+    // read's transaction.
+    unsafe {
+        let tag = pg_sys::LOCKTAG {
+            locktag_field1: pg_sys::MyDatabaseId.to_u32(),
+            locktag_field2: READ_TURN_CLASS as u32,
+            locktag_field3: k as u32,
+            locktag_field4: 2,
+            locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+            locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+        };
+        pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false, true)
+            != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+    }
 }
 
 /// Sets this session's `application_name` (for the rest of the session).

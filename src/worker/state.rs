@@ -313,6 +313,10 @@ pub struct Worker {
     restart_mark: Option<Lsn>,
     /// `cdc.test_failpoint` as last read, and what it arms.
     failpoint: (String, Armed),
+    /// A sink worker's copy of its catalog (its sink only), the generation it was read at, and
+    /// when: used instead of reading it again while its session holds the slot, nothing changed
+    /// and it is younger than `launcher::CATALOG_REFRESH`.
+    cached: Option<(Catalog, u64, Instant)>,
 }
 
 impl Worker {
@@ -336,6 +340,7 @@ impl Worker {
             wal_warned: HashMap::new(),
             restart_mark: None,
             failpoint: (String::new(), Armed::default()),
+            cached: None,
         }
     }
 
@@ -372,6 +377,12 @@ impl Worker {
     /// the sink read changes (run again at once).
     pub fn tick(&mut self) -> bool {
         let who = self.role.name();
+        if let Some(cat) = self.reuse_catalog() {
+            let Role::Sink(id) = self.role.clone() else { return false };
+            return self.pass(&id, &cat);
+        }
+        // Before the read: a change committed after it bumps the generation again.
+        let generation = super::launcher::catalog_generation();
         let mut cat = match run_tx(source::load_catalog) {
             Ok(cat) if cat.installed => {
                 self.schema = cat.schema.clone();
@@ -409,6 +420,42 @@ impl Worker {
             Role::Sink(id) => id.clone(),
         };
         cat.sinks.retain(|s| s.id == id);
+        if cat.sinks.is_empty() {
+            self.finished = true;
+            return false;
+        }
+        self.cached = Some((cat.clone(), generation, Instant::now()));
+        self.pass(&id, &cat)
+    }
+
+    /// A sink worker's copy of its catalog, brought up to date where it moves on its own (its
+    /// slot, the WAL position), when it may be used instead of reading the catalog: its session
+    /// holds the slot (so the slot is as this process left it), no catalog change committed since
+    /// the copy was read, and the copy is younger than `launcher::CATALOG_REFRESH`. Reading the
+    /// catalog was the largest fixed cost of a pass (a query planned again at every pass, since
+    /// each read invalidates the backend's caches).
+    fn reuse_catalog(&mut self) -> Option<Catalog> {
+        let Role::Sink(id) = &self.role else { return None };
+        let (cat, generation, at) = self.cached.as_ref()?;
+        let held = self.sinks.get(id).is_some_and(|r| r.session.is_some());
+        if !held
+            || *generation != super::launcher::catalog_generation()
+            || at.elapsed() >= super::launcher::CATALOG_REFRESH
+        {
+            return None;
+        }
+        let mut cat = cat.clone();
+        let confirmed = decoding::held_slot_confirmed()?;
+        for slot in cat.slots.iter_mut().filter(|s| cat.sinks.iter().any(|k| k.slot == s.name)) {
+            slot.confirmed = Some(confirmed.to_string());
+        }
+        // SAFETY: reads the shared insert position under its own lock; no transaction needed.
+        cat.wal_insert_lsn = Lsn(unsafe { pg_sys::GetXLogInsertRecPtr() }).to_string();
+        Some(cat)
+    }
+
+    /// One pass of a sink worker over its sink, with its catalog.
+    fn pass(&mut self, id: &str, cat: &Catalog) -> bool {
         let Some(name) = cat.sinks.first().map(|s| s.name.clone()) else {
             self.finished = true;
             return false;
@@ -420,11 +467,11 @@ impl Worker {
                 self.shown_name = Some(name);
             }
         }
-        self.refresh_configs(&cat);
-        self.sync_sinks(&cat);
+        self.refresh_configs(cat);
+        self.sync_sinks(cat);
         self.refresh_token_key();
         self.refresh_failpoint();
-        self.step(&id, &cat)
+        self.step(id, cat)
     }
 
     fn refresh_configs(&mut self, cat: &Catalog) {
@@ -686,6 +733,8 @@ impl Worker {
             run.opening = None;
             run.assembler.reset();
         }
+        // Read the catalog again next time (a failure may come from a change it does not show yet).
+        self.cached = None;
         self.set_state(id, state, Some(error));
         if let Some(run) = self.sinks.get_mut(id) {
             // What it decoded and sent is read again by a new session, from the slot's confirmed
