@@ -25,7 +25,7 @@ def test_each_wal_record_is_decoded_once_across_many_reads(pg, sinks, unique):
         pid = worker_pid(pg, name)
         before = delivery_status(pg, name)["decoding"]
         start = wal_lsn(pg)
-        # 2,000 transactions of 5 rows: about 40 reads of 300 messages each.
+        # 2,000 transactions of 5 rows (7 messages each): about 45 reads of 300 messages.
         pg.execute(f"DO $$ BEGIN FOR i IN 1..2000 LOOP INSERT INTO {t} SELECT i * 10 + g, repeat('x', 200) "
                    f"FROM generate_series(1, 5) g; COMMIT; END LOOP; END $$")
         written = wal_lsn(pg) - start
