@@ -152,12 +152,12 @@ and another engineer's builds and tests may have been running too (load average
                          f"{fmt(self.limit_ratio(w) and 100 * self.limit_ratio(w), ' %')} | "
                          f"{fmt(self.tput(w, LOAD))} |")
         cost_head = ("| workload | CPU s / 100k events: pg_cdc EO | pg_cdc ALO | Debezium | cores busy: pg_cdc EO | "
-                     "pg_cdc ALO | Debezium | event bytes: pg_cdc | Debezium | pg_cdc EO: WAL decoded again per peek, max |"
+                     "pg_cdc ALO | Debezium | event bytes: pg_cdc | Debezium | pg_cdc EO: WAL decoded / WAL written |"
                      "\n|---|" + "---:|" * 9)
         cost = [f"| {w} | " + " | ".join(fmt(self.v("throughput", w, system, metric)) for metric in
                                          ("cpu_s_per_100k", "cores") for system in (EO, ALO, DBZ))
                 + f" | {fmt(self.v('throughput', w, EO, 'value_bytes'))} | {fmt(self.v('throughput', w, DBZ, 'value_bytes'))}"
-                + f" | {fmt(self.v('throughput', w, EO, 'redecode_max_mib'), ' MiB')} |"
+                + f" | {fmt(self.v('throughput', w, EO, 'wal_decoded_ratio'), 'x')} |"
                 for w in WORKLOADS]
         return f"""## Throughput (events/s)
 
@@ -169,11 +169,12 @@ loader committed them (the ceiling of what can be measured this way).
 {head}
 {chr(10).join(lines)}
 
-Cost: CPU seconds of the capturing processes (pg_cdc: the worker, which also decodes, since the peek
-runs in it; Debezium: the JVM plus the walsender decoding for it) during the timed load, per 100,000
-events, and the same CPU time divided by the wall time (cores busy on average); the size of the JSON
-value each system wrote; and for pg_cdc the most WAL a peek decoded again (sampled every 0.5 s: the
-distance from the slot's restart_lsn to its confirmed_flush_lsn; see the latency section):
+Cost: CPU seconds of the capturing processes (pg_cdc: its launcher and sink workers, which also decode,
+since each keeps its decoding session in-process; Debezium: the JVM plus the walsender decoding for it)
+during the timed load, per 100,000 events, and the same CPU time divided by the wall time (cores busy on
+average); the size of the JSON value each system wrote; and for pg_cdc the WAL its decoding session
+decoded divided by the WAL written during the load (its `decoding.wal_decoded_bytes` counter against
+pg_current_wal_lsn; 1.0x = every record once):
 
 {cost_head}
 {chr(10).join(cost)}
@@ -192,10 +193,9 @@ distance from the slot's restart_lsn to its confirmed_flush_lsn; see the latency
                          for kind in ("append", "visible") for p in ("p50", "p99", "p999")]
                 lines.append(f"| {wl} | {system} | {fmt(self.v('latency', wl, system, 'achieved_tps'))} tx/s | "
                              + " | ".join(cells) + " |")
-        redecode = [f"- {system} at {rate} tx/s: median {fmt(self.v('latency', f'{rate} tx/s', system, 'redecode_median_mib'), ' MiB')}, "
-                    f"max {fmt(self.v('latency', f'{rate} tx/s', system, 'redecode_max_mib'), ' MiB')}"
+        redecode = [f"- {system} at {rate} tx/s: {fmt(self.v('latency', f'{rate} tx/s', system, 'wal_decoded_ratio'), 'x')}"
                     for rate in self.sizes.rates for system in (EO, ALO)
-                    if self.v("latency", f"{rate} tx/s", system, "redecode_max_mib") is not None]
+                    if self.v("latency", f"{rate} tx/s", system, "wal_decoded_ratio") is not None]
         return f"""## End-to-end latency at fixed rates
 
 pgbench -R at each rate for {self.sizes.latency_seconds} s (8 clients), one single-row INSERT (~200-byte row)
@@ -209,11 +209,9 @@ transaction commit, which the broker timestamp does not.
 {head}
 {chr(10).join(lines)}
 
-pg_cdc reads its slot with pg_logical_slot_peek_binary_changes, which starts decoding at the slot's
-restart_lsn every time; PostgreSQL moves restart_lsn only at xl_running_xacts records (the background
-writer's, about every 15 s when busy, and those the pg_cdc worker writes every 2 MB of WAL), so each peek
-decodes again the WAL between restart_lsn and confirmed_flush_lsn. That distance, sampled every 0.5 s
-during the runs above:
+pg_cdc's sink worker keeps its decoding session open across reads, so each WAL record is decoded once
+(until then every read was a peek that decoded again from the slot's restart_lsn). WAL the session decoded
+divided by the WAL written during each run above (WAL written by anything else on the server counts too):
 
 {chr(10).join(redecode)}
 """

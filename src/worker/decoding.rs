@@ -327,7 +327,9 @@ impl ChangeSource for SessionRead<'_> {
     }
 
     fn release_before(&mut self, position: u64) {
-        self.session.spool.release_before(position);
+        if let Err(e) = self.session.spool.release_before(position) {
+            pgrx::error!("pg_cdc: cannot read decoded changes back from their spill file: {e}");
+        }
     }
 
     fn recorded_offsets(&mut self) -> HashMap<u32, u64> {

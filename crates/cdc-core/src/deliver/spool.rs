@@ -185,16 +185,16 @@ impl Spool {
         self.cursor = (self.read_base + position).clamp(self.front, self.end());
     }
 
-    /// The read will not go back before its frame `position`: those frames leave memory. (They
-    /// are delivered with the read or the read fails; either way they are not read again from
-    /// this spool.) Frames already in the spill file stay until the next [`Spool::begin_read`].
-    pub fn release_before(&mut self, position: u64) {
+    /// The read will not go back before its frame `position`: those frames are dropped (from
+    /// memory, and from the spill file when they reach into it: a unit split between the two must
+    /// go whole, or the next read would start inside it). They are delivered with the read or the
+    /// read fails; either way they are not read again from this spool.
+    pub fn release_before(&mut self, position: u64) -> io::Result<()> {
         let upto = (self.read_base + position).min(self.cursor);
-        while self.front < upto {
-            let Some(f) = self.mem.pop_front() else { break };
-            self.mem_bytes -= f.data.len();
-            self.front += 1;
+        while self.front < upto && !self.is_empty() {
+            self.pop_front()?;
         }
+        Ok(())
     }
 
     /// Up to `count` frames from the cursor, which moves past them.
@@ -472,7 +472,7 @@ mod tests {
         s.begin_read(Lsn(0)).unwrap();
         let before = s.memory_bytes();
         assert_eq!(s.fetch(a.len()).unwrap(), a);
-        s.release_before(a.len() as u64);
+        s.release_before(a.len() as u64).unwrap();
         assert!(s.memory_bytes() < before);
         assert_eq!(s.position(), a.len() as u64);
         s.seek(a.len() as u64 + 1);
@@ -482,9 +482,51 @@ mod tests {
         assert_eq!(all(&mut s), b);
         // A frame not fetched yet is never released.
         s.seek(2);
-        s.release_before(10_000);
+        s.release_before(10_000).unwrap();
         assert_eq!(s.len(), b.len() as u64 - 2);
         assert_eq!(all(&mut s), b[2..].to_vec());
+    }
+
+    #[test]
+    fn reads_that_release_as_they_go_resume_at_a_begin_whatever_spills() {
+        for limit in [usize::MAX, 0, 700, 2000, 5000] {
+            let mut s = Spool::new(limit, dir());
+            let txns: Vec<Vec<RawFrame>> = (1..=40).map(|t| txn(t * 1000, (t as usize % 7) + 1, 300)).collect();
+            let mut next = 0;
+            let mut confirmed = Lsn(0);
+            while next < txns.len() {
+                // Some transactions are decoded before each read, some during it.
+                for t in txns.iter().skip(next).take(3) {
+                    fill(&mut s, t);
+                }
+                s.begin_read(confirmed).unwrap();
+                let first = s.fetch(1).unwrap();
+                assert_eq!(first[0].data[0], b'B', "limit {limit}: a read starts at a Begin; got {:?} at {:?}, confirmed {confirmed:?}, next {next}, len {}", first[0].data[0] as char, first[0].lsn, s.len());
+                let mut seen = first;
+                // Read like deliver::read: in chunks, releasing at each Commit.
+                loop {
+                    let chunk = s.fetch(4).unwrap();
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    for f in chunk {
+                        let commit = f.data[0] == b'C';
+                        seen.push(f);
+                        if commit {
+                            s.release_before(s.position()).unwrap();
+                        }
+                    }
+                }
+                // Confirm what was released (the port's contract: released rows are delivered).
+                let commits: Vec<&RawFrame> = seen.iter().filter(|f| f.data[0] == b'C').collect();
+                confirmed = commits[commits.len() - 1].lsn;
+                let delivered = seen.iter().filter(|f| f.data[0] == b'C' && f.lsn <= confirmed).count();
+                next += delivered;
+                if next < txns.len() && s.is_empty() {
+                    continue;
+                }
+            }
+        }
     }
 
     #[test]
