@@ -7,7 +7,7 @@
 //! | `cdc.aws_region` | sighup | (none) | AWS region for Kinesis sinks whose config gives none (else the AWS default chain: `AWS_REGION`, the profile's region) |
 //! | `cdc.kinesis_endpoint` | sighup | (none) | Kinesis endpoint URL for sinks whose config gives none (else `AWS_ENDPOINT_URL_KINESIS`, `AWS_ENDPOINT_URL`, or the region's endpoint) |
 //! | `cdc.naptime_ms` | sighup | 200 | longest worker sleep when no sink had work (while changes keep coming it wakes within 5 ms of new WAL; each empty pass doubles that, up to this) |
-//! | `cdc.batch_changes` | sighup | 100000 | `upto_nchanges` of one peek, one Kafka transaction (whole transactions are never split); at most min(this, 10000) frames are held in memory |
+//! | `cdc.batch_changes` | sighup | 100000 | messages one read takes from the decoding session, one Kafka transaction (whole transactions are never split); at most min(this, 10000) frames are held in memory |
 //! | `cdc.heartbeat_interval_ms` | sighup | 10000 | how often an idle sink moves its slot forward over WAL it does not capture |
 //! | `cdc.max_retry_backoff_ms` | sighup | 30000 | cap of the exponential backoff after a sink error |
 //! | `cdc.tokenization_key_file` | sighup, superuser | (none) | file holding the secret key of `tokenize` (mode 0600 or 0400) |

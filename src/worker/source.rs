@@ -20,8 +20,8 @@ pub const TEXT_FORMAT_SETTINGS: &[(&str, &str)] = &[
     ("bytea_output", "hex"),
 ];
 
-/// Memory the decoding of one peek may hold before it spills a transaction's changes to disk
-/// (`logical_decoding_work_mem`, 64 MB by default). The peek decodes inside the worker, so this is
+/// Memory the decoding session may hold before it spills a transaction's changes to disk
+/// (`logical_decoding_work_mem`, 64 MB by default). The session decodes inside the worker, so this is
 /// the worker's own memory: measured, a 1,000,000-row transaction grew the worker by 86 MB with
 /// the default, most of it this buffer. Transactions smaller than it (nearly all) never spill.
 pub const DECODING_WORK_MEM: &str = "16MB";
@@ -396,7 +396,7 @@ pub fn log_running_xacts() -> Option<Lsn> {
     }
 }
 
-/// Writes a heartbeat message that the sink's next peek returns, so its slot can move past WAL
+/// Writes a heartbeat message that the sink's next read returns, so its slot can move past WAL
 /// it does not capture. Returns the WAL insert position after it.
 pub fn emit_heartbeat() -> Option<String> {
     catalog::json(

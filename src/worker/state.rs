@@ -32,8 +32,9 @@ use crate::{gucs, keys, lookups};
 use cdc_core::deliver::port::ChangeSource;
 use cdc_core::deliver::protocol::{self, SlotView};
 
-/// WAL written between two running-transactions records of the worker: the most a peek decodes
-/// again beyond what it returns (see [`Worker::mark_restart_point`]).
+/// WAL written between two running-transactions records of the launcher: about the most a new
+/// decoding session decodes again before the slot's confirmed position (see
+/// [`Worker::mark_restart_point`]).
 const RESTART_POINT_BYTES: u64 = 2 << 20;
 
 /// Runtime state of one sink.
@@ -529,10 +530,11 @@ impl Worker {
 
     /// Writes a running-transactions record into the WAL once [`RESTART_POINT_BYTES`] were written
     /// since the last one this worker wrote. A logical slot's restart_lsn can only move to such a
-    /// record, and every peek and every advance decodes again from restart_lsn; PostgreSQL 15
-    /// writes one only every 15 s (the background writer), so under load each batch decoded up to
-    /// 15 s of WAL again (hundreds of MB). This is what PostgreSQL 16's pg_log_standby_snapshot()
-    /// does; the cost is one small WAL record and a snapshot file per record.
+    /// record, and a new decoding session (a sink worker's start, or after a failure) decodes again
+    /// from restart_lsn; PostgreSQL 15 writes one only every 15 s (the background writer), so under
+    /// load that was up to 15 s of WAL (hundreds of MB; with the peek, at every batch). This is what
+    /// PostgreSQL 16's pg_log_standby_snapshot() does; the cost is one small WAL record and a
+    /// snapshot file per record.
     fn mark_restart_point(&mut self, cat: &Catalog) {
         if cat.sinks.is_empty() {
             return;
@@ -825,7 +827,7 @@ impl Worker {
             }
         }
 
-        // Read and send, inside one transaction (the peek's cursor lives in it).
+        // Read and send, inside one transaction (an in-database sink writes its events in it).
         let tables = self.tables_for(&row);
         if !self.bind_lookups(id, &row, &tables) {
             return false;
@@ -1097,7 +1099,7 @@ impl Worker {
         };
         let insert: Lsn = cat.wal_insert_lsn.parse().unwrap_or_default();
         let interval = std::time::Duration::from_millis(gucs::HEARTBEAT_INTERVAL_MS.get().max(100) as u64);
-        // Also sooner when the slot is far behind (each peek decodes that WAL again; see
+        // Also sooner when the slot is far behind (a new session would decode that WAL again; see
         // mark_restart_point) and the last heartbeat was read already.
         let far = insert.0 > confirmed.0.saturating_add(RESTART_POINT_BYTES)
             && run.heartbeat_end.is_none_or(|h| h <= confirmed);

@@ -10,7 +10,7 @@
 //!  heartbeat messages ─▶ confirm LSN   Transaction { xid, commit_lsn, end_lsn, events }
 //! ```
 //! Only whole transactions come out: a transaction whose Commit is not in the batch is held back
-//! and its frames are re-read with the next peek (the slot is never advanced past it).
+//! and its frames are re-read with the next read (the slot is never advanced past it).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,7 +28,8 @@ use crate::types::TypeRegistry;
 /// Prefix of the logical messages pg_cdc emits to move idle slots forward.
 pub const HEARTBEAT_PREFIX: &str = "pg_cdc.heartbeat";
 
-/// One row of `pg_logical_slot_peek_binary_changes`.
+/// One pgoutput message and its LSN, as logical decoding writes it (a row of
+/// `pg_logical_slot_peek_binary_changes`, or one write of the worker's decoding session).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawFrame {
     /// The row's `lsn`.
@@ -439,7 +440,7 @@ impl Assembler {
 
     /// Forgets relation descriptions and the lookup copies in memory, after a failed delivery:
     /// the slot is read again from where it was confirmed (pgoutput describes each relation again
-    /// before its first change in every peek, and the lookups start again from their persisted
+    /// before its first change in every read, and the lookups start again from their persisted
     /// copies).
     pub fn reset(&mut self) {
         self.relations.clear();
@@ -749,7 +750,7 @@ impl Assembler {
             return None;
         }
         // pgoutput always describes a relation before its first change, so a captured table
-        // without a plan here is one whose config was added mid-batch: it starts with the next peek.
+        // without a plan here is one whose config was added mid-batch: it starts with the next read.
         self.relations.get(&oid).cloned()
     }
 

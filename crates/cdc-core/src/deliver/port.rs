@@ -1,5 +1,5 @@
 //! The ports of delivery: what a sink must do ([`Sink`]) and what the slot reader must do
-//! ([`ChangeSource`]). The Kafka sink (`cdc-sinks`) and the worker's SPI peek (the extension)
+//! ([`ChangeSource`]). The Kafka sink (`cdc-sinks`) and the worker's decoding session (the extension)
 //! are the adapters; `deliver::memory` has an in-memory double of each for the tests.
 use std::collections::HashMap;
 

@@ -199,7 +199,7 @@ pub fn read(u: &mut Unit<'_>, inputs: &Inputs<'_>, first: Vec<RawFrame>) -> Resu
             whole_bytes += frame.data.len();
             buf.push(frame);
             // Only whole transactions in the buffer: send them once it is full, so memory stays
-            // bounded whatever the size of the peek.
+            // bounded whatever the size of the read.
             if open.is_none() && (buf.len() >= inputs.large_frames || whole_bytes > LARGE_TRANSACTION_BYTES) {
                 send_whole(u, inputs, &buf, &mut b)?;
                 buf.clear();

@@ -8,7 +8,7 @@
 //! stores them through the [`EventStore`] port (SPI, in the extension); the SQL it runs is here.
 //!
 //! ```text
-//!  read (one PostgreSQL transaction): peek ─▶ send: INSERT events ─▶ flush: UPDATE checkpoint ─▶ COMMIT
+//!  read (one PostgreSQL transaction): decode ─▶ send: INSERT events ─▶ flush: UPDATE checkpoint ─▶ COMMIT
 //!  then: confirm the slot (a crash before it re-reads; the checkpoint skips what is stored)
 //! ```
 pub mod config;
