@@ -257,6 +257,23 @@ fn record_latencies(sink_id: &str, sent: &[batch::Sent], acked: i64) {
     crate::stats::add_latencies(sink_id, &sink, &tables);
 }
 
+/// The first of pg_cdc's publications that does not exist (if one does not), and what the catalog
+/// says about the sink's slot.
+fn slot_view<'a>(cat: &'a Catalog, row: &SinkRow) -> (Option<&'a str>, SlotView) {
+    let missing = PUBLICATION_NAMES.split(',').find(|p| !cat.publications.iter().any(|q| q == p));
+    let found = cat.slots.iter().find(|s| s.name == row.slot);
+    let slot = SlotView {
+        name: row.slot.clone(),
+        exists: found.is_some(),
+        wal_status: found.and_then(|s| s.wal_status.clone()),
+        // Its own session holds the slot between reads.
+        // SAFETY: MyProcPid is this process's pid, set at its start.
+        active_pid: found.and_then(|s| s.active_pid).filter(|&p| p != unsafe { pg_sys::MyProcPid }),
+        confirmed: found.and_then(|s| s.confirmed.as_deref()).and_then(|s| s.parse().ok()).unwrap_or_default(),
+    };
+    (missing, slot)
+}
+
 /// Which read turn a sink waits for when every turn is taken: spreads the waiters over the turns.
 fn read_turn_hint(id: &str) -> u32 {
     id.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
@@ -784,9 +801,8 @@ impl Worker {
             self.fail(id, SinkState::Error, msg);
             return false;
         }
-        let missing = PUBLICATION_NAMES.split(',').find(|p| !cat.publications.iter().any(|q| q == p));
-        let found = cat.slots.iter().find(|s| s.name == row.slot);
-        if missing.is_none() && found.is_none() && row.state == SinkState::CreatingSlot.label() {
+        let (missing, slot) = slot_view(cat, &row);
+        if missing.is_none() && !slot.exists && row.state == SinkState::CreatingSlot.label() {
             let slot = row.slot.clone();
             match run_tx(|| source::create_slot(&slot)) {
                 Ok(()) => self.set_state(id, SinkState::Starting, None),
@@ -794,15 +810,6 @@ impl Worker {
             }
             return false;
         }
-        let slot = SlotView {
-            name: row.slot.clone(),
-            exists: found.is_some(),
-            wal_status: found.and_then(|s| s.wal_status.clone()),
-            // Its own session holds the slot between reads.
-            // SAFETY: MyProcPid is this process's pid, set at its start.
-            active_pid: found.and_then(|s| s.active_pid).filter(|&p| p != unsafe { pg_sys::MyProcPid }),
-            confirmed: found.and_then(|s| s.confirmed.as_deref()).and_then(|s| s.parse().ok()).unwrap_or_default(),
-        };
         if let Some(f) = protocol::slot_failure(missing, &slot) {
             self.fail_with(id, f);
             return false;
@@ -954,6 +961,16 @@ impl Worker {
                 let writes =
                     self.sinks.get_mut(id).and_then(|r| r.producer.as_ref()).is_some_and(|p| p.in_source_database());
                 self.abort(id);
+                // The worker may have used its copy of the catalog: read it, and report a
+                // publication or slot dropped by hand as a pass that read it would.
+                let explained = run_tx(source::load_catalog).ok().and_then(|c| {
+                    let (missing, slot) = slot_view(&c, &row);
+                    protocol::slot_failure(missing, &slot)
+                });
+                if let Some(f) = explained {
+                    self.fail_with(id, f);
+                    return false;
+                }
                 let what = if writes { " or write its events" } else { "" };
                 self.fail(id, SinkState::Error, format!("cannot read replication slot {}{what}: {e}", row.slot));
                 return false;
