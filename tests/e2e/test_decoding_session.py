@@ -7,6 +7,18 @@ from conftest import (consume, delivery_status, hold_worker, server_log, server_
                       sink_state, wait_for, worker_pid)
 
 
+def captured_sink(pg, sinks, prefix, unique, columns, warm_up):
+    """A table with `columns`, captured, a Kafka sink on it alone, and one row (`warm_up`, the values
+    of an INSERT) delivered: returns (table, topic, sink name)."""
+    t, topic, name = f"{prefix}_{unique}", f"{prefix}-{unique}", f"{prefix}_{unique}"
+    pg.execute(f"CREATE TABLE {t} ({columns})")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    sinks.add(name, topic, tables=[t])
+    pg.execute(f"INSERT INTO {t} VALUES ({warm_up})")
+    consume(topic, 1)
+    return t, topic, name
+
+
 def wal_lsn(pg):
     return pg.execute("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8").fetchone()[0]
 
@@ -42,12 +54,7 @@ def test_each_wal_record_is_decoded_once_across_many_reads(pg, sinks, unique):
 
 
 def test_the_worker_holds_its_slot_between_reads(pg, sinks, unique):
-    t, topic, name = f"hold_{unique}", f"hold-{unique}", f"hold_{unique}"
-    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
-    pg.execute("SELECT cdc_enable(%s)", (t,))
-    sinks.add(name, topic, tables=[t])
-    pg.execute(f"INSERT INTO {t} VALUES (1)")
-    consume(topic, 1)
+    t, topic, name = captured_sink(pg, sinks, "hold", unique, "id int PRIMARY KEY", "1")
     slot = pg.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0]
     active = pg.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0]
     assert active == worker_pid(pg, name)
@@ -97,12 +104,7 @@ def test_regression_a_backlog_that_spills_to_disk_resumes_at_a_transaction(pg, s
     memory part only, and a transaction split between memory and file left its tail behind: the next
     read began inside it ("Insert outside a transaction", found by make bench-e2e's 1 KB workload).
     A 30 MB backlog read in several reads must arrive whole, each row once, with no error."""
-    t, topic, name = f"spill_{unique}", f"spill-{unique}", f"spill_{unique}"
-    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, pad text)")
-    pg.execute("SELECT cdc_enable(%s)", (t,))
-    sinks.add(name, topic, tables=[t])
-    pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")
-    consume(topic, 1)
+    t, topic, name = captured_sink(pg, sinks, "spill", unique, "id int PRIMARY KEY, pad text", "0, 'warm-up'")
     logged = server_log_size()
     with hold_worker(pg):
         pg.execute(f"DO $$ BEGIN FOR i IN 0..299 LOOP INSERT INTO {t} SELECT i * 100 + g, repeat('x', 1000) "
