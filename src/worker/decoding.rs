@@ -13,7 +13,7 @@
 //! WAL page reader (a no-wait wrapper around it), the same confirm (`LogicalConfirmReceivedLocation`,
 //! then the slot marked dirty so a checkpoint saves it). A session is dropped after any failure of
 //! its read or of its sink (the next read starts a new one at the slot's confirmed position).
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr::null_mut;
 
@@ -89,6 +89,29 @@ extern "C-unwind" fn prepare_write(
     unsafe { pg_sys::resetStringInfo((*ctx).out) };
 }
 
+/// What a session's decoding context writes to, and which tables it hands to pgoutput: reached
+/// from the context's `output_writer_private` by the callbacks below.
+struct Output {
+    /// What was decoded and not confirmed yet.
+    spool: Spool,
+    /// The tables whose changes go on to pgoutput; `None`: all it publishes.
+    carried: Option<HashSet<u32>>,
+    /// Changes of other tables dropped before pgoutput saw them, not counted yet.
+    skipped: u64,
+    /// pgoutput's own change and truncate callbacks, which the filters below call.
+    change: pg_sys::LogicalDecodeChangeCB,
+    truncate: pg_sys::LogicalDecodeTruncateCB,
+}
+
+/// The session's output of a decoding context.
+///
+/// # Safety
+/// `ctx` is a live context a [`Session`] created: its `output_writer_private` points to the
+/// session's boxed [`Output`], which outlives the context (Session::drop frees the context first).
+unsafe fn output<'a>(ctx: *mut pg_sys::LogicalDecodingContext) -> &'a mut Output {
+    &mut *((*ctx).output_writer_private as *mut Output)
+}
+
 /// The output plugin's write callback: one pgoutput message into the session's spool.
 #[pg_guard]
 extern "C-unwind" fn write(
@@ -98,15 +121,75 @@ extern "C-unwind" fn write(
     _last_write: bool,
 ) {
     // SAFETY: `ctx` is the session's live decoding context: `out` holds `len` bytes written by
-    // pgoutput, and `output_writer_private` points to the session's boxed spool, which outlives
-    // the context (Session::drop frees the context first).
-    let (data, spool) = unsafe {
-        let out = &*(*ctx).out;
-        let data = std::slice::from_raw_parts(out.data as *const u8, out.len as usize).to_vec();
-        (data, &mut *((*ctx).output_writer_private as *mut Spool))
+    // pgoutput; see `output`.
+    let (data, out) = unsafe {
+        let buf = &*(*ctx).out;
+        (std::slice::from_raw_parts(buf.data as *const u8, buf.len as usize).to_vec(), output(ctx))
     };
-    if let Err(e) = spool.push(RawFrame { lsn: Lsn(lsn), data }) {
+    if let Err(e) = out.spool.push(RawFrame { lsn: Lsn(lsn), data }) {
         pgrx::error!("pg_cdc: cannot write decoded changes to a spill file in {SPOOL_DIR}: {e}");
+    }
+}
+
+/// Whether a change of table `oid` goes on to pgoutput (counting it when it does not).
+fn carries(out: &mut Output, oid: pg_sys::Oid) -> bool {
+    let carried = out.carried.as_ref().is_none_or(|c| c.contains(&oid.to_u32()));
+    if !carried {
+        out.skipped += 1;
+    }
+    carried
+}
+
+/// In front of pgoutput's change callback: a change of a table the sink does not carry goes no
+/// further. pgoutput publishes every captured table to every sink (one publication); without
+/// this, each sink's pgoutput would write out every row of every table (every column through its
+/// type's output function) for the worker to drop. pgoutput sends a transaction's BEGIN with its
+/// first change and skips the COMMIT of one that sent none, so a transaction with nothing for the
+/// sink leaves nothing in its spool.
+#[pg_guard]
+extern "C-unwind" fn change_filter(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    txn: *mut pg_sys::ReorderBufferTXN,
+    relation: pg_sys::Relation,
+    change: *mut pg_sys::ReorderBufferChange,
+) {
+    // SAFETY: called by the reorder buffer with the session's context and an open relation; see
+    // `output`. pgoutput's callback gets the arguments unchanged, through pgrx's FFI guard.
+    unsafe {
+        let out = output(ctx);
+        if !carries(out, (*relation).rd_id) {
+            return;
+        }
+        if let Some(next) = out.change {
+            pg_guard_ffi_boundary(|| next(ctx, txn, relation, change));
+        }
+    }
+}
+
+/// In front of pgoutput's truncate callback: a TRUNCATE that names no table the sink carries
+/// goes no further (one that names one goes on whole; the worker drops the others).
+#[pg_guard]
+extern "C-unwind" fn truncate_filter(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    txn: *mut pg_sys::ReorderBufferTXN,
+    nrelations: c_int,
+    relations: *mut pg_sys::Relation,
+    change: *mut pg_sys::ReorderBufferChange,
+) {
+    // SAFETY: as in `change_filter`; `relations` holds `nrelations` open relations.
+    unsafe {
+        let out = output(ctx);
+        if out.carried.is_some() {
+            let rels = std::slice::from_raw_parts(relations, nrelations.max(0) as usize);
+            let any = rels.iter().any(|r| out.carried.as_ref().is_some_and(|c| c.contains(&(**r).rd_id.to_u32())));
+            if !any {
+                out.skipped += 1;
+                return;
+            }
+        }
+        if let Some(next) = out.truncate {
+            pg_guard_ffi_boundary(|| next(ctx, txn, nrelations, relations, change));
+        }
     }
 }
 
@@ -115,8 +198,9 @@ pub struct Session {
     ctx: *mut pg_sys::LogicalDecodingContext,
     /// The memory context the decoding context and its options live in.
     memory: pg_sys::MemoryContext,
-    /// What was decoded and not confirmed yet (boxed: the write callback holds its address).
-    spool: Box<Spool>,
+    /// The spool of what was decoded and not confirmed yet, and the table filter (boxed: the
+    /// context's callbacks hold its address).
+    out: Box<Output>,
     /// The last read stopped inside a record that was not flushed yet: read it from its start.
     reread: bool,
     /// WAL decoded and not counted yet, bytes.
@@ -131,7 +215,13 @@ impl Session {
         let Ok(name) = CString::new(slot) else {
             pgrx::error!("invalid replication slot name {slot}");
         };
-        let mut spool = Box::new(Spool::new(SPOOL_MEMORY, SPOOL_DIR));
+        let mut out = Box::new(Output {
+            spool: Spool::new(SPOOL_MEMORY, SPOOL_DIR),
+            carried: None,
+            skipped: 0,
+            change: None,
+            truncate: None,
+        });
         // SAFETY: the sequence of pg_logical_slot_get_changes (logicalfuncs.c), in a transaction
         // on the main thread: acquire the slot, create the context in a memory context of its own
         // that outlives transactions, start reading at restart_lsn. Errors raise (the caller
@@ -161,21 +251,31 @@ impl Session {
             let ctx =
                 pg_sys::CreateDecodingContext(0, options, false, &mut routine, Some(prepare_write), Some(write), None);
             pg_sys::MemoryContextSwitchTo(old);
-            (*ctx).output_writer_private = &mut *spool as *mut Spool as *mut c_void;
+            (*ctx).output_writer_private = &mut *out as *mut Output as *mut c_void;
+            // The table filter goes in front of pgoutput's change and truncate callbacks (the
+            // reorder buffer calls them through the context at each change).
+            out.change = (*ctx).callbacks.change_cb.replace(change_filter);
+            out.truncate = (*ctx).callbacks.truncate_cb.replace(truncate_filter);
             pg_sys::XLogBeginRead((*ctx).reader, (*pg_sys::MyReplicationSlot).data.restart_lsn);
-            Session { ctx, memory, spool, reread: false, decoded: 0 }
+            Session { ctx, memory, out, reread: false, decoded: 0 }
         }
     }
 
-    /// WAL decoded since the last call, bytes.
-    pub fn take_decoded_bytes(&mut self) -> u64 {
-        std::mem::take(&mut self.decoded)
+    /// WAL decoded and changes of tables the sink does not carry skipped, since the last call.
+    pub fn take_counts(&mut self) -> (u64, u64) {
+        (std::mem::take(&mut self.decoded), std::mem::take(&mut self.out.skipped))
+    }
+
+    /// The tables whose changes pgoutput gets from now on (`None`: every table it publishes). The
+    /// rest are dropped before pgoutput formats them; what is in the spool already stays.
+    pub fn carry_only(&mut self, tables: Option<HashSet<u32>>) {
+        self.out.carried = tables;
     }
 
     /// Starts a read: drops what the slot's confirmed position covers (see
     /// [`Spool::begin_read`]) and reads the rest again from its first message.
     pub fn begin_read(&mut self, confirmed: Lsn) {
-        if let Err(e) = self.spool.begin_read(confirmed) {
+        if let Err(e) = self.out.spool.begin_read(confirmed) {
             pgrx::error!("pg_cdc: cannot read decoded changes back from their spill file: {e}");
         }
     }
@@ -197,7 +297,7 @@ impl Session {
             // outlive the read's transaction. A walsender decodes in long-lived contexts too.
             let old = pg_sys::CurrentMemoryContext;
             let mut invalidated = false;
-            while self.spool.available() < want && self.spool.read_len() < most && !super::stop_requested() {
+            while self.out.spool.available() < want && self.out.spool.read_len() < most && !super::stop_requested() {
                 if (*reader).EndRecPtr >= pg_sys::GetFlushRecPtr(null_mut()) {
                     break;
                 }
@@ -307,11 +407,11 @@ pub struct SessionRead<'a> {
 
 impl ChangeSource for SessionRead<'_> {
     fn fetch(&mut self, count: usize, types: &mut TypeRegistry) -> Vec<RawFrame> {
-        if self.session.spool.available() < count as u64 {
+        if self.session.out.spool.available() < count as u64 {
             self.session.decode((count as u64).max(DECODE_AHEAD), self.most);
         }
         let frames =
-            self.session.spool.fetch(count).unwrap_or_else(|e| {
+            self.session.out.spool.fetch(count).unwrap_or_else(|e| {
                 pgrx::error!("pg_cdc: cannot read decoded changes back from their spill file: {e}")
             });
         learn_types(&frames, types);
@@ -319,15 +419,15 @@ impl ChangeSource for SessionRead<'_> {
     }
 
     fn position(&self) -> u64 {
-        self.session.spool.position()
+        self.session.out.spool.position()
     }
 
     fn seek(&mut self, position: u64) {
-        self.session.spool.seek(position);
+        self.session.out.spool.seek(position);
     }
 
     fn release_before(&mut self, position: u64) {
-        if let Err(e) = self.session.spool.release_before(position) {
+        if let Err(e) = self.session.out.spool.release_before(position) {
             pgrx::error!("pg_cdc: cannot read decoded changes back from their spill file: {e}");
         }
     }

@@ -875,6 +875,9 @@ impl Worker {
                     run.session.insert(Session::open(&row.slot))
                 }
             };
+            // Only its tables (and their lookup tables) reach pgoutput.
+            let carried = row.tables.as_ref().map(|t| t.iter().copied().chain(run.assembler.lookups().lookup_tables()));
+            session.carry_only(carried.map(Iterator::collect));
             session.begin_read(confirmed);
             let mut source =
                 SessionRead { session, most: batch_changes.max(1) as u64, schema: &schema, sink_name: &row.name };
@@ -930,8 +933,11 @@ impl Worker {
             }
             flushed
         });
-        let decoded = run.session.as_mut().map_or(0, Session::take_decoded_bytes);
-        crate::stats::update(&row.id, |c| c.wal_decoded_bytes += decoded);
+        let (decoded, skipped) = run.session.as_mut().map_or((0, 0), Session::take_counts);
+        crate::stats::update(&row.id, |c| {
+            c.wal_decoded_bytes += decoded;
+            c.changes_skipped += skipped;
+        });
         self.sinks.insert(id.to_string(), run);
         let (batch, preflushed) = match read {
             Ok(Ok((b, _))) if b.opening => {

@@ -6,7 +6,8 @@ import time
 import psycopg
 import pytest
 
-from conftest import connect, consume, hold_worker, restart_worker, server_settings, sink_state, wait_for, worker_pid
+from conftest import (connect, consume, delivery_status, hold_worker, restart_worker, server_settings, sink_state,
+                      wait_for, worker_pid)
 
 
 def example_4(sensors):
@@ -123,6 +124,38 @@ def test_enrichment_uses_the_lookup_row_as_of_the_commit(pg, sinks, unique):
     # R-0 read the copy; R-1 hit; R-2 hit the row the update put in memory; R-3 read the copy again.
     assert (tr["enrichments_applied"], tr["enrichment_cache_hits"], tr["enrichment_cache_hit_rate"]) == (4, 2, 0.5)
     pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_a_sink_that_lists_its_tables_gets_their_lookup_changes_and_no_others(pg, sinks, unique):
+    """A sink with `tables` has the changes of every other table dropped in its decoding session,
+    before pgoutput formats them; its tables' lookup tables must still reach it. Oracles: the rows
+    the test wrote (the other table's changes counted as skipped, none in the topic) and the
+    lookup value in force at each reading's commit (a dropped lookup change would leave the old
+    owner in the second event)."""
+    t, topic, other = f"sensor_readings_{unique}", f"iot-listed-{unique}", f"other_{unique}"
+    s = create_sensor_readings(pg, t)
+    pg.execute(f"CREATE TABLE {other} (id int PRIMARY KEY)")
+    pg.execute("SELECT cdc_enable(table_name => %s, config => %s::jsonb)", (t, example_4(s)))
+    pg.execute("SELECT cdc_enable(%s)", (other,))
+    name = sinks.add(f"kafka_listed_{unique}", topic, tables=[t], include_transformations=True)
+    reading = f"INSERT INTO {t} VALUES (%s, 'SENS-001', 95.5, 80.0, 'warning', now(), 80.0, 1)"
+    pg.execute(reading, ("R-0",))
+    assert consume(topic, 1)[0]["value"]["after"]["owner"] == "Facilities Team"
+    skipped = delivery_status(pg, name)["decoding"]["changes_skipped"]
+
+    pg.execute(f"INSERT INTO {other} SELECT generate_series(1, 500)")
+    pg.execute(f"UPDATE {s} SET owner = 'Night Shift' WHERE sensor_id = 'SENS-001'")
+    pg.execute(f"UPDATE {other} SET id = -id WHERE id <= 100")
+    pg.execute(reading, ("R-1",))
+    got = consume(topic, 2)
+    assert [m["value"]["after"]["reading_id"] for m in got] == ["R-0", "R-1"], "nothing of the other table"
+    assert got[1]["value"]["after"]["owner"] == "Night Shift", "the lookup change reached the sink"
+    # 500 inserts and 100 updates of the other table, whatever else the worker decoded meanwhile.
+    wait_for(lambda: delivery_status(pg, name)["decoding"]["changes_skipped"] - skipped >= 600,
+             what="the other table's changes counted as skipped")
+    assert delivery_status(pg, name)["decoding"]["changes_skipped"] - skipped < 700
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+    pg.execute("SELECT cdc_disable(%s)", (other,))
 
 
 def test_a_small_enrichment_cache_answers_from_the_copy(pg, sinks, unique):

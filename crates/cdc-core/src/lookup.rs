@@ -221,6 +221,11 @@ impl Lookups {
         self.caches.iter().any(|c| c.binding.lookup_oid == oid)
     }
 
+    /// The OIDs of this sink's lookup tables (with repeats when several lookups read one table).
+    pub fn lookup_tables(&self) -> impl Iterator<Item = u32> + '_ {
+        self.caches.iter().map(|c| c.binding.lookup_oid)
+    }
+
     /// The binding of a lookup.
     pub fn binding(&self, id: LookupId) -> Option<&LookupBinding> {
         self.caches.iter().find(|c| c.binding.id == id).map(|c| &c.binding)

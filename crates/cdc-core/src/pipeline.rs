@@ -226,6 +226,11 @@ impl Assembler {
         &mut self.lookups
     }
 
+    /// The sink's lookup tables (see `lookups_mut`).
+    pub fn lookups(&self) -> &Lookups {
+        &self.lookups
+    }
+
     /// Whether the sink enriches from any lookup table.
     pub fn has_lookups(&self) -> bool {
         !self.lookups.is_empty()

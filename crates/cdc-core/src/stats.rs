@@ -47,6 +47,9 @@ pub struct DeliveryCounters {
     pub wal_decoded_bytes: u64,
     /// Decoding sessions started (one per worker start, and one after each failure).
     pub decoding_sessions: u64,
+    /// Row changes (and TRUNCATEs) of tables the sink does not carry (`tables`), dropped in
+    /// decoding before the output plugin formatted them.
+    pub changes_skipped: u64,
 }
 
 /// Filter and transformation counts of one table in one sink's pipeline (`cdc_filter_metrics`).
@@ -213,6 +216,7 @@ impl DeliveryStatus<'_> {
             "decoding": {
                 "wal_decoded_bytes": c.wal_decoded_bytes,
                 "sessions_started": c.decoding_sessions,
+                "changes_skipped": c.changes_skipped,
             },
             "compliance_metrics": {
                 "pii_redactions": c.pii_redactions,
