@@ -71,7 +71,7 @@ pub fn catalog_generation() -> u64 {
 }
 
 /// The longest a sink worker uses its copy of the catalog without reading it again.
-pub const CATALOG_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
+pub const CATALOG_REFRESH: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Whether `pid` is a live pg_cdc sink worker. A claim left by a process that died without
 /// releasing it (kill -9, a failpoint) names a pid the kernel may give to any other process later:

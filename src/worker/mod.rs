@@ -12,7 +12,8 @@
 //!        held and each WAL record decoded once; the ChangeSource) ─▶ deliver::read: Assembler
 //!        ─▶ events ─▶ sink.send (large transactions in pieces)
 //!      protocol::plan_flush ─▶ sink.flush (no transaction open; Kafka commit with the checkpoint)
-//!      _cdc_offsets + confirm the slot in the session (one short writing transaction)
+//!      _cdc_offsets + confirm the slot in the session (one short writing transaction; while
+//!        deliveries keep coming at most every 200 ms, for all of them: state.rs, CONFIRM_INTERVAL)
 //!      when nothing happened, sleep cdc.naptime_ms or until WAL is flushed; exit once the sink is dropped
 //! ```
 //! Ack before advance: the slot moves only after the sink acknowledged, so a crash anywhere
@@ -108,6 +109,7 @@ fn run(role: Role) {
         // all): look for new WAL less and less often, up to the naptime, until a pass reads again.
         poll = (poll * 2).min(naptime());
     }
+    worker.confirm_delivered();
     worker.release();
     // proc_exit skips Rust destructors: close the producers first.
     drop(worker);

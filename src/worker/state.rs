@@ -31,11 +31,21 @@ use crate::catalog::PUBLICATION_NAMES;
 use crate::{gucs, keys, lookups};
 use cdc_core::deliver::port::ChangeSource;
 use cdc_core::deliver::protocol::{self, SlotView};
+use cdc_core::deliver::read::TableProgress;
 
 /// WAL written between two running-transactions records of the launcher: about the most a new
 /// decoding session decodes again before the slot's confirmed position (see
 /// [`Worker::mark_restart_point`]).
 const RESTART_POINT_BYTES: u64 = 2 << 20;
+
+/// While deliveries keep coming, the slot is confirmed (and `_cdc_offsets` written, in the same
+/// transaction) at most this often; at once after a pass that read nothing, and for the first
+/// delivery after a quiet spell. Confirming after every delivery was the largest fixed cost of a
+/// pass at a steady 2,000 small transactions/s (an upsert planned again each time, and a
+/// transaction). What is delivered and not confirmed yet is read again only by a new session (a
+/// crash, a failure): an exactly-once sink skips it (its checkpoint covers it), an at-least-once
+/// sink sends it again.
+const CONFIRM_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Runtime state of one sink.
 pub struct SinkRun {
@@ -59,6 +69,33 @@ pub struct SinkRun {
     compliance_hold: bool,
     /// Its decoding session (holds the slot), open from the first read until a failure.
     session: Option<Session>,
+    /// Delivered (flushed) up to here: ahead of the slot's confirmed position until the next
+    /// confirm ([`CONFIRM_INTERVAL`]); reads go on from here.
+    delivered: Option<Lsn>,
+    /// Per-table progress of what was delivered since the last confirm (written with it).
+    unrecorded: HashMap<u32, TableProgress>,
+    /// When the slot was last confirmed.
+    last_confirm: Option<Instant>,
+}
+
+impl SinkRun {
+    /// Where delivery stands: the slot's confirmed position, or past it by what was delivered
+    /// since the last confirm.
+    fn position(&self, confirmed: Lsn) -> Lsn {
+        self.delivered.filter(|d| *d > confirmed).unwrap_or(confirmed)
+    }
+
+    /// Adds a delivery's per-table progress to what the next confirm records.
+    fn add_progress(&mut self, progress: &HashMap<u32, TableProgress>) {
+        for (oid, p) in progress {
+            let u = self.unrecorded.entry(*oid).or_default();
+            u.events += p.events;
+            if p.last_commit_lsn >= u.last_commit_lsn {
+                u.last_commit_lsn = p.last_commit_lsn;
+                u.last_commit_unix_micros = p.last_commit_unix_micros;
+            }
+        }
+    }
 }
 
 /// A sink's open destination, by type: besides building it, the one place the worker names sink
@@ -274,6 +311,27 @@ fn slot_view<'a>(cat: &'a Catalog, row: &SinkRow) -> (Option<&'a str>, SlotView)
     (missing, slot)
 }
 
+/// Confirms the slot up to what the sink delivered, if that is past `confirmed` (the slot's
+/// confirmed position), and records the per-table progress delivered since the last confirm in
+/// `_cdc_offsets`, in one transaction: after a crash the slot and the offsets agree, and what was
+/// delivered past them is counted when it is read again (see `deliver::read`).
+fn confirm_delivered(schema: Option<&str>, run: &mut SinkRun, confirmed: Lsn) -> Result<(), String> {
+    let Some(lsn) = run.delivered.filter(|d| *d > confirmed) else {
+        return Ok(());
+    };
+    let (Some(schema), Some(session)) = (schema, run.session.as_mut()) else {
+        return Err("the slot's decoding session is gone".into());
+    };
+    let (name, progress) = (run.row.name.clone(), &run.unrecorded);
+    run_tx(|| {
+        source::record_progress(schema, &name, progress);
+        session.confirm(lsn);
+    })?;
+    run.unrecorded.clear();
+    run.last_confirm = Some(Instant::now());
+    Ok(())
+}
+
 /// Which read turn a sink waits for when every turn is taken: spreads the waiters over the turns.
 fn read_turn_hint(id: &str) -> u32 {
     id.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
@@ -382,6 +440,21 @@ impl Worker {
     /// A sink worker whose sink is gone: it exits.
     pub fn finished(&self) -> bool {
         self.finished
+    }
+
+    /// Confirms what its sink delivered since the last confirm (before it exits: the next worker
+    /// would read it again).
+    pub fn confirm_delivered(&mut self) {
+        let confirmed = decoding::held_slot_confirmed().unwrap_or_default();
+        for run in self.sinks.values_mut() {
+            if let Err(e) = confirm_delivered(self.schema.as_deref(), run, confirmed) {
+                pgrx::warning!(
+                    "pg_cdc sink \"{}\": cannot confirm replication slot {}: {e}",
+                    run.row.name,
+                    run.row.slot
+                );
+            }
+        }
     }
 
     /// Gives up a sink worker's claim on its sink (before it exits).
@@ -607,6 +680,19 @@ impl Worker {
             let changed =
                 self.sinks.get(&row.id).is_none_or(|r| r.row.config != row.config || r.row.tables != row.tables);
             if changed {
+                // Its session goes with it: confirm what it delivered first (an at-least-once
+                // sink would send it again otherwise).
+                if let Some(run) = self.sinks.get_mut(&row.id) {
+                    let (schema, confirmed) =
+                        (self.schema.clone(), decoding::held_slot_confirmed().unwrap_or_default());
+                    if let Err(e) = confirm_delivered(schema.as_deref(), run, confirmed) {
+                        pgrx::warning!(
+                            "pg_cdc sink \"{}\": cannot confirm replication slot {}: {e}",
+                            row.name,
+                            row.slot
+                        );
+                    }
+                }
                 let config = parse_config(&row.sink_type, &row.config).map_err(|e| e.to_string());
                 let mut assembler = Assembler::new(&cat.database);
                 if let Ok(c) = &config {
@@ -637,6 +723,9 @@ impl Worker {
                         // config): cleared at the first delivery.
                         compliance_hold: true,
                         session: None,
+                        delivered: None,
+                        unrecorded: HashMap::new(),
+                        last_confirm: None,
                     },
                 );
             } else if let Some(r) = self.sinks.get_mut(&row.id) {
@@ -757,8 +846,11 @@ impl Worker {
         self.set_state(id, state, Some(error));
         if let Some(run) = self.sinks.get_mut(id) {
             // What it decoded and sent is read again by a new session, from the slot's confirmed
-            // position (the old one may have let go of messages the failed delivery held).
+            // position (the old one may have let go of messages the failed delivery held); what
+            // was delivered since that position too (see CONFIRM_INTERVAL).
             run.session = None;
+            run.delivered = None;
+            run.unrecorded.clear();
         }
         // A session that failed to open may hold the slot already.
         decoding::release_slot();
@@ -815,6 +907,8 @@ impl Worker {
             return false;
         }
         let confirmed = slot.confirmed;
+        // Reads, flush plans and heartbeats go by what was delivered, the slot by what was confirmed.
+        let position = run.position(confirmed);
         if let Some(producer) = &run.producer {
             if let Err(f) = protocol::check_checkpoint(&slot, run.checkpoint, producer.in_source_database()) {
                 self.fail_with(id, f);
@@ -878,7 +972,7 @@ impl Worker {
             // Only its tables (and their lookup tables) reach pgoutput.
             let carried = row.tables.as_ref().map(|t| t.iter().copied().chain(run.assembler.lookups().lookup_tables()));
             session.carry_only(carried.map(Iterator::collect));
-            session.begin_read(confirmed);
+            session.begin_read(position);
             let mut source =
                 SessionRead { session, most: batch_changes.max(1) as u64, schema: &schema, sink_name: &row.name };
             let first = source.fetch(batch::FETCH_ROWS, &mut types);
@@ -919,7 +1013,7 @@ impl Worker {
             // An in-database sink flushes (writes its checkpoint) in this transaction too, so its
             // events and checkpoint commit together; any failure rolls both back.
             let flushed = read.and_then(|b| {
-                let plan = protocol::plan_flush(sink.delivery_mode(), &b, confirmed, *checkpoint, dedup);
+                let plan = protocol::plan_flush(sink.delivery_mode(), &b, position, *checkpoint, dedup);
                 if let Some(cp) = plan.flush {
                     sink.flush(cp).map_err(Failure::sink)?;
                 }
@@ -988,14 +1082,14 @@ impl Worker {
             return false;
         };
         let mut counted = batch.counted;
-        let mut target = batch.target.filter(|l| *l > confirmed && batch.rows > 0);
+        let mut target = batch.target.filter(|l| *l > position && batch.rows > 0);
         if let Some(producer) = run.producer.as_mut() {
             let in_source = producer.in_source_database();
             let sink = producer.sink();
             let mode = sink.delivery_mode();
             let exactly_once = mode == DeliveryMode::ExactlyOnce;
             let plan =
-                preflushed.unwrap_or_else(|| protocol::plan_flush(mode, &batch, confirmed, run.checkpoint, dedup));
+                preflushed.unwrap_or_else(|| protocol::plan_flush(mode, &batch, position, run.checkpoint, dedup));
             target = plan.confirm;
             if let Some(checkpoint) = plan.flush {
                 // An in-database sink flushed in the read's transaction already.
@@ -1043,7 +1137,7 @@ impl Worker {
         }
         let exactly_once = config.delivery_mode() == DeliveryMode::ExactlyOnce;
         if batch.rows == 0 {
-            self.maybe_heartbeat(id, confirmed, cat);
+            self.maybe_heartbeat(id, position, cat);
         }
         if let Some(lsn) = target {
             // The lookup copies first: after a crash between the two they are ahead of the slot,
@@ -1059,21 +1153,24 @@ impl Worker {
                     return false;
                 }
             }
-            let name = row.name.clone();
-            let session = self.sinks.get_mut(id).and_then(|r| r.session.as_mut());
-            let confirmed = run_tx(|| {
-                source::record_progress(&schema, &name, &batch.progress);
-                match session {
-                    Some(s) => s.confirm(lsn),
-                    None => pgrx::error!("the slot's decoding session is gone"),
-                }
-            });
-            if let Err(e) = confirmed {
-                self.fail(id, SinkState::Error, format!("cannot confirm replication slot {}: {e}", row.slot));
-                return false;
+            if let Some(run) = self.sinks.get_mut(id) {
+                run.delivered = Some(lsn);
+                run.add_progress(&batch.progress);
             }
             if !exactly_once {
                 crate::stats::update(&row.id, |c| c.committed_lsn = c.committed_lsn.max(lsn.0));
+            }
+        }
+        // Confirm what was delivered: at once after a pass that read nothing or the first delivery
+        // after a quiet spell, else at most every CONFIRM_INTERVAL.
+        if let Some(run) = self.sinks.get_mut(id) {
+            let due =
+                batch.rows == 0 || stop_requested() || run.last_confirm.is_none_or(|t| t.elapsed() >= CONFIRM_INTERVAL);
+            if due {
+                if let Err(e) = confirm_delivered(Some(&schema), run, confirmed) {
+                    self.fail(id, SinkState::Error, format!("cannot confirm replication slot {}: {e}", row.slot));
+                    return false;
+                }
             }
         }
         if let Some(run) = self.sinks.get_mut(id) {

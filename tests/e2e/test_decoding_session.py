@@ -114,3 +114,39 @@ def test_regression_a_backlog_that_spills_to_disk_resumes_at_a_transaction(pg, s
     assert "cannot decode the change stream" not in server_log(logged)
     assert sink_state(pg, name)[0] == "running"
     pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_deliveries_confirmed_together_record_every_event(pg, sinks, unique):
+    """While deliveries keep coming, the slot is confirmed (and `_cdc_offsets` written, in the same
+    transaction) at most every 200 ms, for every delivery since the last confirm. Oracles: the rows
+    the test wrote per table, which `_cdc_offsets` must count exactly once across the grouped
+    deliveries, and the sink's last checkpoint, which the slot must reach once the load stops."""
+    a, b, topic, name = f"grp_a_{unique}", f"grp_b_{unique}", f"grp-{unique}", f"grp_{unique}"
+    for t in (a, b):
+        pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+        pg.execute("SELECT cdc_enable(%s)", (t,))
+    sinks.add(name, topic, tables=[a, b])
+    pg.execute(f"INSERT INTO {a} VALUES (0)")
+    consume(topic, 1)
+    before = delivery_status(pg, name)["transaction_status"]["committed_transactions"]
+    # 1,500 transactions over a second or more, so the worker delivers many small batches.
+    pg.execute(f"DO $$ BEGIN FOR i IN 1..1500 LOOP INSERT INTO {a} VALUES (i); "
+               f"IF i % 3 = 0 THEN INSERT INTO {b} VALUES (i); END IF; COMMIT; "
+               f"IF i % 25 = 0 THEN PERFORM pg_sleep(0.02); END IF; END LOOP; END $$")
+    assert len(consume(topic, 2001, timeout=120)) == 2001
+    slot = pg.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0]
+
+    def caught_up():
+        committed = delivery_status(pg, name)["offset_tracking"]["committed_offset"]
+        confirmed = pg.execute("SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::int8 FROM pg_replication_slots "
+                               "WHERE slot_name = %s", (slot,)).fetchone()[0]
+        return confirmed == committed and (committed, confirmed)
+
+    wait_for(caught_up, what="the slot confirmed up to the sink's last checkpoint")
+    delivered = delivery_status(pg, name)["transaction_status"]["committed_transactions"] - before
+    print(f"\n{delivered} Kafka transactions for 1,500 source transactions")
+    recorded = dict(pg.execute("SELECT table_name, events_published FROM _cdc_offsets WHERE sink_name = %s",
+                               (name,)).fetchall())
+    assert recorded == {a: 1501, b: 500}
+    for t in (a, b):
+        pg.execute("SELECT cdc_disable(%s)", (t,))
