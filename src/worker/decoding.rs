@@ -141,7 +141,7 @@ fn carries(out: &mut Output, oid: pg_sys::Oid) -> bool {
 }
 
 /// In front of pgoutput's change callback: a change of a table the sink does not carry goes no
-/// further. pgoutput publishes every captured table to every sink (one publication); without
+/// further. pgoutput publishes every captured table to every sink (they share the publications); without
 /// this, each sink's pgoutput would write out every row of every table (every column through its
 /// type's output function) for the worker to drop. pgoutput sends a transaction's BEGIN with its
 /// first change and skips the COMMIT of one that sent none, so a transaction with nothing for the
@@ -272,8 +272,9 @@ impl Session {
         self.out.carried = tables;
     }
 
-    /// Starts a read: drops what the slot's confirmed position covers (see
-    /// [`Spool::begin_read`]) and reads the rest again from its first message.
+    /// Starts a read: drops what `confirmed` covers (the slot's confirmed position, or what the
+    /// sink delivered past it and has not confirmed yet; see [`Spool::begin_read`]) and reads the
+    /// rest again from its first message.
     pub fn begin_read(&mut self, confirmed: Lsn) {
         if let Err(e) = self.out.spool.begin_read(confirmed) {
             pgrx::error!("pg_cdc: cannot read decoded changes back from their spill file: {e}");
