@@ -17,18 +17,14 @@ import json
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_bench import Env, Kafka, Sampler, capture_pids, cpu_seconds, private_kib, wait_until, wal_marks  # noqa: E402
+from e2e_bench import (Sampler, capture_pids, cpu_seconds, delivered, drop_sinks, private_kib,  # noqa: E402
+                       quiet_start, wait_until, wal_marks, write_report)
 
 TABLE = "backlog_bench"
 SINK = "backlog_bench"
-
-
-def delivered(conn):
-    return conn.execute("SELECT (cdc_delivery_status(%s)->'delivered'->>'events')::bigint", (SINK,)).fetchone()[0]
 
 
 def main():
@@ -36,11 +32,7 @@ def main():
     ap.add_argument("--rows", type=int, default=5_000_000)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
-    env = Env.from_environ()
-    kafka = Kafka(env, uuid.uuid4().hex[:6])
-    conn = env.connect()
-    if conn.execute("SELECT count(*) FROM _cdc_sinks").fetchone()[0]:
-        raise SystemExit("backlog: other sinks are running; this needs a quiet cluster")
+    env, kafka, conn = quiet_start("backlog")
     conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
     conn.execute(f"CREATE TABLE {TABLE} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, pad text)")
     conn.execute("SELECT cdc_enable(%s, '{}')", (TABLE,))
@@ -51,7 +43,7 @@ def main():
     slot = conn.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (SINK,)).fetchone()[0]
     try:
         conn.execute(f"INSERT INTO {TABLE} (pad) VALUES ('warm-up')")
-        wait_until(lambda: delivered(conn) == 1, 120, "the warm-up row")
+        wait_until(lambda: delivered(conn, SINK) == 1, 120, "the warm-up row")
         worker = capture_pids(conn)[0]
         marks0 = wal_marks(conn)  # (it reads _cdc_sinks: before the lock)
         holder = env.connect()
@@ -72,17 +64,15 @@ def main():
         memory.start()
         holder.execute("COMMIT")
         holder.close()
-        wait_until(lambda: delivered(conn) >= a.rows + 1, 1800, "the backlog drained")
+        wait_until(lambda: delivered(conn, SINK) >= a.rows + 1, 1800, "the backlog drained")
         elapsed, cpu = time.monotonic() - t0, cpu_seconds(pids) - cpu0
         mem = sorted(m / 1024 for m in memory.stop())
         marks1 = wal_marks(conn)
         sessions = conn.execute("SELECT (cdc_delivery_status(%s)->'decoding'->>'sessions_started')::int",
                                 (SINK,)).fetchone()[0]
     finally:
-        conn.execute("SELECT cdc_drop_sink(%s)", (SINK,))
         kafka.created.append("pg_cdc.progress." + slot.removeprefix("_cdc_"))
-        wait_until(lambda: conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
-                                        (slot,)).fetchone()[0] == 0, 120, "the dropped sink's slot gone")
+        drop_sinks(conn, [SINK])
         conn.execute("SELECT cdc_disable(%s)", (TABLE,))
         conn.execute(f"DROP TABLE {TABLE}")
         kafka.delete(kafka.created)
@@ -108,10 +98,7 @@ def main():
         "WAL decoded counts from the sink worker's first read after the release (its session was open "
         "before: the warm-up row), so 1.00x means every record of the backlog was decoded once.",
     ]
-    report = "\n".join(lines) + "\n"
-    os.makedirs(a.out, exist_ok=True)
-    Path(a.out, "backlog.md").write_text(report)
-    print(report)
+    write_report(a.out, "backlog.md", lines)
 
 
 if __name__ == "__main__":

@@ -550,6 +550,43 @@ def wait_until(predicate, timeout, what):
         time.sleep(0.1)
 
 
+# ---------------------------------------------------------------------------------------------
+# what the small benches (idle_sinks, shared_table, outage, backlog) share
+
+
+def quiet_start(bench):
+    """(env, kafka, conn) for a small bench; refuses a cluster where other sinks run (their slots
+    decode the bench's tables too)."""
+    env = Env.from_environ()
+    kafka = Kafka(env, uuid.uuid4().hex[:6])
+    conn = env.connect()
+    if conn.execute("SELECT count(*) FROM _cdc_sinks").fetchone()[0]:
+        raise SystemExit(f"{bench}: other sinks are running; this needs a quiet cluster")
+    return env, kafka, conn
+
+
+def delivered(conn, sink):
+    """Events the sink delivered (cdc_delivery_status)."""
+    return conn.execute("SELECT (cdc_delivery_status(%s)->'delivered'->>'events')::bigint", (sink,)).fetchone()[0]
+
+
+def drop_sinks(conn, names):
+    """Drops the sinks and waits until their workers dropped every pg_cdc slot (a quiet cluster has
+    no other), so none holds WAL for the next measurement."""
+    for n in names:
+        conn.execute("SELECT cdc_drop_sink(%s)", (n,))
+    wait_until(lambda: conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE '\\_cdc\\_%'"
+                                    ).fetchone()[0] == 0, 120, "the dropped sinks' slots gone")
+
+
+def write_report(out, name, lines):
+    """Writes the report's lines to `out`/`name` and prints them."""
+    report = "\n".join(lines) + "\n"
+    os.makedirs(out, exist_ok=True)
+    Path(out, name).write_text(report)
+    print(report)
+
+
 def wal_marks(conn):
     """(WAL decoded by every pg_cdc sink's decoding sessions, the current WAL position), in bytes:
     two marks around a run give the WAL decoded per WAL written (1.0: every record once)."""

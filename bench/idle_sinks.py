@@ -16,11 +16,11 @@ import re
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_bench import Env, Kafka, LatencyCollector, cpu_seconds, percentile, pg_cdc_commit_us, private_kib, wait_until  # noqa: E402
+from e2e_bench import (LatencyCollector, cpu_seconds, drop_sinks, percentile, pg_cdc_commit_us, private_kib,  # noqa: E402
+                       quiet_start, wait_until, write_report)
 
 PIDS = "SELECT pid FROM pg_stat_activity WHERE backend_type IN ('pg_cdc worker', 'pg_cdc launcher')"
 
@@ -67,10 +67,7 @@ def measure(conn, env, kafka, script, a, idle):
                 "cores": cpu / elapsed, "cpu_per_100k": cpu / max(processed, 1) * 100_000,
                 "mib_median": memory[len(memory) // 2], "mib_total": sum(memory)}
     finally:
-        for n in names:
-            conn.execute("SELECT cdc_drop_sink(%s)", (n,))
-        wait_until(lambda: conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE '\\_cdc\\_%'"
-                                        ).fetchone()[0] == 0, 120, "the dropped sinks' slots gone")
+        drop_sinks(conn, names)
 
 
 def main():
@@ -80,11 +77,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
-    env = Env.from_environ()
-    kafka = Kafka(env, uuid.uuid4().hex[:6])
-    conn = env.connect()
-    if conn.execute("SELECT count(*) FROM _cdc_sinks").fetchone()[0]:
-        raise SystemExit("idle_sinks: other sinks are running; this needs a quiet cluster")
+    env, kafka, conn = quiet_start("idle_sinks")
     tables = ["idle_bench_busy"] + [f"idle_bench_t{i}" for i in range(a.idle)]
     for t in tables:
         conn.execute(f"DROP TABLE IF EXISTS {t}")
@@ -124,10 +117,7 @@ def main():
                      f"{r['cores']:.2f} | {r['cpu_per_100k']:.1f} | {r['mib_median']:.0f} / {r['mib_total']:.0f} |")
     lines += ["", f"p99 with idle sinks / alone: {crowded['p99'] / max(alone['p99'], 1e-9):.2f}x; "
               f"cores with idle sinks / alone: {crowded['cores'] / max(alone['cores'], 1e-9):.2f}x."]
-    report = "\n".join(lines) + "\n"
-    os.makedirs(a.out, exist_ok=True)
-    Path(a.out, "idle_sinks.md").write_text(report)
-    print(report)
+    write_report(a.out, "idle_sinks.md", lines)
 
 
 if __name__ == "__main__":

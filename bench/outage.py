@@ -18,11 +18,11 @@ import socket
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_bench import Env, Kafka, LatencyCollector, percentile, pg_cdc_commit_us, wait_until  # noqa: E402
+from e2e_bench import (LatencyCollector, delivered, drop_sinks, percentile, pg_cdc_commit_us,  # noqa: E402
+                       quiet_start, wait_until, write_report)
 from idle_sinks import pgbench  # noqa: E402
 
 TABLE = "outage_bench"
@@ -47,10 +47,6 @@ class HungEndpoint(threading.Thread):
                 return
             conn.setblocking(False)
             self.held.append(conn)
-
-
-def delivered(conn, name):
-    return conn.execute("SELECT (cdc_delivery_status(%s)->'delivered'->>'events')::bigint", (name,)).fetchone()[0]
 
 
 def measure(conn, env, kafka, script, a, hung):
@@ -87,10 +83,7 @@ def measure(conn, env, kafka, script, a, hung):
             result["other"] = {"delivered": delivered(conn, other), "state": state[0], "error": state[1]}
         return result
     finally:
-        for n in names:
-            conn.execute("SELECT cdc_drop_sink(%s)", (n,))
-        wait_until(lambda: conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE '\\_cdc\\_%'"
-                                        ).fetchone()[0] == 0, 120, "the dropped sinks' slots gone")
+        drop_sinks(conn, names)
 
 
 def main():
@@ -99,11 +92,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
-    env = Env.from_environ()
-    kafka = Kafka(env, uuid.uuid4().hex[:6])
-    conn = env.connect()
-    if conn.execute("SELECT count(*) FROM _cdc_sinks").fetchone()[0]:
-        raise SystemExit("outage: other sinks are running; this needs a quiet cluster")
+    env, kafka, conn = quiet_start("outage")
     conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
     conn.execute(f"CREATE TABLE {TABLE} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account int, "
                  "note text, created_at timestamptz DEFAULT now())")
@@ -141,10 +130,7 @@ def main():
         f"delivered {o['delivered']} events during its run and ended in state `{o['state']}`"
         + (f" ({o['error']})" if o['error'] else "") + ".",
     ]
-    report = "\n".join(lines) + "\n"
-    os.makedirs(a.out, exist_ok=True)
-    Path(a.out, "outage.md").write_text(report)
-    print(report)
+    write_report(a.out, "outage.md", lines)
 
 
 if __name__ == "__main__":

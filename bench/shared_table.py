@@ -17,17 +17,13 @@ import json
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_bench import Env, Kafka, cpu_seconds, capture_pids, wait_until, wal_marks  # noqa: E402
+from e2e_bench import (capture_pids, cpu_seconds, delivered, drop_sinks, quiet_start, wait_until,  # noqa: E402
+                       wal_marks, write_report)
 
 TABLE = "shared_bench"
-
-
-def delivered(conn, name):
-    return conn.execute("SELECT (cdc_delivery_status(%s)->'delivered'->>'events')::bigint", (name,)).fetchone()[0]
 
 
 def measure(conn, env, kafka, rows, sinks):
@@ -65,9 +61,7 @@ def measure(conn, env, kafka, rows, sinks):
         for n in names:
             slot = conn.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (n,)).fetchone()[0]
             kafka.created.append("pg_cdc.progress." + slot.removeprefix("_cdc_"))
-            conn.execute("SELECT cdc_drop_sink(%s)", (n,))
-        wait_until(lambda: conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE '\\_cdc\\_%'"
-                                        ).fetchone()[0] == 0, 120, "the dropped sinks' slots gone")
+        drop_sinks(conn, names)
 
 
 def main():
@@ -76,11 +70,7 @@ def main():
     ap.add_argument("--sinks", type=int, default=3)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
-    env = Env.from_environ()
-    kafka = Kafka(env, uuid.uuid4().hex[:6])
-    conn = env.connect()
-    if conn.execute("SELECT count(*) FROM _cdc_sinks").fetchone()[0]:
-        raise SystemExit("shared_table: other sinks are running; this needs a quiet cluster")
+    env, kafka, conn = quiet_start("shared_table")
     conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
     conn.execute(f"CREATE TABLE {TABLE} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, pad text)")
     conn.execute("SELECT cdc_enable(%s, '{}')", (TABLE,))
@@ -117,10 +107,7 @@ def main():
     lines += ["", f"With {a.sinks} sinks: CPU per source row {many['cpu_per_100k_rows'] / one['cpu_per_100k_rows']:.2f}x "
               f"one sink's; total events/s {many['total'] / one['total']:.2f}x; the slowest sink's events/s "
               f"{min(many['per_sink']) / min(one['per_sink']):.2f}x the single sink's."]
-    report = "\n".join(lines) + "\n"
-    os.makedirs(a.out, exist_ok=True)
-    Path(a.out, "shared_table.md").write_text(report)
-    print(report)
+    write_report(a.out, "shared_table.md", lines)
 
 
 if __name__ == "__main__":
