@@ -131,13 +131,11 @@ extern "C-unwind" fn write(
     }
 }
 
-/// Whether a change of table `oid` goes on to pgoutput (counting it when it does not).
-fn carries(out: &mut Output, oid: pg_sys::Oid) -> bool {
-    let carried = out.carried.as_ref().is_none_or(|c| c.contains(&oid.to_u32()));
-    if !carried {
-        out.skipped += 1;
+impl Output {
+    /// Whether changes of table `oid` go on to pgoutput.
+    fn carries(&self, oid: pg_sys::Oid) -> bool {
+        self.carried.as_ref().is_none_or(|c| c.contains(&oid.to_u32()))
     }
-    carried
 }
 
 /// In front of pgoutput's change callback: a change of a table the sink does not carry goes no
@@ -157,7 +155,8 @@ extern "C-unwind" fn change_filter(
     // `output`. pgoutput's callback gets the arguments unchanged, through pgrx's FFI guard.
     unsafe {
         let out = output(ctx);
-        if !carries(out, (*relation).rd_id) {
+        if !out.carries((*relation).rd_id) {
+            out.skipped += 1;
             return;
         }
         if let Some(next) = out.change {
@@ -179,13 +178,10 @@ extern "C-unwind" fn truncate_filter(
     // SAFETY: as in `change_filter`; `relations` holds `nrelations` open relations.
     unsafe {
         let out = output(ctx);
-        if out.carried.is_some() {
-            let rels = std::slice::from_raw_parts(relations, nrelations.max(0) as usize);
-            let any = rels.iter().any(|r| out.carried.as_ref().is_some_and(|c| c.contains(&(**r).rd_id.to_u32())));
-            if !any {
-                out.skipped += 1;
-                return;
-            }
+        let rels = std::slice::from_raw_parts(relations, nrelations.max(0) as usize);
+        if !rels.iter().any(|r| out.carries((**r).rd_id)) {
+            out.skipped += 1;
+            return;
         }
         if let Some(next) = out.truncate {
             pg_guard_ffi_boundary(|| next(ctx, txn, nrelations, relations, change));

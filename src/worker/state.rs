@@ -332,6 +332,14 @@ fn confirm_delivered(schema: Option<&str>, run: &mut SinkRun, confirmed: Lsn) ->
     Ok(())
 }
 
+/// [`confirm_delivered`] where a failure is only logged (the next worker or session reads the
+/// unconfirmed tail again).
+fn confirm_or_warn(schema: Option<&str>, run: &mut SinkRun, confirmed: Lsn) {
+    if let Err(e) = confirm_delivered(schema, run, confirmed) {
+        pgrx::warning!("pg_cdc sink \"{}\": cannot confirm replication slot {}: {e}", run.row.name, run.row.slot);
+    }
+}
+
 /// Which read turn a sink waits for when every turn is taken: spreads the waiters over the turns.
 fn read_turn_hint(id: &str) -> u32 {
     id.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
@@ -447,13 +455,7 @@ impl Worker {
     pub fn confirm_delivered(&mut self) {
         let confirmed = decoding::held_slot_confirmed().unwrap_or_default();
         for run in self.sinks.values_mut() {
-            if let Err(e) = confirm_delivered(self.schema.as_deref(), run, confirmed) {
-                pgrx::warning!(
-                    "pg_cdc sink \"{}\": cannot confirm replication slot {}: {e}",
-                    run.row.name,
-                    run.row.slot
-                );
-            }
+            confirm_or_warn(self.schema.as_deref(), run, confirmed);
         }
     }
 
@@ -683,15 +685,8 @@ impl Worker {
                 // Its session goes with it: confirm what it delivered first (an at-least-once
                 // sink would send it again otherwise).
                 if let Some(run) = self.sinks.get_mut(&row.id) {
-                    let (schema, confirmed) =
-                        (self.schema.clone(), decoding::held_slot_confirmed().unwrap_or_default());
-                    if let Err(e) = confirm_delivered(schema.as_deref(), run, confirmed) {
-                        pgrx::warning!(
-                            "pg_cdc sink \"{}\": cannot confirm replication slot {}: {e}",
-                            row.name,
-                            row.slot
-                        );
-                    }
+                    let confirmed = decoding::held_slot_confirmed().unwrap_or_default();
+                    confirm_or_warn(self.schema.as_deref(), run, confirmed);
                 }
                 let config = parse_config(&row.sink_type, &row.config).map_err(|e| e.to_string());
                 let mut assembler = Assembler::new(&cat.database);
