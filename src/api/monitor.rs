@@ -216,7 +216,7 @@ fn cdc_prometheus_metrics() -> String {
         );
     }
     type Counter = (&'static str, &'static str, fn(&cdc_core::stats::DeliveryCounters) -> u64);
-    let counters: [Counter; 7] = [
+    let counters: [Counter; 8] = [
         ("pg_cdc_bytes_published_total", "Key and value bytes of the events delivered.", |c| c.bytes_delivered),
         ("pg_cdc_source_transactions_total", "PostgreSQL transactions delivered.", |c| c.source_transactions_delivered),
         ("pg_cdc_duplicates_filtered_total", "Events read again after a restart and not published again.", |c| {
@@ -235,6 +235,11 @@ fn cdc_prometheus_metrics() -> String {
             "pg_cdc_decoded_changes_skipped_total",
             "Row changes of tables the sink does not carry, dropped in decoding.",
             |c| c.changes_skipped,
+        ),
+        (
+            "pg_cdc_reads_overlapped_total",
+            "Reads made while the sink's previous unit was still being committed.",
+            |c| c.reads_overlapped,
         ),
     ];
     for (metric, help, get) in counters {

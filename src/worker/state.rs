@@ -1,6 +1,6 @@
 //! The worker's state across ticks: one [`SinkRun`] per sink, the type registry, the parsed
 //! capture configs, and orphan-slot sightings.
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,7 +16,6 @@ use cdc_sinks::eventhub::config::Connection;
 use cdc_sinks::kafka::config::KafkaSinkConfig;
 use cdc_sinks::kafka::{with_signals_blocked, KafkaSink, Transactional};
 use cdc_sinks::kinesis::aws::{AwsKinesis, Defaults};
-use cdc_sinks::kinesis::KinesisSink;
 use cdc_sinks::table::TableSink;
 use cdc_sinks::webhook::WebhookSink;
 use cdc_sinks::{parse_config, Checkpoint, DeliveryMode, ErrorClass, Sink, SinkConfig, SinkError};
@@ -29,9 +28,11 @@ use super::table_sink::SpiStore;
 use super::{retry_at, run_tx, stop_requested, OrphanSightings};
 use crate::catalog::PUBLICATION_NAMES;
 use crate::{gucs, keys, lookups};
+use cdc_core::deliver::handoff::DeliveryThread;
 use cdc_core::deliver::port::ChangeSource;
 use cdc_core::deliver::protocol::{self, SlotView};
-use cdc_core::deliver::read::TableProgress;
+use cdc_core::deliver::read::{Sent, TableProgress};
+use cdc_core::stats::TableCounters;
 
 /// WAL written between two running-transactions records of the launcher: about the most a new
 /// decoding session decodes again before the slot's confirmed position (see
@@ -46,6 +47,12 @@ const RESTART_POINT_BYTES: u64 = 2 << 20;
 /// crash, a failure): an exactly-once sink skips it (its checkpoint covers it), an at-least-once
 /// sink sends it again.
 const CONFIRM_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// A unit of at least this many rows (a backlog, or a high rate) is committed on the sink's
+/// delivery thread while the next one is read. A smaller one is waited for before the next read:
+/// at a low rate a read right after handing a unit over finds only the few changes committed
+/// since, and the sink would commit twice as many, smaller, transactions for no gain.
+const OVERLAP_ROWS: u64 = batch::FETCH_ROWS as u64;
 
 /// Runtime state of one sink.
 pub struct SinkRun {
@@ -76,13 +83,38 @@ pub struct SinkRun {
     unrecorded: HashMap<u32, TableProgress>,
     /// When the slot was last confirmed.
     last_confirm: Option<Instant>,
+    /// Units read and handed to the sink that are not delivered yet, oldest first: their
+    /// flushes run on the sink's delivery thread while the next unit is read.
+    handed: VecDeque<Handed>,
+}
+
+/// A unit read and handed to its sink, waiting to be delivered: what its delivery records.
+struct Handed {
+    /// Its flush runs on the sink's delivery thread; its report is awaited (else it is done:
+    /// flushed already, or with nothing to flush).
+    awaiting: bool,
+    /// The checkpoint it is flushed with, if any.
+    flushed: Option<Checkpoint>,
+    /// When the flush returned, Unix microseconds.
+    acked: i64,
+    /// Where the slot may be confirmed once it is delivered.
+    target: Option<Lsn>,
+    /// Its events were committed at the destination once flushed (an in-database sink commits
+    /// nothing for a unit without events).
+    commits: bool,
+    exactly_once: bool,
+    progress: HashMap<u32, TableProgress>,
+    counted: DeliveryCounters,
+    tables: HashMap<u32, TableCounters>,
+    sent_log: Vec<Sent>,
 }
 
 impl SinkRun {
-    /// Where delivery stands: the slot's confirmed position, or past it by what was delivered
-    /// since the last confirm.
+    /// Where reading stands: the slot's confirmed position, or past it by what was delivered
+    /// since the last confirm and what was handed to the sink since.
     fn position(&self, confirmed: Lsn) -> Lsn {
-        self.delivered.filter(|d| *d > confirmed).unwrap_or(confirmed)
+        let handed = self.handed.iter().filter_map(|h| h.target).max();
+        [self.delivered, handed].into_iter().flatten().filter(|d| *d > confirmed).max().unwrap_or(confirmed)
     }
 
     /// Adds a delivery's per-table progress to what the next confirm records.
@@ -101,32 +133,30 @@ impl SinkRun {
 /// A sink's open destination, by type: besides building it, the one place the worker names sink
 /// types; everything else goes through the `Sink` port.
 pub(super) enum Producer {
-    /// A Kafka producer (opened on its own thread, see [`start_open`]).
-    Kafka(KafkaSink),
+    /// A Kafka (or Event Hubs) producer or a Kinesis client, opened on a thread of its own (see
+    /// [`start_open`]) and then driven by its delivery thread: the next unit is read while the
+    /// last one commits.
+    Threaded(DeliveryThread),
     /// An in-database sink (opened in the read's transaction).
     Table(TableSink<SpiStore>),
     /// A webhook (opened in the read's transaction: nothing to open but its secret).
     Webhook(WebhookSink),
-    /// A Kinesis stream (opened on its own thread: finding credentials may take seconds).
-    Kinesis(KinesisSink<AwsKinesis>),
 }
 
 impl Producer {
     fn sink(&mut self) -> &mut dyn Sink {
         match self {
-            Producer::Kafka(k) => k,
+            Producer::Threaded(t) => t,
             Producer::Table(t) => t,
             Producer::Webhook(w) => w,
-            Producer::Kinesis(k) => k,
         }
     }
 
     fn in_source_database(&self) -> bool {
         match self {
-            Producer::Kafka(k) => k.in_source_database(),
+            Producer::Threaded(t) => t.in_source_database(),
             Producer::Table(t) => t.in_source_database(),
             Producer::Webhook(w) => w.in_source_database(),
-            Producer::Kinesis(k) => k.in_source_database(),
         }
     }
 }
@@ -175,11 +205,8 @@ fn kafka_config_of(config: &SinkConfig) -> Result<Option<KafkaSinkConfig>, SinkE
     })
 }
 
-/// A sink opened on its own thread.
-pub(super) enum Opened {
-    Kafka(KafkaSink),
-    Kinesis(KinesisSink<AwsKinesis>),
-}
+/// A sink opened on its own thread (its interrupt set to [`stop_requested`]).
+type Opened = Box<dyn Sink + Send>;
 
 /// A producer being opened on its own thread, and what it gives.
 type Opening = std::thread::JoinHandle<Result<(Opened, Option<Checkpoint>), SinkError>>;
@@ -197,8 +224,9 @@ fn start_open(run: &SinkRun, config: &SinkConfig, cat: &Catalog) -> Result<Openi
         let cfg = cfg.clone();
         return Ok(with_signals_blocked(move || {
             std::thread::spawn(move || {
-                let sink = AwsKinesis::open(&cfg, &defaults)?.into_sink(&cfg);
-                Ok((Opened::Kinesis(sink), None))
+                let mut sink = AwsKinesis::open(&cfg, &defaults)?.into_sink(&cfg);
+                sink.set_interrupt(stop_requested);
+                Ok((Box::new(sink) as Opened, None))
             })
         }));
     }
@@ -225,7 +253,8 @@ fn start_open(run: &SinkRun, config: &SinkConfig, cat: &Catalog) -> Result<Openi
         std::thread::spawn(move || {
             let mut p = KafkaSink::new(&config, &bootstrap, &database, &client_id, transactional)?;
             let checkpoint = p.open()?;
-            Ok((Opened::Kafka(p), checkpoint))
+            p.set_interrupt(stop_requested);
+            Ok((Box::new(p) as Opened, checkpoint))
         })
     }))
 }
@@ -238,16 +267,11 @@ fn finish_open(run: &mut SinkRun, opening: Opening, slot: &SlotView) -> Result<(
     let (opened, checkpoint) = opened.map_err(Failure::sink)?;
     protocol::check_checkpoint(slot, checkpoint, false)?;
     run.checkpoint = checkpoint;
-    run.producer = Some(match opened {
-        Opened::Kafka(mut p) => {
-            p.set_interrupt(stop_requested);
-            Producer::Kafka(p)
-        }
-        Opened::Kinesis(mut k) => {
-            k.set_interrupt(stop_requested);
-            Producer::Kinesis(k)
-        }
-    });
+    // The delivery thread touches nothing of PostgreSQL and starts with every signal blocked.
+    let mut thread = with_signals_blocked(|| DeliveryThread::start(opened))
+        .map_err(|e| Failure::new(SinkState::Retrying, format!("cannot start the sink's delivery thread: {e}")))?;
+    thread.set_interrupt(stop_requested);
+    run.producer = Some(Producer::Threaded(thread));
     Ok(())
 }
 
@@ -453,6 +477,10 @@ impl Worker {
     /// Confirms what its sink delivered since the last confirm (before it exits: the next worker
     /// would read it again).
     pub fn confirm_delivered(&mut self) {
+        let ids: Vec<String> = self.sinks.keys().cloned().collect();
+        for id in ids {
+            self.settle(&id, 0);
+        }
         let confirmed = decoding::held_slot_confirmed().unwrap_or_default();
         for run in self.sinks.values_mut() {
             confirm_or_warn(self.schema.as_deref(), run, confirmed);
@@ -684,6 +712,7 @@ impl Worker {
             if changed {
                 // Its session goes with it: confirm what it delivered first (an at-least-once
                 // sink would send it again otherwise).
+                self.settle(&row.id, 0);
                 if let Some(run) = self.sinks.get_mut(&row.id) {
                     let confirmed = decoding::held_slot_confirmed().unwrap_or_default();
                     confirm_or_warn(self.schema.as_deref(), run, confirmed);
@@ -721,6 +750,7 @@ impl Worker {
                         delivered: None,
                         unrecorded: HashMap::new(),
                         last_confirm: None,
+                        handed: VecDeque::new(),
                     },
                 );
             } else if let Some(r) = self.sinks.get_mut(&row.id) {
@@ -846,6 +876,7 @@ impl Worker {
             run.session = None;
             run.delivered = None;
             run.unrecorded.clear();
+            run.handed.clear();
         }
         // A session that failed to open may hold the slot already.
         decoding::release_slot();
@@ -937,6 +968,8 @@ impl Worker {
         let Some(mut run) = self.sinks.remove(id) else {
             return false;
         };
+        // The unit before is still being committed on the delivery thread while this one is read.
+        let overlapped = run.handed.iter().any(|h| h.awaiting);
         // A failure of an in-database sink rolls the read's transaction back (its events were
         // written in it); the failure itself comes back here.
         let mut rolled_back: Option<Failure> = None;
@@ -1023,9 +1056,11 @@ impl Worker {
             flushed
         });
         let (decoded, skipped) = run.session.as_mut().map_or((0, 0), Session::take_counts);
+        let read_rows = matches!(&read, Ok(Ok((b, _))) if b.rows > 0);
         crate::stats::update(&row.id, |c| {
             c.wal_decoded_bytes += decoded;
             c.changes_skipped += skipped;
+            c.reads_overlapped += u64::from(overlapped && read_rows);
         });
         self.sinks.insert(id.to_string(), run);
         let (batch, preflushed) = match read {
@@ -1076,91 +1111,72 @@ impl Worker {
         let Some(run) = self.sinks.get_mut(id) else {
             return false;
         };
-        let mut counted = batch.counted;
-        let mut target = batch.target.filter(|l| *l > position && batch.rows > 0);
+        let mode = run.producer.as_mut().map_or(config.delivery_mode(), |p| p.sink().delivery_mode());
+        let plan = match (&run.producer, preflushed) {
+            (_, Some(plan)) => plan,
+            (Some(_), None) => protocol::plan_flush(mode, &batch, position, run.checkpoint, dedup),
+            (None, None) => {
+                protocol::FlushPlan { flush: None, confirm: batch.target.filter(|l| *l > position && batch.rows > 0) }
+            }
+        };
+        let rows = batch.rows;
+        let mut handed = Handed {
+            awaiting: false,
+            flushed: plan.flush,
+            acked: 0,
+            target: plan.confirm,
+            // An in-database sink commits nothing for a unit without events (a heartbeat's).
+            commits: batch.sent || !run.producer.as_ref().is_some_and(Producer::in_source_database),
+            exactly_once: mode == DeliveryMode::ExactlyOnce,
+            progress: batch.progress,
+            counted: batch.counted,
+            tables: batch.tables,
+            sent_log: batch.sent_log,
+        };
         if let Some(producer) = run.producer.as_mut() {
-            let in_source = producer.in_source_database();
-            let sink = producer.sink();
-            let mode = sink.delivery_mode();
-            let exactly_once = mode == DeliveryMode::ExactlyOnce;
-            let plan =
-                preflushed.unwrap_or_else(|| protocol::plan_flush(mode, &batch, position, run.checkpoint, dedup));
-            target = plan.confirm;
             if let Some(checkpoint) = plan.flush {
-                // An in-database sink flushed in the read's transaction already.
-                if preflushed.is_none() {
-                    if let Err(e) = sink.flush(checkpoint) {
-                        self.abort(id);
-                        self.fail_with(id, Failure::sink(e));
-                        return false;
-                    }
-                }
-                let acked = batch::unix_micros_now();
-                if exactly_once {
-                    run.checkpoint = Some(checkpoint);
-                    counted.committed_transactions = 1;
-                    counted.committed_lsn = checkpoint.end_lsn.0;
-                }
-                crate::stats::update(&row.id, |c| add(c, &counted));
-                crate::stats::add_tables(&row.id, &batch.tables);
-                record_latencies(&row.id, &batch.sent_log, acked);
-                // An in-database sink commits nothing for a unit without events (a heartbeat's).
-                let committed = batch.sent || !in_source;
-                if committed && self.failpoint.1.fires(Failpoint::AfterSinkCommit, &row.name) {
-                    pgrx::log!(
-                        "pg_cdc worker: failpoint after_sink_commit of sink \"{}\": exiting before the slot is confirmed",
-                        row.name
-                    );
-                    // SAFETY: ends this process on purpose (test failpoint); the postmaster restarts it.
-                    unsafe { pg_sys::proc_exit(1) };
-                }
-            } else {
-                crate::stats::update(&row.id, |c| add(c, &counted));
-                crate::stats::add_tables(&row.id, &batch.tables);
-            }
-            if counted.duplicate_events_filtered > 0 {
-                pgrx::log!(
-                    "pg_cdc sink \"{}\": skipped {} events its destination holds already (checkpoint {})",
-                    row.name,
-                    counted.duplicate_events_filtered,
-                    run.checkpoint.map(|c| c.end_lsn).unwrap_or_default()
-                );
-            }
-        }
-        if let Some(lsn) = target {
-            crate::stats::update(&row.id, |c| c.read_lsn = c.read_lsn.max(lsn.0));
-        }
-        let exactly_once = config.delivery_mode() == DeliveryMode::ExactlyOnce;
-        if batch.rows == 0 {
-            self.maybe_heartbeat(id, position, cat);
-        }
-        if let Some(lsn) = target {
-            // The lookup copies first: after a crash between the two they are ahead of the slot,
-            // which they know (their position) and skip; behind it they would miss changes.
-            let flush = self.sinks.get_mut(id).map(|r| r.assembler.lookups_mut().take_flush()).unwrap_or_default();
-            if !flush.is_empty() {
-                if let Err(e) = run_tx(|| lookups::write(&schema, &row.id, &flush)) {
-                    self.fail(
-                        id,
-                        SinkState::Error,
-                        format!("cannot save the lookup copies of sink \"{}\": {e}", row.name),
-                    );
+                // An in-database sink flushed in the read's transaction already; a sink on a
+                // delivery thread flushes there while the next unit is read.
+                let flushed = match producer {
+                    _ if preflushed.is_some() => Ok(()),
+                    Producer::Threaded(t) => t.start_flush(checkpoint).map(|()| handed.awaiting = true),
+                    p => p.sink().flush(checkpoint),
+                };
+                if let Err(e) = flushed {
+                    self.abort(id);
+                    self.fail_with(id, Failure::sink(e));
                     return false;
                 }
+                handed.acked = batch::unix_micros_now();
+                if handed.exactly_once {
+                    // The next read skips what this unit holds, as if it had committed; if it
+                    // does not, the sink fails and is opened again, reading the checkpoint anew.
+                    run.checkpoint = Some(checkpoint);
+                }
             }
-            if let Some(run) = self.sinks.get_mut(id) {
-                run.delivered = Some(lsn);
-                run.add_progress(&batch.progress);
-            }
-            if !exactly_once {
-                crate::stats::update(&row.id, |c| c.committed_lsn = c.committed_lsn.max(lsn.0));
-            }
+        }
+        if let Some(lsn) = handed.target {
+            crate::stats::update(&row.id, |c| c.read_lsn = c.read_lsn.max(lsn.0));
+        }
+        if rows == 0 {
+            self.maybe_heartbeat(id, position, cat);
+        }
+        let Some(run) = self.sinks.get_mut(id) else {
+            return false;
+        };
+        run.handed.push_back(handed);
+        // A large unit stays in flight while the next is read (see OVERLAP_ROWS). Not for a sink
+        // with lookup tables: their copies are written before the slot is confirmed, and must
+        // not hold changes of a unit not yet delivered (a failed delivery would read it again
+        // against a copy ahead of its commit).
+        let keep = usize::from(rows >= OVERLAP_ROWS && !stop_requested() && !run.assembler.has_lookups());
+        if !self.settle(id, keep) {
+            return false;
         }
         // Confirm what was delivered: at once after a pass that read nothing or the first delivery
         // after a quiet spell, else at most every CONFIRM_INTERVAL.
         if let Some(run) = self.sinks.get_mut(id) {
-            let due =
-                batch.rows == 0 || stop_requested() || run.last_confirm.is_none_or(|t| t.elapsed() >= CONFIRM_INTERVAL);
+            let due = rows == 0 || stop_requested() || run.last_confirm.is_none_or(|t| t.elapsed() >= CONFIRM_INTERVAL);
             if due {
                 if let Err(e) = confirm_delivered(Some(&schema), run, confirmed) {
                     self.fail(id, SinkState::Error, format!("cannot confirm replication slot {}: {e}", row.slot));
@@ -1176,13 +1192,116 @@ impl Worker {
             }
         }
         self.set_state(id, SinkState::Running, None);
-        if batch.rows > batch::BUFFER_FRAMES as u64 {
+        if rows > batch::BUFFER_FRAMES as u64 {
             // A big batch filled librdkafka's queue and the buffers; give the freed memory back
             // (glibc keeps it otherwise, and the worker's private memory stays at its peak).
             // SAFETY: glibc's malloc_trim only releases free heap pages; callable at any time.
             unsafe { libc::malloc_trim(0) };
         }
-        batch.rows > 0
+        rows > 0
+    }
+
+    /// Takes the reports of a sink's handed units, oldest first, until at most `keep` are still
+    /// awaited (waiting for the destination when needed), and records each delivered one. Returns
+    /// false when one failed (the sink is failed then: the units after it are read again).
+    fn settle(&mut self, id: &str, keep: usize) -> bool {
+        let started = Instant::now();
+        loop {
+            let Some(run) = self.sinks.get_mut(id) else { return false };
+            let Some(front) = run.handed.front() else { return true };
+            if front.awaiting {
+                let awaited = run.handed.iter().filter(|h| h.awaiting).count();
+                let Some(Producer::Threaded(t)) = run.producer.as_mut() else {
+                    run.handed.clear();
+                    return true;
+                };
+                let report = if awaited > keep {
+                    // Bounded by the sink's own timeouts; when stopping, its interrupt ends it
+                    // within moments, and what is not reported by then is read again.
+                    t.wait_flushed(std::time::Duration::from_millis(100))
+                } else {
+                    t.try_flushed()
+                };
+                let Some(report) = report else {
+                    if awaited > keep && !(stop_requested() && started.elapsed().as_secs() >= 2) {
+                        continue;
+                    }
+                    return true;
+                };
+                if let Err(e) = report.result {
+                    self.abort(id);
+                    self.fail_with(id, Failure::sink(e));
+                    return false;
+                }
+                if let Some(front) = run.handed.front_mut() {
+                    front.awaiting = false;
+                    front.acked = report.at_unix_micros;
+                }
+            }
+            let Some(done) = run.handed.pop_front() else { return true };
+            if !self.delivered_unit(id, done) {
+                return false;
+            }
+        }
+    }
+
+    /// Records a delivered unit: counters, latencies, the lookup copies, and the position and
+    /// progress the next confirm writes.
+    fn delivered_unit(&mut self, id: &str, done: Handed) -> bool {
+        let Some(run) = self.sinks.get_mut(id) else { return false };
+        let row = run.row.clone();
+        let mut counted = done.counted;
+        if let Some(checkpoint) = done.flushed {
+            if done.exactly_once {
+                counted.committed_transactions = 1;
+                counted.committed_lsn = checkpoint.end_lsn.0;
+            }
+            // A unit handed over after this one is open at the destination.
+            let open = u64::from(!run.handed.is_empty());
+            crate::stats::update(&row.id, |c| {
+                add(c, &counted);
+                c.open_transactions = open;
+            });
+            crate::stats::add_tables(&row.id, &done.tables);
+            record_latencies(&row.id, &done.sent_log, done.acked);
+            if done.commits && self.failpoint.1.fires(Failpoint::AfterSinkCommit, &row.name) {
+                pgrx::log!(
+                    "pg_cdc worker: failpoint after_sink_commit of sink \"{}\": exiting before the slot is confirmed",
+                    row.name
+                );
+                // SAFETY: ends this process on purpose (test failpoint); the postmaster restarts it.
+                unsafe { pg_sys::proc_exit(1) };
+            }
+        } else {
+            crate::stats::update(&row.id, |c| add(c, &counted));
+            crate::stats::add_tables(&row.id, &done.tables);
+        }
+        if counted.duplicate_events_filtered > 0 {
+            pgrx::log!(
+                "pg_cdc sink \"{}\": skipped {} events its destination holds already (checkpoint {})",
+                row.name,
+                counted.duplicate_events_filtered,
+                run.checkpoint.map(|c| c.end_lsn).unwrap_or_default()
+            );
+        }
+        let Some(lsn) = done.target else { return true };
+        // The lookup copies first: after a crash between the two they are ahead of the slot,
+        // which they know (their position) and skip; behind it they would miss changes.
+        let flush = run.assembler.lookups_mut().take_flush();
+        if !flush.is_empty() {
+            let Some(schema) = self.schema.clone() else { return false };
+            if let Err(e) = run_tx(|| lookups::write(&schema, &row.id, &flush)) {
+                self.fail(id, SinkState::Error, format!("cannot save the lookup copies of sink \"{}\": {e}", row.name));
+                return false;
+            }
+        }
+        let Some(run) = self.sinks.get_mut(id) else { return false };
+        run.delivered = Some(lsn);
+        run.add_progress(&done.progress);
+        if !done.exactly_once {
+            crate::stats::update(&row.id, |c| c.committed_lsn = c.committed_lsn.max(lsn.0));
+        }
+        true
     }
 
     /// Abandons a sink's open delivery (the events are read again later) and counts it.

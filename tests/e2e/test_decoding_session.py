@@ -3,8 +3,8 @@ slot held by the worker between reads, and the WAL reader's buffers surviving th
 transaction."""
 import time
 
-from conftest import (consume, delivery_status, hold_worker, server_log, server_log_size, server_settings,
-                      sink_state, wait_for, worker_pid)
+from conftest import (consume, delivery_status, hold_worker, progress_records, server_log, server_log_size,
+                      server_settings, sink_state, wait_for, worker_pid)
 
 
 def captured_sink(pg, sinks, prefix, unique, columns, warm_up):
@@ -150,3 +150,43 @@ def test_deliveries_confirmed_together_record_every_event(pg, sinks, unique):
     assert recorded == {a: 1501, b: 500}
     for t in (a, b):
         pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_a_backlog_is_read_while_the_unit_before_commits_and_arrives_once(pg, sinks, unique):
+    """Decoding and delivery overlap: while one unit of a backlog commits on the sink's delivery
+    thread, the worker reads and encodes the next. Oracles: the rows the test wrote (each id
+    exactly once in the topic, read_committed, and counted once in `_cdc_offsets`), the sink's
+    checkpoints (strictly increasing, one per Kafka transaction), and the slot, which must reach
+    the last checkpoint. Fails with the overlap turned off (`reads_overlapped` stays 0)."""
+    t, topic, name = captured_sink(pg, sinks, "overlap", unique, "id int PRIMARY KEY, pad text", "0, 'warm-up'")
+    pid = worker_pid(pg, name)
+    before = delivery_status(pg, name)
+    # 40 transactions of 1,000 rows, read 5,000 messages at a time: units of about 5 transactions.
+    with server_settings({"cdc.batch_changes": 5000}):
+        with hold_worker(pg):
+            pg.execute(f"DO $$ BEGIN FOR i IN 0..39 LOOP INSERT INTO {t} SELECT i * 1000 + g, repeat('x', 100) "
+                       f"FROM generate_series(1, 1000) g; COMMIT; END LOOP; END $$")
+        got = consume(topic, 40_001, timeout=120)
+    ids = [m["value"]["after"]["id"] for m in got]
+    assert sorted(ids) == list(range(0, 40_001)), "every row exactly once"
+    slot = pg.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0]
+
+    def caught_up():
+        committed = delivery_status(pg, name)["offset_tracking"]["committed_offset"]
+        confirmed = pg.execute("SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::int8 FROM pg_replication_slots "
+                               "WHERE slot_name = %s", (slot,)).fetchone()[0]
+        return confirmed == committed and (committed, confirmed)
+
+    wait_for(caught_up, what="the slot confirmed up to the sink's last checkpoint")
+    after = delivery_status(pg, name)
+    assert worker_pid(pg, name) == pid, "no restart"
+    overlapped = after["decoding"]["reads_overlapped"] - before["decoding"]["reads_overlapped"]
+    units = (after["transaction_status"]["committed_transactions"]
+             - before["transaction_status"]["committed_transactions"])
+    print(f"\n{units} Kafka transactions, {overlapped} reads made while the one before committed")
+    assert overlapped >= 1, "no read ran while a unit was committing"
+    checkpoints = progress_records(pg, name)
+    assert checkpoints == sorted(set(checkpoints)), "checkpoints strictly increasing"
+    recorded = pg.execute("SELECT events_published FROM _cdc_offsets WHERE sink_name = %s", (name,)).fetchone()[0]
+    assert recorded == 40_001
+    pg.execute("SELECT cdc_disable(%s)", (t,))

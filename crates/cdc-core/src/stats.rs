@@ -50,6 +50,9 @@ pub struct DeliveryCounters {
     /// Row changes (and TRUNCATEs) of tables the sink does not carry (`tables`), dropped in
     /// decoding before the output plugin formatted them.
     pub changes_skipped: u64,
+    /// Reads that ran while the unit before was still being committed on the sink's delivery
+    /// thread (decoding and delivery overlapping).
+    pub reads_overlapped: u64,
 }
 
 /// Filter and transformation counts of one table in one sink's pipeline (`cdc_filter_metrics`).
@@ -217,6 +220,7 @@ impl DeliveryStatus<'_> {
                 "wal_decoded_bytes": c.wal_decoded_bytes,
                 "sessions_started": c.decoding_sessions,
                 "changes_skipped": c.changes_skipped,
+                "reads_overlapped": c.reads_overlapped,
             },
             "compliance_metrics": {
                 "pii_redactions": c.pii_redactions,

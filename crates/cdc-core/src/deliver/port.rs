@@ -106,6 +106,12 @@ pub trait Sink {
     /// flush). May wait while its local queue is full; returns what it queued.
     fn send(&mut self, events: &[Event]) -> Result<PublishStats, SinkError>;
 
+    /// [`Sink::send`], given the events to keep: a sink that hands them to another thread
+    /// ([`super::handoff::DeliveryThread`]) takes them without a copy.
+    fn send_owned(&mut self, events: Vec<Event>) -> Result<PublishStats, SinkError> {
+        self.send(&events)
+    }
+
     /// Returns once everything sent since the last flush is acknowledged; a transactional sink
     /// commits its unit with `checkpoint` in it (a unit holding only the checkpoint when nothing
     /// was sent).

@@ -255,7 +255,7 @@ fn send_whole(u: &mut Unit<'_>, inputs: &Inputs<'_>, frames: &[RawFrame], b: &mu
         return Ok(());
     }
     let out = u.assembler.process(frames, inputs.tables, u.types).map_err(Failure::pipeline)?;
-    for t in &out.transactions {
+    for t in out.transactions {
         if inputs.delivered(t.commit_lsn) {
             b.counted.duplicate_events_detected += t.events.len() as u64;
             if inputs.dedup {
@@ -268,9 +268,9 @@ fn send_whole(u: &mut Unit<'_>, inputs: &Inputs<'_>, frames: &[RawFrame], b: &mu
             b.counted.source_transactions_delivered += 1;
         }
         add_counts(&mut b.tables, &t.counters);
-        send(u, inputs, &t.events, t.commit_lsn, t.commit_time, b)?;
         let mut touched = Vec::new();
         add_tables(&mut touched, &t.events);
+        send(u, inputs, t.events, t.commit_lsn, t.commit_time, b)?;
         count_transaction(b, &touched);
     }
     if out.confirm_lsn.is_some() {
@@ -331,8 +331,8 @@ fn send_large(u: &mut Unit<'_>, inputs: &Inputs<'_>, b: &mut Batch) -> Result<()
             b.counted.source_transactions_delivered += 1;
             first_piece = false;
         }
-        send(u, inputs, &events, lt.commit_lsn(), lt.commit_time(), b)?;
         add_tables(&mut touched, &events);
+        send(u, inputs, events, lt.commit_lsn(), lt.commit_time(), b)?;
         if let Some(n) = done {
             u.source.seek(at + n as u64);
             break;
@@ -395,7 +395,7 @@ fn fetch_inside(u: &mut Unit<'_>, begin: u64, b: &mut Batch) -> Result<Vec<RawFr
 fn send(
     u: &mut Unit<'_>,
     inputs: &Inputs<'_>,
-    events: &[Event],
+    events: Vec<Event>,
     commit_lsn: Lsn,
     commit_time: i64,
     b: &mut Batch,
@@ -403,6 +403,7 @@ fn send(
     if events.is_empty() {
         return Ok(());
     }
+    let tables = per_table(&events);
     if !b.sent {
         if let Some(f) = inputs.on_open {
             f();
@@ -410,14 +411,10 @@ fn send(
         b.opened_at = Some(std::time::Instant::now());
     }
     b.sent = true;
-    let stats = u.sink.send(events).map_err(Failure::sink)?;
+    let stats = u.sink.send_owned(events).map_err(Failure::sink)?;
     b.counted.events_delivered += stats.events;
     b.counted.bytes_delivered += stats.bytes;
-    let sent = Sent {
-        commit_unix_micros: pg_to_unix_micros(commit_time),
-        sent_unix_micros: unix_micros_now(),
-        tables: per_table(events),
-    };
+    let sent = Sent { commit_unix_micros: pg_to_unix_micros(commit_time), sent_unix_micros: unix_micros_now(), tables };
     for &(oid, n) in &sent.tables {
         let p = b.progress.entry(oid).or_default();
         p.events += n;
