@@ -79,6 +79,8 @@ impl Shared {
 pub struct DeliveryThread {
     commands: mpsc::Sender<Command>,
     done: mpsc::Receiver<Flushed>,
+    /// Events the sink took, coming back to be freed here (see [`serve`]).
+    sent: mpsc::Receiver<Vec<Event>>,
     shared: Arc<Shared>,
     mode: DeliveryMode,
     /// Flushes handed over and not reported yet.
@@ -106,11 +108,14 @@ impl DeliveryThread {
     pub fn with_queue(sink: Box<dyn Sink + Send>, queue_bytes: usize) -> std::io::Result<DeliveryThread> {
         let (commands, rx) = mpsc::channel();
         let (tx, done) = mpsc::channel();
+        let (back, sent) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         let mode = sink.delivery_mode();
         let theirs = Arc::clone(&shared);
-        std::thread::Builder::new().name("pg_cdc delivery".into()).spawn(move || serve(sink, &rx, &tx, &theirs))?;
-        Ok(DeliveryThread { commands, done, shared, mode, in_flight: 0, queue_bytes, interrupt: None })
+        std::thread::Builder::new()
+            .name("pg_cdc delivery".into())
+            .spawn(move || serve(sink, &rx, &tx, &back, &theirs))?;
+        Ok(DeliveryThread { commands, done, sent, shared, mode, in_flight: 0, queue_bytes, interrupt: None })
     }
 
     /// Installs a check polled while the reading thread waits for room in the queue or for a
@@ -186,6 +191,8 @@ impl Sink for DeliveryThread {
     }
 
     fn send_owned(&mut self, events: Vec<Event>) -> Result<PublishStats, SinkError> {
+        // Free what the sink took since the last send, on this thread (see `serve`).
+        while self.sent.try_recv().is_ok() {}
         let bytes = event_bytes(&events);
         // Room first (a unit larger than the whole queue still goes, once the queue is empty).
         while self.shared.queued_bytes.load(Ordering::Acquire) > 0
@@ -198,6 +205,7 @@ impl Sink for DeliveryThread {
                 return Err(interrupted());
             }
             std::thread::sleep(ROOM_WAIT);
+            while self.sent.try_recv().is_ok() {}
         }
         if let Some(e) = self.shared.failure() {
             return Err(e);
@@ -238,11 +246,15 @@ impl Sink for DeliveryThread {
     }
 }
 
-/// The delivery thread: takes commands in order until the reading side hangs up.
+/// The delivery thread: takes commands in order until the reading side hangs up. The events it
+/// sent go back to the reading thread to be freed there: they were allocated there, and glibc
+/// frees a block in the arena of the thread that allocated it, under that arena's lock, so freeing
+/// them here made the two threads contend for the reading thread's arena.
 fn serve(
     mut sink: Box<dyn Sink + Send>,
     commands: &mpsc::Receiver<Command>,
     done: &mpsc::Sender<Flushed>,
+    back: &mpsc::Sender<Vec<Event>>,
     shared: &Shared,
 ) {
     // Sent since the last flush: a unit is open in the sink.
@@ -253,13 +265,14 @@ fn serve(
             Command::Send(events, bytes) => {
                 if !skip {
                     open = true;
-                    if let Err(e) = sink.send_owned(events) {
+                    if let Err(e) = sink.send(&events) {
                         shared.fail(&e);
                         sink.abort();
                         open = false;
                     }
                 }
                 shared.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+                let _ = back.send(events);
             }
             Command::Flush(checkpoint) => {
                 let result = match shared.failure() {
