@@ -1120,6 +1120,11 @@ impl Worker {
             }
         };
         let rows = batch.rows;
+        // A large unit commits on the delivery thread while the next is read (see OVERLAP_ROWS).
+        // Not for a sink with lookup tables: their copies are written before the slot is
+        // confirmed, and must not hold changes of a unit not yet delivered (a failed delivery
+        // would read it again against a copy ahead of its commit).
+        let overlap = rows >= OVERLAP_ROWS && !stop_requested() && !run.assembler.has_lookups();
         let mut handed = Handed {
             awaiting: false,
             flushed: plan.flush,
@@ -1135,11 +1140,14 @@ impl Worker {
         };
         if let Some(producer) = run.producer.as_mut() {
             if let Some(checkpoint) = plan.flush {
-                // An in-database sink flushed in the read's transaction already; a sink on a
-                // delivery thread flushes there while the next unit is read.
+                // An in-database sink flushed in the read's transaction already; a large unit is
+                // flushed on the delivery thread while the next is read, and so is one queued
+                // behind a flush in flight; the others here.
                 let flushed = match producer {
                     _ if preflushed.is_some() => Ok(()),
-                    Producer::Threaded(t) => t.start_flush(checkpoint).map(|()| handed.awaiting = true),
+                    Producer::Threaded(t) if overlap || t.in_flight() > 0 => {
+                        t.start_flush(checkpoint).map(|()| handed.awaiting = true)
+                    }
                     p => p.sink().flush(checkpoint),
                 };
                 if let Err(e) = flushed {
@@ -1165,12 +1173,7 @@ impl Worker {
             return false;
         };
         run.handed.push_back(handed);
-        // A large unit stays in flight while the next is read (see OVERLAP_ROWS). Not for a sink
-        // with lookup tables: their copies are written before the slot is confirmed, and must
-        // not hold changes of a unit not yet delivered (a failed delivery would read it again
-        // against a copy ahead of its commit).
-        let keep = usize::from(rows >= OVERLAP_ROWS && !stop_requested() && !run.assembler.has_lookups());
-        if !self.settle(id, keep) {
+        if !self.settle(id, usize::from(overlap)) {
             return false;
         }
         // Confirm what was delivered: at once after a pass that read nothing or the first delivery
@@ -1211,9 +1214,12 @@ impl Worker {
             let Some(front) = run.handed.front() else { return true };
             if front.awaiting {
                 let awaited = run.handed.iter().filter(|h| h.awaiting).count();
-                let Some(Producer::Threaded(t)) = run.producer.as_mut() else {
-                    run.handed.clear();
-                    return true;
+                let Some(Producer::Threaded(t)) =
+                    run.producer.as_mut().filter(|p| matches!(p, Producer::Threaded(t) if t.in_flight() > 0))
+                else {
+                    // Nothing to wait for (cannot happen: each awaited unit has a flush in flight).
+                    self.fail(id, SinkState::Retrying, "a delivery's report was lost".into());
+                    return false;
                 };
                 let report = if awaited > keep {
                     // Bounded by the sink's own timeouts; when stopping, its interrupt ends it

@@ -129,7 +129,8 @@ impl Sink for MemorySink {
     }
 
     fn flush(&mut self, checkpoint: Checkpoint) -> Result<(), SinkError> {
-        if let Some(SinkFault::Flush(class)) = self.fault.take() {
+        if let Some(SinkFault::Flush(class)) = self.fault {
+            self.fault = None;
             return Err(SinkError { class, message: "flush failed (planned)".into() });
         }
         self.committed.push((std::mem::take(&mut self.open_unit), checkpoint));
