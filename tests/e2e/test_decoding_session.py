@@ -23,6 +23,19 @@ def wal_lsn(pg):
     return pg.execute("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8").fetchone()[0]
 
 
+def wait_slot_at_checkpoint(pg, name):
+    """Waits until the sink's slot is confirmed exactly up to its last checkpoint (once the load stops)."""
+    slot = pg.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0]
+
+    def caught_up():
+        committed = delivery_status(pg, name)["offset_tracking"]["committed_offset"]
+        confirmed = pg.execute("SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::int8 FROM pg_replication_slots "
+                               "WHERE slot_name = %s", (slot,)).fetchone()[0]
+        return confirmed == committed and (committed, confirmed)
+
+    wait_for(caught_up, what="the slot confirmed up to the sink's last checkpoint")
+
+
 def test_each_wal_record_is_decoded_once_across_many_reads(pg, sinks, unique):
     """With the peek every read decoded again from the slot's restart position; the session keeps
     decoding where it stopped. Oracle: PostgreSQL's own WAL positions (the WAL written while the
@@ -134,15 +147,7 @@ def test_deliveries_confirmed_together_record_every_event(pg, sinks, unique):
                f"IF i % 3 = 0 THEN INSERT INTO {b} VALUES (i); END IF; COMMIT; "
                f"IF i % 25 = 0 THEN PERFORM pg_sleep(0.02); END IF; END LOOP; END $$")
     assert len(consume(topic, 2001, timeout=120)) == 2001
-    slot = pg.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0]
-
-    def caught_up():
-        committed = delivery_status(pg, name)["offset_tracking"]["committed_offset"]
-        confirmed = pg.execute("SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::int8 FROM pg_replication_slots "
-                               "WHERE slot_name = %s", (slot,)).fetchone()[0]
-        return confirmed == committed and (committed, confirmed)
-
-    wait_for(caught_up, what="the slot confirmed up to the sink's last checkpoint")
+    wait_slot_at_checkpoint(pg, name)
     delivered = delivery_status(pg, name)["transaction_status"]["committed_transactions"] - before
     print(f"\n{delivered} Kafka transactions for 1,500 source transactions")
     recorded = dict(pg.execute("SELECT table_name, events_published FROM _cdc_offsets WHERE sink_name = %s",
@@ -169,15 +174,7 @@ def test_a_backlog_is_read_while_the_unit_before_commits_and_arrives_once(pg, si
         got = consume(topic, 40_001, timeout=120)
     ids = [m["value"]["after"]["id"] for m in got]
     assert sorted(ids) == list(range(0, 40_001)), "every row exactly once"
-    slot = pg.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0]
-
-    def caught_up():
-        committed = delivery_status(pg, name)["offset_tracking"]["committed_offset"]
-        confirmed = pg.execute("SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::int8 FROM pg_replication_slots "
-                               "WHERE slot_name = %s", (slot,)).fetchone()[0]
-        return confirmed == committed and (committed, confirmed)
-
-    wait_for(caught_up, what="the slot confirmed up to the sink's last checkpoint")
+    wait_slot_at_checkpoint(pg, name)
     after = delivery_status(pg, name)
     assert worker_pid(pg, name) == pid, "no restart"
     overlapped = after["decoding"]["reads_overlapped"] - before["decoding"]["reads_overlapped"]
