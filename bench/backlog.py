@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_bench import (Sampler, capture_pids, cpu_seconds, delivered, drop_sinks, private_kib,  # noqa: E402
-                       quiet_start, wait_until, wal_marks, write_report)
+from e2e_bench import (Sampler, capture_pids, captured_table, cpu_seconds, delivered, drop_sinks,  # noqa: E402
+                       private_kib, quiet_start, wait_until, wal_marks, write_report)
 
 TABLE = "backlog_bench"
 SINK = "backlog_bench"
@@ -33,9 +33,7 @@ def main():
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
     env, kafka, conn = quiet_start("backlog")
-    conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
-    conn.execute(f"CREATE TABLE {TABLE} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, pad text)")
-    conn.execute("SELECT cdc_enable(%s, '{}')", (TABLE,))
+    captured_table(conn, TABLE, "id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, pad text")
     started, load0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), os.getloadavg()
     cfg = {"bootstrap_servers": env.bootstrap, "topic": kafka.topic("backlog"), "tables": [TABLE],
            "exactly_once": True}

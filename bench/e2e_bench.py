@@ -565,6 +565,13 @@ def quiet_start(bench):
     return env, kafka, conn
 
 
+def captured_table(conn, table, columns):
+    """Creates `table` afresh with `columns` and captures it (the default capture config)."""
+    conn.execute(f"DROP TABLE IF EXISTS {table}")
+    conn.execute(f"CREATE TABLE {table} ({columns})")
+    conn.execute("SELECT cdc_enable(%s, '{}')", (table,))
+
+
 def delivered(conn, sink):
     """Events the sink delivered (cdc_delivery_status)."""
     return conn.execute("SELECT (cdc_delivery_status(%s)->'delivered'->>'events')::bigint", (sink,)).fetchone()[0]

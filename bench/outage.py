@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_bench import (LatencyCollector, delivered, drop_sinks, percentile, pg_cdc_commit_us,  # noqa: E402
+from e2e_bench import (LatencyCollector, captured_table, delivered, drop_sinks, percentile, pg_cdc_commit_us,  # noqa: E402
                        quiet_start, wait_until, write_report)
 from idle_sinks import pgbench  # noqa: E402
 
@@ -93,10 +93,8 @@ def main():
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
     env, kafka, conn = quiet_start("outage")
-    conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
-    conn.execute(f"CREATE TABLE {TABLE} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account int, "
-                 "note text, created_at timestamptz DEFAULT now())")
-    conn.execute("SELECT cdc_enable(%s, '{}')", (TABLE,))
+    captured_table(conn, TABLE, "id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account int, note text, "
+                   "created_at timestamptz DEFAULT now()")
     script = Path(env.run_root) / "outage_insert.sql"
     script.write_text("\\set a random(1, 100000)\n"
                       f"INSERT INTO {TABLE} (account, note) VALUES (:a, repeat('x', 130));\n")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_bench import (capture_pids, cpu_seconds, delivered, drop_sinks, quiet_start, wait_until,  # noqa: E402
+from e2e_bench import (capture_pids, captured_table, cpu_seconds, delivered, drop_sinks, quiet_start, wait_until,  # noqa: E402
                        wal_marks, write_report)
 
 TABLE = "shared_bench"
@@ -71,9 +71,7 @@ def main():
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
     env, kafka, conn = quiet_start("shared_table")
-    conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
-    conn.execute(f"CREATE TABLE {TABLE} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, pad text)")
-    conn.execute("SELECT cdc_enable(%s, '{}')", (TABLE,))
+    captured_table(conn, TABLE, "id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, pad text")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load0 = os.getloadavg()
     try:
