@@ -1214,12 +1214,13 @@ impl Worker {
             let Some(front) = run.handed.front() else { return true };
             if front.awaiting {
                 let awaited = run.handed.iter().filter(|h| h.awaiting).count();
-                let Some(Producer::Threaded(t)) =
-                    run.producer.as_mut().filter(|p| matches!(p, Producer::Threaded(t) if t.in_flight() > 0))
-                else {
-                    // Nothing to wait for (cannot happen: each awaited unit has a flush in flight).
-                    self.fail(id, SinkState::Retrying, "a delivery's report was lost".into());
-                    return false;
+                let t = match run.producer.as_mut() {
+                    Some(Producer::Threaded(t)) if t.in_flight() > 0 => t,
+                    _ => {
+                        // Nothing to wait for (cannot happen: each awaited unit has a flush in flight).
+                        self.fail(id, SinkState::Retrying, "a delivery's report was lost".into());
+                        return false;
+                    }
                 };
                 let report = if awaited > keep {
                     // Bounded by the sink's own timeouts; when stopping, its interrupt ends it

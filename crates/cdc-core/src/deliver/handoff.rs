@@ -57,16 +57,14 @@ pub struct Flushed {
     pub at_unix_micros: i64,
 }
 
-/// The sink, shared by both threads: the reading thread uses it only while nothing is queued or
-/// in flight, so the two never wait for each other.
-type Shared<T> = Arc<Mutex<T>>;
-
 struct State {
     queued_bytes: AtomicUsize,
     /// The first failure (or the caller's abort): later sends and flushes fail with it, and the
     /// thread skips what is queued.
     failed: Mutex<Option<SinkError>>,
-    sink: Shared<Box<dyn Sink + Send>>,
+    /// The sink, shared by both threads: the reading thread uses it only while nothing is queued
+    /// or in flight, so the two never wait for each other.
+    sink: Mutex<Box<dyn Sink + Send>>,
 }
 
 impl State {
@@ -137,11 +135,8 @@ impl DeliveryThread {
         let (tx, done) = mpsc::channel();
         let (back, sent) = mpsc::channel();
         let mode = sink.delivery_mode();
-        let state = Arc::new(State {
-            queued_bytes: AtomicUsize::new(0),
-            failed: Mutex::new(None),
-            sink: Arc::new(Mutex::new(sink)),
-        });
+        let state =
+            Arc::new(State { queued_bytes: AtomicUsize::new(0), failed: Mutex::new(None), sink: Mutex::new(sink) });
         let theirs = Arc::clone(&state);
         std::thread::Builder::new().name("pg_cdc delivery".into()).spawn(move || serve(&theirs, &rx, &tx, &back))?;
         Ok(DeliveryThread { commands, done, sent, state, mode, in_flight: 0, unit: None, queue_bytes, interrupt: None })
