@@ -12,10 +12,14 @@ two at once) and the limits around them, and writes bench/results/e2e.md, e2e.cs
 - the limits, on the very WAL pg_cdc just decoded: decoding alone (pg_logical_slot_peek_binary_changes
   on a second slot), the same changes streamed by pg_recvlogical to /dev/null, and Kafka's own
   producer (org.apache.kafka.tools.ProducerPerformance) for records of the size pg_cdc produced;
-- end-to-end latency at fixed rates (pgbench -R, one single-row INSERT per transaction):
+- end-to-end latency at fixed rates, 1,000, 5,000 and 10,000 tx/s offered (pgbench -R, one single-row
+  INSERT per transaction; what pgbench achieved is reported next to it):
   Kafka's LogAppendTime minus the commit time the event carries, and the time a read_committed
   consumer received it minus that commit time;
-- source overhead: pgbench TPC-B TPS with capture off, with pg_cdc on and with Debezium on;
+- a steady 2,000 single-row tx/s into one table with one exactly-once sink, alone and next to 20 idle
+  sinks (each on an idle table of its own): the busy sink's p50/p99 and the CPU of pg_cdc's processes;
+- source overhead: pgbench TPC-B TPS with capture off, with pg_cdc on and with Debezium on, on shared
+  cores and pinned (PostgreSQL and pgbench on one CPU, the broker and the capturing processes on the other);
 - pg_cdc worker memory (private: Private_Clean + Private_Dirty + Swap from /proc/PID/smaps_rollup)
   at steady state and during one 1,000,000-row transaction.
 
@@ -167,6 +171,9 @@ class Sizes:
     pgbench_rounds: int     # rounds of (off, pg_cdc, Debezium)
     pgbench_scale: int
     big_rows: int           # rows of the one large transaction
+    steady_rate: int        # steady section: single-row transactions per second into one captured table
+    steady_seconds: int     # length of each steady run
+    steady_idle: int        # idle sinks next to the busy one in the second steady run
 
     @property
     def warmup(self):
@@ -174,11 +181,11 @@ class Sizes:
         return max(2_000, self.events // 10)
 
 
-FULL = Sizes(events=300_000, latency_seconds=30, rates=(1000, 5000), pgbench_seconds=20, pgbench_rounds=2,
-             pgbench_scale=10, big_rows=1_000_000)
+FULL = Sizes(events=300_000, latency_seconds=30, rates=(1000, 5000, 10000), pgbench_seconds=20, pgbench_rounds=2,
+             pgbench_scale=10, big_rows=1_000_000, steady_rate=2000, steady_seconds=20, steady_idle=20)
 QUICK = Sizes(events=50_000, latency_seconds=10, rates=(1000, 5000), pgbench_seconds=8, pgbench_rounds=1,
-              pgbench_scale=5, big_rows=200_000)
-SECTIONS = ("throughput", "latency", "overhead", "memory")
+              pgbench_scale=5, big_rows=200_000, steady_rate=2000, steady_seconds=8, steady_idle=5)
+SECTIONS = ("throughput", "latency", "steady", "overhead", "memory")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,7 +524,9 @@ def cleanup_database(conn):
         progress_topics.append("pg_cdc.progress." + slot.removeprefix("_cdc_"))
         conn.execute("SELECT cdc_drop_sink(%s)", (name,))
     captured = {r[0] for r in conn.execute("SELECT table_name FROM _cdc_publications").fetchall()}
-    for t in BENCH_TABLES + PGBENCH_TABLES:
+    steady = [r[0] for r in conn.execute(r"SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+                                         r"AND tablename LIKE 'bench\_steady\_%'").fetchall()]
+    for t in BENCH_TABLES + PGBENCH_TABLES + tuple(steady):
         if t in captured:
             conn.execute("SELECT cdc_disable(%s)", (t,))
         conn.execute(f"DROP TABLE IF EXISTS {t}")
@@ -586,6 +595,70 @@ def drop_sinks(conn, names):
                                     ).fetchone()[0] == 0, 120, "the dropped sinks' slots gone")
 
 
+def pgbench_at_rate(env, script, rate, seconds):
+    """pgbench with 8 clients running `script` at `rate` transactions per second for `seconds`;
+    returns the transactions it processed."""
+    out = subprocess.run([str(env.pg_bin / "pgbench"), "-h", env.pg_host, "-p", env.pg_port, "-U", env.pg_user,
+                          "-n", "-f", str(script), "-c", "8", "-j", "2", "-R", str(rate), "-T", str(seconds), env.pg_db],
+                         capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"number of transactions actually processed: (\d+)", out).group(1))
+
+
+STEADY_BUSY = "bench_steady_busy"
+STEADY_SCRIPT = ("\\set a random(1, 100000)\n"
+                 f"INSERT INTO {STEADY_BUSY} (account, note) VALUES (:a, repeat('x', 130));\n")
+
+
+def steady_tables(conn, idle):
+    """The steady runs' tables, created afresh and captured: one busy table and `idle` idle ones."""
+    captured_table(conn, STEADY_BUSY, "id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account int, note text, "
+                                      "created_at timestamptz DEFAULT now()")
+    for i in range(idle):
+        captured_table(conn, f"bench_steady_idle{i}", "id int PRIMARY KEY, v text")
+    return [STEADY_BUSY] + [f"bench_steady_idle{i}" for i in range(idle)]
+
+
+def steady_run(conn, env, kafka, script, rate, seconds, idle):
+    """One exactly-once Kafka sink on the busy table (steady_tables) and `idle` more, each on an idle
+    table of its own; pgbench runs `script` at `rate` for `seconds` (after 3 s of warm-up). Returns
+    the busy sink's latency (commit time -> seen by a read_committed consumer) and the CPU of every
+    pg_cdc process (launcher and sink workers, utime + stime) over the run. Drops the sinks."""
+    tag = f"{idle}idle"
+    busy_topic = kafka.topic("steady", tag, "busy")
+    names = [f"bench_steady_{tag}_busy"]
+    add = "SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)"
+    conn.execute(add, (names[0], json.dumps({"bootstrap_servers": env.bootstrap, "topic": busy_topic,
+                                             "tables": [STEADY_BUSY], "exactly_once": True})))
+    for i in range(idle):
+        names.append(f"bench_steady_{tag}_{i}")
+        conn.execute(add, (names[-1], json.dumps({"bootstrap_servers": env.bootstrap,
+                                                  "topic": kafka.topic("steady", tag, str(i)),
+                                                  "tables": [f"bench_steady_idle{i}"], "exactly_once": True})))
+    try:
+        wait_until(lambda: conn.execute("SELECT count(*) FROM _cdc_sinks WHERE state = 'running'").fetchone()[0]
+                   == len(names), 120, "every sink running")
+        pgbench_at_rate(env, script, rate, 3)
+        collector = LatencyCollector(kafka, busy_topic, pg_cdc_commit_us, since_us=time.time() * 1_000_000)
+        collector.start()
+        pids = capture_pids(conn)
+        cpu0, t0 = cpu_seconds(pids), time.monotonic()
+        processed = pgbench_at_rate(env, script, rate, seconds)
+        try:
+            collector.wait_for(processed, timeout=180)
+        finally:
+            collector.stop()
+        elapsed, cpu = time.monotonic() - t0, cpu_seconds(pids) - cpu0
+        visible = sorted(collector.visible_ms)
+        workers = [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'")]
+        memory = sorted(m / 1024 for m in map(private_kib, workers) if m is not None) or [0.0]
+        return {"sinks": len(names), "processes": len(pids), "events": processed,
+                "p50": percentile(visible, 50), "p99": percentile(visible, 99),
+                "cores": cpu / elapsed, "cpu_per_100k": cpu / max(processed, 1) * 100_000,
+                "mib_median": memory[len(memory) // 2], "mib_total": sum(memory)}
+    finally:
+        drop_sinks(conn, names)
+
+
 def write_report(out, name, lines):
     """Writes the report's lines to `out`/`name` and prints them."""
     report = "\n".join(lines) + "\n"
@@ -622,6 +695,60 @@ def capture_pids(conn):
     if not pids:
         raise BenchError("no pg_cdc process is running (is pg_cdc in shared_preload_libraries?)")
     return pids
+
+
+def set_affinity(pid, cpus):
+    """Puts every thread of `pid` on `cpus` (threads and children it starts later inherit it)."""
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.sched_setaffinity(int(tid), cpus)
+
+
+def children(pid):
+    """The pids whose parent is `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                status = Path(f"/proc/{entry}/status").read_text()
+                if re.search(rf"^PPid:\s+{pid}$", status, re.M):
+                    found.append(int(entry))
+    return found
+
+
+class Pinning:
+    """The source on one core, the capture on the other: the postmaster and every process it runs
+    (so every backend it forks later, pgbench's included) and pgbench itself on the first CPU; the
+    Kafka broker, the capturing processes (pin_capture) and this script on the second. undo() gives
+    every one of them all CPUs back."""
+
+    def __init__(self, conn, env):
+        self.all = os.sched_getaffinity(0)
+        if len(self.all) < 2:
+            raise BenchError("pinning needs 2 CPUs")
+        self.source, self.capture = {min(self.all)}, self.all - {min(self.all)}
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        self.postmaster = int(re.search(r"^PPid:\s+(\d+)$", Path(f"/proc/{backend}/status").read_text(), re.M).group(1))
+        kafka_pid = env.run_root / "kafka" / "kafka.pid"
+        self.broker = int(kafka_pid.read_text()) if kafka_pid.exists() else None
+        self.prefix = ["taskset", "-c", ",".join(map(str, sorted(self.source)))]
+
+    def apply(self):
+        for pid in [self.postmaster] + children(self.postmaster):
+            set_affinity(pid, self.source)
+        for pid in (self.broker, os.getpid()):
+            if pid:
+                set_affinity(pid, self.capture)
+
+    def pin_capture(self, pids):
+        for pid in pids:
+            set_affinity(pid, self.capture)
+
+    def undo(self):
+        for pid in [self.postmaster] + children(self.postmaster) + [self.broker, os.getpid()]:
+            if pid:
+                set_affinity(pid, self.all)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1000,9 +1127,9 @@ class Bench:
                 except BenchError as e:
                     self.results.note(f"Debezium, latency at {rate} tx/s: {e}")
 
-    def pgbench(self, *args):
-        """Runs pgbench against the benchmark database; returns its output."""
-        return subprocess.run([str(self.env.pg_bin / "pgbench"), "-h", self.env.pg_host, "-p", self.env.pg_port,
+    def pgbench(self, *args, prefix=()):
+        """Runs pgbench against the benchmark database (after `prefix`, e.g. taskset); returns its output."""
+        return subprocess.run([*prefix, str(self.env.pg_bin / "pgbench"), "-h", self.env.pg_host, "-p", self.env.pg_port,
                                "-U", self.env.pg_user, *args, self.env.pg_db],
                               capture_output=True, text=True, check=True).stdout
 
@@ -1036,31 +1163,65 @@ class Bench:
         if system.startswith("pg_cdc"):
             r.add("latency", wl, system, "wal_decoded_ratio", ratio, "WAL decoded / WAL written")
 
+    # -- steady small load, with and without idle sinks ----------------------------------------
+
+    def steady(self):
+        """A steady rate of single-row transactions into one table with one exactly-once sink: that
+        sink alone, then with idle sinks next to it (each on an idle table of its own)."""
+        sz = self.sizes
+        script = self.run_dir / "steady_insert.sql"
+        script.write_text(STEADY_SCRIPT)
+        tables = steady_tables(self.conn, sz.steady_idle)
+        try:
+            for idle in (0, sz.steady_idle):
+                print(f"steady: {sz.steady_rate} tx/s, {idle} idle sinks", flush=True)
+                r = steady_run(self.conn, self.env, self.kafka, script, sz.steady_rate, sz.steady_seconds, idle)
+                wl, system = f"{sz.steady_rate} tx/s", f"{idle} idle sinks"
+                self.results.add("steady", wl, system, "events", r["events"], "events")
+                self.results.add("steady", wl, system, "visible_p50_ms", r["p50"], "ms")
+                self.results.add("steady", wl, system, "visible_p99_ms", r["p99"], "ms")
+                self.results.add("steady", wl, system, "cores", r["cores"], "cores (every pg_cdc process)")
+                self.results.add("steady", wl, system, "cpu_s_per_100k", r["cpu_per_100k"], "CPU s per 100k events")
+                self.results.add("steady", wl, system, "worker_mib_median", r["mib_median"], "MiB")
+        finally:
+            for t in tables:
+                self.conn.execute("SELECT cdc_disable(%s)", (t,))
+                self.conn.execute(f"DROP TABLE {t}")
+
     # -- source overhead ----------------------------------------------------------------------
 
     def overhead(self):
         print("overhead: pgbench -i", flush=True)
         self.pgbench("-i", "-q", "-s", str(self.sizes.pgbench_scale))
         modes = ["capture off", "pg_cdc"] + (["Debezium"] if self.debezium is not None else [])
-        for round_no in range(1, self.sizes.pgbench_rounds + 1):
-            for mode in modes:
-                print(f"overhead: round {round_no}, {mode}", flush=True)
-                try:
-                    tps = self.pgbench_with(mode)
-                except BenchError as e:
-                    self.results.note(f"pgbench with {mode}, round {round_no}: {e}")
-                    continue
-                self.results.add("overhead", f"round {round_no}", mode, "tps", tps, "tx/s (pgbench TPC-B)")
+        for section, pinning in (("overhead", None), ("overhead_pinned", Pinning(self.conn, self.env))):
+            if pinning:
+                pinning.apply()
+            try:
+                for round_no in range(1, self.sizes.pgbench_rounds + 1):
+                    for mode in modes:
+                        print(f"{section}: round {round_no}, {mode}", flush=True)
+                        try:
+                            tps = self.pgbench_with(mode, pinning)
+                        except BenchError as e:
+                            self.results.note(f"pgbench with {mode}, {section} round {round_no}: {e}")
+                            continue
+                        self.results.add(section, f"round {round_no}", mode, "tps", tps, "tx/s (pgbench TPC-B)")
+            finally:
+                if pinning:
+                    pinning.undo()
 
-    def pgbench_with(self, mode):
+    def pgbench_with(self, mode, pinning):
         """One pgbench TPC-B run (4 changes per transaction) with `mode` capturing the four pgbench
         tables. A capturing system first delivers a short warm-up run; after the timed run it must
-        deliver everything, so the next run starts on a quiet machine."""
+        deliver everything, so the next run starts on a quiet machine. With `pinning`, pgbench runs on
+        the source's CPU and the capturing processes on the other."""
         self.conn.execute("VACUUM pgbench_branches, pgbench_tellers")
         self.conn.execute("TRUNCATE pgbench_history")
         timed = ["-n", "-c", "4", "-j", "2", "-T", str(self.sizes.pgbench_seconds)]
+        prefix = pinning.prefix if pinning else []
         if mode == "capture off":
-            return self.pgbench_tps(timed)[0]
+            return self.pgbench_tps(timed, prefix)[0]
         topic = self.kafka.topic("pgbench", mode.lower().replace("_", ""), uuid.uuid4().hex[:4])
         if mode == "pg_cdc":
             for t in PGBENCH_TABLES:
@@ -1071,10 +1232,12 @@ class Bench:
             system = self.debezium.run(f"pgbench_{uuid.uuid4().hex[:6]}", topic, PGBENCH_TABLES)
         counter = Counter(self.kafka, topic)
         try:
-            with system:
-                _, warm = self.pgbench_tps(["-n", "-c", "1", "-t", "200"])
+            with system as capture:
+                if pinning:
+                    pinning.pin_capture(capture.pids)
+                _, warm = self.pgbench_tps(["-n", "-c", "1", "-t", "200"], prefix)
                 counter.wait_for(4 * warm, timeout=120)
-                tps, transactions = self.pgbench_tps(timed)
+                tps, transactions = self.pgbench_tps(timed, prefix)
                 counter.wait_for(4 * (warm + transactions), timeout=300)
         finally:
             counter.close()
@@ -1083,9 +1246,9 @@ class Bench:
                     self.conn.execute("SELECT cdc_disable(%s)", (t,))
         return tps
 
-    def pgbench_tps(self, args):
+    def pgbench_tps(self, args, prefix=()):
         """Runs pgbench; returns (TPS, transactions processed)."""
-        out = self.pgbench(*args)
+        out = self.pgbench(*args, prefix=prefix)
         return (float(re.search(r"tps = ([\d.]+)", out).group(1)),
                 int(re.search(r"number of transactions actually processed: (\d+)", out).group(1)))
 

@@ -10,64 +10,13 @@ launcher and each sink's worker, utime + stime from /proc) as cores over the run
 
 Needs `make up` and a quiet cluster (no other sinks). Writes idle_sinks.md and prints it."""
 import argparse
-import json
 import os
-import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_bench import (LatencyCollector, cpu_seconds, drop_sinks, percentile, pg_cdc_commit_us, private_kib,  # noqa: E402
-                       quiet_start, wait_until, write_report)
-
-PIDS = "SELECT pid FROM pg_stat_activity WHERE backend_type IN ('pg_cdc worker', 'pg_cdc launcher')"
-
-
-def pgbench(env, script, rate, seconds):
-    out = subprocess.run([str(env.pg_bin / "pgbench"), "-h", env.pg_host, "-p", env.pg_port, "-U", env.pg_user,
-                          "-n", "-f", str(script), "-c", "8", "-j", "2", "-R", str(rate), "-T", str(seconds), env.pg_db],
-                         capture_output=True, text=True, check=True).stdout
-    return int(re.search(r"number of transactions actually processed: (\d+)", out).group(1))
-
-
-def add_sink(conn, env, name, topic, table):
-    cfg = {"bootstrap_servers": env.bootstrap, "topic": topic, "tables": [table], "exactly_once": True}
-    conn.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)", (name, json.dumps(cfg)))
-
-
-def measure(conn, env, kafka, script, a, idle):
-    tag = f"{idle}idle"
-    busy_topic = kafka.topic("idle", tag, "busy")
-    names = [f"idle_bench_busy_{tag}"]
-    add_sink(conn, env, names[0], busy_topic, "idle_bench_busy")
-    for i in range(idle):
-        names.append(f"idle_bench_{tag}_{i}")
-        add_sink(conn, env, names[-1], kafka.topic("idle", tag, str(i)), f"idle_bench_t{i}")
-    try:
-        wait_until(lambda: conn.execute("SELECT count(*) FROM _cdc_sinks WHERE state = 'running'").fetchone()[0]
-                   == len(names), 120, "every sink running")
-        pgbench(env, script, a.rate, 3)  # warm-up
-        collector = LatencyCollector(kafka, busy_topic, pg_cdc_commit_us, since_us=time.time() * 1_000_000)
-        collector.start()
-        pids = [r[0] for r in conn.execute(PIDS).fetchall()]
-        cpu0, t0 = cpu_seconds(pids), time.monotonic()
-        processed = pgbench(env, script, a.rate, a.seconds)
-        try:
-            collector.wait_for(processed, timeout=180)
-        finally:
-            collector.stop()
-        elapsed, cpu = time.monotonic() - t0, cpu_seconds(pids) - cpu0
-        visible = sorted(collector.visible_ms)
-        workers = [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'")]
-        memory = sorted(m / 1024 for m in map(private_kib, workers) if m is not None) or [0.0]
-        return {"sinks": len(names), "processes": len(pids), "events": processed,
-                "p50": percentile(visible, 50), "p99": percentile(visible, 99),
-                "cores": cpu / elapsed, "cpu_per_100k": cpu / max(processed, 1) * 100_000,
-                "mib_median": memory[len(memory) // 2], "mib_total": sum(memory)}
-    finally:
-        drop_sinks(conn, names)
+from e2e_bench import STEADY_SCRIPT, quiet_start, steady_run, steady_tables, write_report  # noqa: E402
 
 
 def main():
@@ -78,21 +27,12 @@ def main():
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
     env, kafka, conn = quiet_start("idle_sinks")
-    tables = ["idle_bench_busy"] + [f"idle_bench_t{i}" for i in range(a.idle)]
-    for t in tables:
-        conn.execute(f"DROP TABLE IF EXISTS {t}")
-    conn.execute("CREATE TABLE idle_bench_busy (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account int, "
-                 "note text, created_at timestamptz DEFAULT now())")
-    for i in range(a.idle):
-        conn.execute(f"CREATE TABLE idle_bench_t{i} (id int PRIMARY KEY, v text)")
-    for t in tables:
-        conn.execute("SELECT cdc_enable(%s, '{}')", (t,))
+    tables = steady_tables(conn, a.idle)
     script = Path(env.run_root) / "idle_sinks_insert.sql"
-    script.write_text("\\set a random(1, 100000)\n"
-                      "INSERT INTO idle_bench_busy (account, note) VALUES (:a, repeat('x', 130));\n")
+    script.write_text(STEADY_SCRIPT)
     try:
-        alone = measure(conn, env, kafka, script, a, 0)
-        crowded = measure(conn, env, kafka, script, a, a.idle)
+        alone = steady_run(conn, env, kafka, script, a.rate, a.seconds, 0)
+        crowded = steady_run(conn, env, kafka, script, a.rate, a.seconds, a.idle)
     finally:
         for t in tables:
             conn.execute("SELECT cdc_disable(%s)", (t,))

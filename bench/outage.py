@@ -22,8 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_bench import (LatencyCollector, captured_table, delivered, drop_sinks, percentile, pg_cdc_commit_us,  # noqa: E402
-                       quiet_start, wait_until, write_report)
-from idle_sinks import pgbench  # noqa: E402
+                       pgbench_at_rate, quiet_start, wait_until, write_report)
 
 TABLE = "outage_bench"
 
@@ -66,10 +65,10 @@ def measure(conn, env, kafka, script, a, hung):
     try:
         wait_until(lambda: conn.execute("SELECT state FROM _cdc_sinks WHERE sink_name = %s",
                                         (kafka_sink,)).fetchone()[0] == "running", 120, "the Kafka sink running")
-        pgbench(env, script, a.rate, 3)  # warm-up: the webhook sink is now stuck in its first delivery
+        pgbench_at_rate(env, script, a.rate, 3)  # warm-up: the webhook sink is now stuck in its first delivery
         collector = LatencyCollector(kafka, topic, pg_cdc_commit_us, since_us=time.time() * 1_000_000)
         collector.start()
-        processed = pgbench(env, script, a.rate, a.seconds)
+        processed = pgbench_at_rate(env, script, a.rate, a.seconds)
         try:
             collector.wait_for(processed, timeout=180)
         finally:
