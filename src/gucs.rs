@@ -143,8 +143,8 @@ pub fn init() {
     );
     GucRegistry::define_int_guc(
         c"cdc.max_concurrent_reads",
-        c"Sink workers that read (decode) their slots at the same time; the others wait their turn.",
-        c"Each slot decodes all of the database's WAL; on a primary with few cores, parallel reads by many sinks take CPU from the application. Waiting for a destination (a Kafka commit) holds no turn.",
+        c"Sink workers that read (decode) their slots at the same time, in each of two pools; the others wait their turn.",
+        c"Sinks that sent something in the last second take turns apart from idle ones. Each slot decodes all of the database's WAL; on a primary with few cores, parallel reads by many sinks take CPU from the application. Waiting for a destination (a Kafka commit) holds no turn.",
         &MAX_CONCURRENT_READS,
         1,
         1024,

@@ -2,7 +2,7 @@
 //! capture configs, and orphan-slot sightings.
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cdc_core::config::{checkpoint_interval, parse_stored_capture_config, CaptureConfig};
 use cdc_core::failpoint::{Armed, Failpoint};
@@ -86,6 +86,9 @@ pub struct SinkRun {
     /// Units read and handed to the sink that are not delivered yet, oldest first: their
     /// flushes run on the sink's delivery thread while the next unit is read.
     handed: VecDeque<Handed>,
+    /// When a read last sent something: for [`DELIVERING_FOR`] after it, its reads take turns
+    /// among the delivering sinks, never waiting behind the reads of sinks with nothing to deliver.
+    last_sent: Option<Instant>,
 }
 
 /// A unit read and handed to its sink, waiting to be delivered: what its delivery records.
@@ -363,6 +366,10 @@ fn confirm_or_warn(schema: Option<&str>, run: &mut SinkRun, confirmed: Lsn) {
         pgrx::warning!("pg_cdc sink \"{}\": cannot confirm replication slot {}: {e}", run.row.name, run.row.slot);
     }
 }
+
+/// How long after a read that sent something a sink's reads take the delivering sinks' turns (a
+/// pass in between that finds nothing, woken by WAL of other tables, does not move it back).
+const DELIVERING_FOR: Duration = Duration::from_secs(1);
 
 /// Which read turn a sink waits for when every turn is taken: spreads the waiters over the turns.
 fn read_turn_hint(id: &str) -> u32 {
@@ -751,6 +758,7 @@ impl Worker {
                         unrecorded: HashMap::new(),
                         last_confirm: None,
                         handed: VecDeque::new(),
+                        last_sent: None,
                     },
                 );
             } else if let Some(r) = self.sinks.get_mut(&row.id) {
@@ -989,7 +997,11 @@ impl Worker {
             }
             // Reading (decoding) takes a turn: with many sinks, parallel reads would take the
             // primary's CPU (each slot decodes all WAL). Flushing to the destination holds none.
-            source::take_read_turn(gucs::MAX_CONCURRENT_READS.get(), read_turn_hint(&row.id));
+            // A sink that is delivering takes its turn apart from those that had nothing to
+            // deliver, so idle sinks' reads never queue ahead of it.
+            let delivering = run.last_sent.is_some_and(|t| t.elapsed() < DELIVERING_FOR);
+            let pool = if delivering { source::ReadPool::Delivering } else { source::ReadPool::Idle };
+            source::take_read_turn(gucs::MAX_CONCURRENT_READS.get(), read_turn_hint(&row.id), pool);
             let session = match run.session.as_mut() {
                 Some(s) => s,
                 None => {
@@ -1057,6 +1069,10 @@ impl Worker {
         });
         let (decoded, skipped) = run.session.as_mut().map_or((0, 0), Session::take_counts);
         let read_rows = matches!(&read, Ok(Ok((b, _))) if b.rows > 0);
+        // What it sent, not what it read: an idle sink's read returns its heartbeats.
+        if matches!(&read, Ok(Ok((b, _))) if b.sent) {
+            run.last_sent = Some(Instant::now());
+        }
         crate::stats::update(&row.id, |c| {
             c.wal_decoded_bytes += decoded;
             c.changes_skipped += skipped;
