@@ -43,13 +43,13 @@ pub fn set_session_settings(application_name: &str) {
 /// Which read turns a sink takes (`cdc.max_concurrent_reads` of each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadPool {
-    /// Its last read found nothing for it (or it has not read yet): advisory-lock class
-    /// 6513763, "cdc" in ASCII.
+    /// It sent nothing in the last second (or has not read yet): advisory-lock class 6513763,
+    /// "cdc" in ASCII.
     Idle,
-    /// Its last read found changes for it: class 6513764. Without a pool of their own, a busy
-    /// sink waited behind every idle sink's read (each slot decodes all WAL, so an idle sink next
-    /// to a busy table reads as often as the busy one): measured with 20 idle sinks at 2,000
-    /// tx/s, its p99 went from 0.1 s alone to 1-3 s.
+    /// It sent something in the last second: class 6513764. Without a pool of their own, a busy
+    /// sink queued behind every idle sink's read (each slot decodes all WAL, so an idle sink next
+    /// to a busy table reads as often as the busy one): sampled every 10 ms next to 20 idle sinks
+    /// at 2,000 tx/s, the busy worker was waiting for a turn in 17-32 % of the samples.
     Delivering,
 }
 
