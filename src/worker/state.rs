@@ -86,8 +86,9 @@ pub struct SinkRun {
     /// Units read and handed to the sink that are not delivered yet, oldest first: their
     /// flushes run on the sink's delivery thread while the next unit is read.
     handed: VecDeque<Handed>,
-    /// When a read last sent something: for [`DELIVERING_FOR`] after it, its reads take turns
-    /// among the delivering sinks, never waiting behind the reads of sinks with nothing to deliver.
+    /// When a read last sent something, or a delivery of something ended: for [`DELIVERING_FOR`]
+    /// after it, its reads take turns among the delivering sinks, never waiting behind the reads
+    /// of sinks with nothing to deliver.
     last_sent: Option<Instant>,
 }
 
@@ -367,8 +368,9 @@ fn confirm_or_warn(schema: Option<&str>, run: &mut SinkRun, confirmed: Lsn) {
     }
 }
 
-/// How long after a read that sent something a sink's reads take the delivering sinks' turns (a
-/// pass in between that finds nothing, woken by WAL of other tables, does not move it back).
+/// How long after a read that sent something (or the end of its delivery) a sink's reads take the
+/// delivering sinks' turns (a pass in between that finds nothing, woken by WAL of other tables,
+/// does not move it back).
 const DELIVERING_FOR: Duration = Duration::from_secs(1);
 
 /// Which read turn a sink waits for when every turn is taken: spreads the waiters over the turns.
@@ -1272,6 +1274,11 @@ impl Worker {
     /// progress the next confirm writes.
     fn delivered_unit(&mut self, id: &str, done: Handed) -> bool {
         let Some(run) = self.sinks.get_mut(id) else { return false };
+        if !done.sent_log.is_empty() {
+            // From the end of its delivery too: a slow commit must not move the sink's next read
+            // to the idle sinks' turns.
+            run.last_sent = Some(Instant::now());
+        }
         let row = run.row.clone();
         let mut counted = done.counted;
         if let Some(checkpoint) = done.flushed {

@@ -75,20 +75,24 @@ def test_a_delivering_sink_never_waits_behind_the_reads_of_idle_sinks(pg, sinks,
     one; with one pool of read turns (cdc.max_concurrent_reads) the busy sink queued behind every
     idle sink's read. Sinks that sent something in the last second now take turns apart. The test
     holds every turn of the idle pool, as idle sinks' reads would, and checks by counts that a
-    delivering sink goes on delivering. Control: a new sink, whose first read is in the idle pool,
-    waits for that pool's turn meanwhile."""
-    busy, idle = f"turn_busy_{unique}", f"turn_new_{unique}"
+    delivering sink goes on delivering. Control: a sink that had nothing to send, given a row
+    meanwhile, waits for that pool's turn and delivers nothing until it is free."""
+    busy, idle = f"turn_busy_{unique}", f"turn_idle_{unique}"
     for t in (busy, idle):
         pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
         pg.execute("SELECT cdc_enable(%s)", (t,))
     sinks.add(busy, f"turn-busy-{unique}", tables=[busy])
+    sinks.add(idle, f"turn-idle-{unique}", tables=[idle])
+    # The idle sink has read once: its decoding session holds its slot.
+    wait_for(lambda: pg.execute("SELECT active_pid IS NOT NULL FROM pg_replication_slots JOIN _cdc_sinks "
+                                "USING (slot_name) WHERE sink_name = %s", (idle,)).fetchone() == (True,),
+             what="the idle sink reading")
     pg.execute(f"INSERT INTO {busy} VALUES (0)")
     wait_for(lambda: delivered(pg, busy) == 1, what="the busy sink's first delivery")
     turns = int(pg.execute("SELECT current_setting('cdc.max_concurrent_reads')").fetchone()[0])
     with connect() as holder:
         for k in range(turns):
             holder.execute("SELECT pg_advisory_lock(%s, %s)", (IDLE_TURNS, k))
-        sinks.add(idle, f"turn-new-{unique}", tables=[idle])
         pg.execute(f"INSERT INTO {idle} VALUES (0)")
         # Rows keep coming, each well within a second of the one before.
         for i in range(1, 101):
@@ -98,8 +102,8 @@ def test_a_delivering_sink_never_waits_behind_the_reads_of_idle_sinks(pg, sinks,
         wait_for(lambda: pg.execute("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
                                     "WHERE l.locktype = 'advisory' AND l.classid = %s AND NOT l.granted "
                                     "AND a.backend_type = 'pg_cdc worker'", (IDLE_TURNS,)).fetchone()[0] == 1,
-                 what="the new sink waiting for a read turn of the idle pool")
+                 what="the idle sink waiting for a read turn of the idle pool")
         assert delivered(pg, idle) == 0
-    wait_for(lambda: delivered(pg, idle) == 1, what="the new sink's delivery once the turn is free")
+    wait_for(lambda: delivered(pg, idle) == 1, what="the idle sink's delivery once the turn is free")
     ids = sorted(m["value"]["after"]["id"] for m in consume(f"turn-busy-{unique}", 101))
     assert ids == list(range(101))
