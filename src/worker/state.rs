@@ -86,10 +86,10 @@ pub struct SinkRun {
     /// Units read and handed to the sink that are not delivered yet, oldest first: their
     /// flushes run on the sink's delivery thread while the next unit is read.
     handed: VecDeque<Handed>,
-    /// When a read last sent something, or a delivery of something ended: for [`DELIVERING_FOR`]
-    /// after it, its reads take turns among the delivering sinks, never waiting behind the reads
-    /// of sinks with nothing to deliver.
-    last_sent: Option<Instant>,
+    /// When a delivery of something last ended: while a unit is in flight and for
+    /// [`DELIVERING_FOR`] after that, its reads take turns among the delivering sinks, never
+    /// waiting behind the reads of sinks with nothing to deliver.
+    last_delivered: Option<Instant>,
 }
 
 /// A unit read and handed to its sink, waiting to be delivered: what its delivery records.
@@ -368,9 +368,8 @@ fn confirm_or_warn(schema: Option<&str>, run: &mut SinkRun, confirmed: Lsn) {
     }
 }
 
-/// How long after a read that sent something (or the end of its delivery) a sink's reads take the
-/// delivering sinks' turns (a pass in between that finds nothing, woken by WAL of other tables,
-/// does not move it back).
+/// How long after a delivery of something a sink's reads take the delivering sinks' turns (a pass
+/// in between that finds nothing, woken by WAL of other tables, does not move it back).
 const DELIVERING_FOR: Duration = Duration::from_secs(1);
 
 /// Which read turn a sink waits for when every turn is taken: spreads the waiters over the turns.
@@ -760,7 +759,7 @@ impl Worker {
                         unrecorded: HashMap::new(),
                         last_confirm: None,
                         handed: VecDeque::new(),
-                        last_sent: None,
+                        last_delivered: None,
                     },
                 );
             } else if let Some(r) = self.sinks.get_mut(&row.id) {
@@ -1001,7 +1000,9 @@ impl Worker {
             // primary's CPU (each slot decodes all WAL). Flushing to the destination holds none.
             // A sink that is delivering takes its turn apart from those that had nothing to
             // deliver, so idle sinks' reads never queue ahead of it.
-            let delivering = run.last_sent.is_some_and(|t| t.elapsed() < DELIVERING_FOR);
+            // A unit still in flight counts as delivering, as does one delivered lately.
+            let delivering =
+                !run.handed.is_empty() || run.last_delivered.is_some_and(|t| t.elapsed() < DELIVERING_FOR);
             let pool = if delivering { source::ReadPool::Delivering } else { source::ReadPool::Idle };
             source::take_read_turn(gucs::MAX_CONCURRENT_READS.get(), read_turn_hint(&row.id), pool);
             let session = match run.session.as_mut() {
@@ -1071,10 +1072,6 @@ impl Worker {
         });
         let (decoded, skipped) = run.session.as_mut().map_or((0, 0), Session::take_counts);
         let read_rows = matches!(&read, Ok(Ok((b, _))) if b.rows > 0);
-        // What it sent, not what it read: an idle sink's read returns its heartbeats.
-        if matches!(&read, Ok(Ok((b, _))) if b.sent) {
-            run.last_sent = Some(Instant::now());
-        }
         crate::stats::update(&row.id, |c| {
             c.wal_decoded_bytes += decoded;
             c.changes_skipped += skipped;
@@ -1275,9 +1272,9 @@ impl Worker {
     fn delivered_unit(&mut self, id: &str, done: Handed) -> bool {
         let Some(run) = self.sinks.get_mut(id) else { return false };
         if !done.sent_log.is_empty() {
-            // From the end of its delivery too: a slow commit must not move the sink's next read
-            // to the idle sinks' turns.
-            run.last_sent = Some(Instant::now());
+            // From the end of the delivery, not the read: a slow commit must not move the sink's
+            // next read to the idle sinks' turns (an idle sink's units carry only heartbeats).
+            run.last_delivered = Some(Instant::now());
         }
         let row = run.row.clone();
         let mut counted = done.counted;
