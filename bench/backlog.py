@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_bench import (Sampler, capture_pids, captured_table, cpu_seconds, delivered, drop_sinks,  # noqa: E402
-                       private_kib, quiet_start, wait_until, wal_marks, write_report)
+from e2e_bench import (Sampler, capture_pids, captured_table, cpu_seconds, delivered, drop_captured_tables,  # noqa: E402
+                       drop_sinks, private_kib, quiet_start, wait_until, wal_marks, write_report)
 
 TABLE = "backlog_bench"
 SINK = "backlog_bench"
@@ -71,8 +71,7 @@ def main():
     finally:
         kafka.created.append("pg_cdc.progress." + slot.removeprefix("_cdc_"))
         drop_sinks(conn, [SINK])
-        conn.execute("SELECT cdc_disable(%s)", (TABLE,))
-        conn.execute(f"DROP TABLE {TABLE}")
+        drop_captured_tables(conn, [TABLE])
         kafka.delete(kafka.created)
     load1 = os.getloadavg()
     decoded = marks1[0] - marks0[0]

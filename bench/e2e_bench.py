@@ -595,13 +595,30 @@ def drop_sinks(conn, names):
                                     ).fetchone()[0] == 0, 120, "the dropped sinks' slots gone")
 
 
+def pgbench(env, *args, prefix=()):
+    """Runs pgbench against the benchmark database (after `prefix`, e.g. taskset); returns its output."""
+    return subprocess.run([*prefix, str(env.pg_bin / "pgbench"), "-h", env.pg_host, "-p", env.pg_port,
+                           "-U", env.pg_user, *args, env.pg_db], capture_output=True, text=True, check=True).stdout
+
+
+def pgbench_tps(env, args, prefix=()):
+    """Runs pgbench; returns (TPS, transactions processed)."""
+    out = pgbench(env, *args, prefix=prefix)
+    return (float(re.search(r"tps = ([\d.]+)", out).group(1)),
+            int(re.search(r"number of transactions actually processed: (\d+)", out).group(1)))
+
+
 def pgbench_at_rate(env, script, rate, seconds):
     """pgbench with 8 clients running `script` at `rate` transactions per second for `seconds`;
     returns the transactions it processed."""
-    out = subprocess.run([str(env.pg_bin / "pgbench"), "-h", env.pg_host, "-p", env.pg_port, "-U", env.pg_user,
-                          "-n", "-f", str(script), "-c", "8", "-j", "2", "-R", str(rate), "-T", str(seconds), env.pg_db],
-                         capture_output=True, text=True, check=True).stdout
-    return int(re.search(r"number of transactions actually processed: (\d+)", out).group(1))
+    return pgbench_tps(env, ["-n", "-f", str(script), "-c", "8", "-j", "2", "-R", str(rate), "-T", str(seconds)])[1]
+
+
+def drop_captured_tables(conn, tables):
+    """Stops capturing `tables` and drops them."""
+    for t in tables:
+        conn.execute("SELECT cdc_disable(%s)", (t,))
+        conn.execute(f"DROP TABLE {t}")
 
 
 STEADY_BUSY = "bench_steady_busy"
@@ -1128,10 +1145,7 @@ class Bench:
                     self.results.note(f"Debezium, latency at {rate} tx/s: {e}")
 
     def pgbench(self, *args, prefix=()):
-        """Runs pgbench against the benchmark database (after `prefix`, e.g. taskset); returns its output."""
-        return subprocess.run([*prefix, str(self.env.pg_bin / "pgbench"), "-h", self.env.pg_host, "-p", self.env.pg_port,
-                               "-U", self.env.pg_user, *args, self.env.pg_db],
-                              capture_output=True, text=True, check=True).stdout
+        return pgbench(self.env, *args, prefix=prefix)
 
     def fixed_rate(self, system, topic, commit_us, rate, script, capture):
         """pgbench at `rate` single-row transactions per second (a 3 s warm-up, then the measured
@@ -1184,9 +1198,7 @@ class Bench:
                 self.results.add("steady", wl, system, "cpu_s_per_100k", r["cpu_per_100k"], "CPU s per 100k events")
                 self.results.add("steady", wl, system, "worker_mib_median", r["mib_median"], "MiB")
         finally:
-            for t in tables:
-                self.conn.execute("SELECT cdc_disable(%s)", (t,))
-                self.conn.execute(f"DROP TABLE {t}")
+            drop_captured_tables(self.conn, tables)
 
     # -- source overhead ----------------------------------------------------------------------
 
@@ -1247,10 +1259,7 @@ class Bench:
         return tps
 
     def pgbench_tps(self, args, prefix=()):
-        """Runs pgbench; returns (TPS, transactions processed)."""
-        out = self.pgbench(*args, prefix=prefix)
-        return (float(re.search(r"tps = ([\d.]+)", out).group(1)),
-                int(re.search(r"number of transactions actually processed: (\d+)", out).group(1)))
+        return pgbench_tps(self.env, args, prefix)
 
     # -- one large transaction ----------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_bench import STEADY_SCRIPT, quiet_start, steady_run, steady_tables, write_report  # noqa: E402
+from e2e_bench import STEADY_SCRIPT, drop_captured_tables, quiet_start, steady_run, steady_tables, write_report  # noqa: E402
 
 
 def main():
@@ -34,9 +34,7 @@ def main():
         alone = steady_run(conn, env, kafka, script, a.rate, a.seconds, 0)
         crowded = steady_run(conn, env, kafka, script, a.rate, a.seconds, a.idle)
     finally:
-        for t in tables:
-            conn.execute("SELECT cdc_disable(%s)", (t,))
-            conn.execute(f"DROP TABLE {t}")
+        drop_captured_tables(conn, tables)
         kafka.delete(kafka.created + [t for t in kafka.admin.list_topics(timeout=15).topics
                                       if t.startswith("pg_cdc.progress.")])
     lines = [

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_bench import (LatencyCollector, captured_table, delivered, drop_sinks, percentile, pg_cdc_commit_us,  # noqa: E402
-                       pgbench_at_rate, quiet_start, wait_until, write_report)
+from e2e_bench import (LatencyCollector, captured_table, delivered, drop_captured_tables, drop_sinks,  # noqa: E402
+                       percentile, pg_cdc_commit_us, pgbench_at_rate, quiet_start, wait_until, write_report)
 
 TABLE = "outage_bench"
 
@@ -102,8 +102,7 @@ def main():
         alone = measure(conn, env, kafka, script, a, False)
         hung = measure(conn, env, kafka, script, a, True)
     finally:
-        conn.execute("SELECT cdc_disable(%s)", (TABLE,))
-        conn.execute(f"DROP TABLE {TABLE}")
+        drop_captured_tables(conn, [TABLE])
         kafka.delete(kafka.created + [t for t in kafka.admin.list_topics(timeout=15).topics
                                       if t.startswith("pg_cdc.progress.")])
     load1 = os.getloadavg()

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_bench import (capture_pids, captured_table, cpu_seconds, delivered, drop_sinks, quiet_start, wait_until,  # noqa: E402
-                       wal_marks, write_report)
+from e2e_bench import (capture_pids, captured_table, cpu_seconds, delivered, drop_captured_tables,  # noqa: E402
+                       drop_sinks, quiet_start, wait_until, wal_marks, write_report)
 
 TABLE = "shared_bench"
 
@@ -77,8 +77,7 @@ def main():
     try:
         runs = [measure(conn, env, kafka, a.rows, 1), measure(conn, env, kafka, a.rows, a.sinks)]
     finally:
-        conn.execute("SELECT cdc_disable(%s)", (TABLE,))
-        conn.execute(f"DROP TABLE {TABLE}")
+        drop_captured_tables(conn, [TABLE])
         kafka.delete(kafka.created)
     load1 = os.getloadavg()
     one, many = runs
