@@ -1001,8 +1001,7 @@ impl Worker {
             // A sink that is delivering takes its turn apart from those that had nothing to
             // deliver, so idle sinks' reads never queue ahead of it.
             // A unit still in flight counts as delivering, as does one delivered lately.
-            let delivering =
-                !run.handed.is_empty() || run.last_delivered.is_some_and(|t| t.elapsed() < DELIVERING_FOR);
+            let delivering = !run.handed.is_empty() || run.last_delivered.is_some_and(|t| t.elapsed() < DELIVERING_FOR);
             let pool = if delivering { source::ReadPool::Delivering } else { source::ReadPool::Idle };
             source::take_read_turn(gucs::MAX_CONCURRENT_READS.get(), read_turn_hint(&row.id), pool);
             let session = match run.session.as_mut() {
