@@ -31,6 +31,9 @@ CREATE TABLE public.orders (order_id text PRIMARY KEY, customer_id text, total n
 COMMENT ON TABLE public.orders IS 'pg_cdc demo';
 RESET client_min_messages;
 \o
+-- Rows that exist before the sink: its snapshot delivers them first, as READ events.
+INSERT INTO orders (order_id, customer_id, total, status)
+     VALUES ('ORD-1', 'CUST-1', 20.00, 'shipped'), ('ORD-2', 'CUST-2', 35.50, 'shipped');
 SELECT cdc_enable(table_name => 'orders', config => '{
     "include_columns": ["order_id", "customer_id", "total", "status", "updated_at"],
     "key_columns": ["order_id"], "include_before_image": true, "include_transaction_info": true}'::jsonb) AS publication_id;
@@ -46,20 +49,21 @@ UPDATE orders SET status = 'confirmed' WHERE order_id = 'ORD-12345';
 DELETE FROM orders WHERE order_id = 'ORD-12345';
 SQL
 
-echo "== events read back from Kafka (confluent-kafka, isolation.level=read_committed)"
-"$PG_CDC_VENV/bin/python" "$here/consume.py" --topic "$topic" --count 3 --timeout 60
+echo "== events read back from Kafka (confluent-kafka, isolation.level=read_committed):"
+echo "   the two rows that existed before the sink (READ, from its snapshot) and the three changes"
+"$PG_CDC_VENV/bin/python" "$here/consume.py" --topic "$topic" --count 5 --timeout 60
 
 echo "== a workload: 200 transactions of 10 orders"
 for i in $(seq 1 200); do
   echo "INSERT INTO orders (order_id, customer_id, total, status)
         SELECT 'ORD-$i-' || n, 'CUST-' || n, n * 1.5, 'pending' FROM generate_series(1, 10) n;"
 done | q
-"$PG_CDC_VENV/bin/python" "$here/consume.py" --topic "$topic" --count 2003 --timeout 120 --quiet
+"$PG_CDC_VENV/bin/python" "$here/consume.py" --topic "$topic" --count 2005 --timeout 120 --quiet
 
 echo "== how capture is doing, from SQL (all measured by the worker)"
 # Wait until the slot is confirmed past the workload, so the figures cover all of it.
 for _ in $(seq 1 60); do
-  [ "$(q -At -c "SELECT events_published FROM _cdc_offsets WHERE table_name = 'orders'")" = "2003" ] && break
+  [ "$(q -At -c "SELECT events_published FROM _cdc_offsets WHERE table_name = 'orders'")" = "2005" ] && break
   sleep 0.5
 done
 q <<'SQL'

@@ -35,12 +35,12 @@ CREATE TABLE _cdc_sinks (
     state_since      timestamptz NOT NULL DEFAULT now(),
     -- The labels of cdc_core::state::SinkState, the only strings ever stored here (a unit test
     -- compares the two lists).
-    CONSTRAINT _cdc_sinks_state_check CHECK (state IN ('creating_slot', 'starting', 'running', 'retrying', 'error'))
+    CONSTRAINT _cdc_sinks_state_check CHECK (state IN ('creating_slot', 'starting', 'snapshotting', 'running', 'retrying', 'error'))
 );
 COMMENT ON TABLE _cdc_sinks IS 'pg_cdc: one row per destination (cdc_add_sink / cdc_drop_sink); each has its own logical slot';
 COMMENT ON COLUMN _cdc_sinks.slot_name IS 'the logical replication slot this sink reads (pgoutput over the _cdc_publication publication)';
 COMMENT ON COLUMN _cdc_sinks.table_oids IS 'tables this sink is limited to (config.tables); NULL means every captured table';
-COMMENT ON COLUMN _cdc_sinks.state IS 'creating_slot | starting | running | retrying | error, set by the worker (docs/sql-reference.md)';
+COMMENT ON COLUMN _cdc_sinks.state IS 'creating_slot | starting | snapshotting | running | retrying | error, set by the worker (docs/sql-reference.md)';
 COMMENT ON COLUMN _cdc_sinks.last_error IS 'the last error the worker met for this sink (no secrets)';
 
 CREATE TABLE _cdc_offsets (
@@ -110,10 +110,39 @@ CREATE TABLE _cdc_consumers (
 );
 COMMENT ON TABLE _cdc_consumers IS 'pg_cdc: per in-database sink and consumer name, the last event_id cdc_consume returned';
 
+-- Snapshots (a sink's snapshot_mode initial): which rows of each table were delivered as READ
+-- events, and the chunk in flight (see cdc_core::snapshot).
+CREATE TABLE _cdc_snapshots (
+    snapshot_id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    sink_id          uuid NOT NULL REFERENCES _cdc_sinks ON DELETE CASCADE,
+    table_oid        oid NOT NULL,
+    kind             text NOT NULL CHECK (kind IN ('initial')),
+    state            text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'running', 'done', 'skipped')),
+    chunk_key        text[],
+    last_key         text[],
+    rows_done        bigint NOT NULL DEFAULT 0,
+    rows_estimate    bigint,
+    chunk_watermark  pg_lsn,
+    chunk_last_key   text[],
+    chunk_rows       bigint,
+    chunk_last       boolean,
+    note             text,
+    requested_at     timestamptz NOT NULL DEFAULT now(),
+    started_at       timestamptz,
+    finished_at      timestamptz
+);
+CREATE INDEX _cdc_snapshots_sink ON _cdc_snapshots (sink_id);
+COMMENT ON TABLE _cdc_snapshots IS 'pg_cdc: per sink and table, a snapshot of the rows the table holds (READ events), read in chunks by key';
+COMMENT ON COLUMN _cdc_snapshots.chunk_key IS 'the columns chunks are read by: the replica identity index when the table has one, else the primary key';
+COMMENT ON COLUMN _cdc_snapshots.last_key IS 'key of the last row of the last delivered chunk (NULL: from the start)';
+COMMENT ON COLUMN _cdc_snapshots.chunk_watermark IS 'the chunk read and not known delivered: the end of its watermark message';
+COMMENT ON COLUMN _cdc_snapshots.chunk_last_key IS 'key of that chunk''s last row';
+COMMENT ON COLUMN _cdc_snapshots.chunk_last IS 'that chunk read fewer rows than a chunk holds: the table is done once it is delivered';
+
 -- Catalog rows hold sink configs that may carry credentials, and copies of lookup tables: nobody
 -- but the owner reads them.
 REVOKE ALL ON _cdc_publications, _cdc_sinks, _cdc_offsets, _cdc_lookups, _cdc_lookup_rows, _cdc_table_sinks,
-    _cdc_consumers FROM PUBLIC;
+    _cdc_consumers, _cdc_snapshots FROM PUBLIC;
 
 -- The publication every sink's slot reads. It must exist before any slot is created, because
 -- pgoutput looks it up as of the WAL position being decoded. A leftover from an earlier install is

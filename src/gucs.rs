@@ -52,6 +52,10 @@ pub static TEST_FAILPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CSt
 /// fault-injection suite can prove its oracle detects duplicates.
 pub static TEST_SKIP_DEDUP: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// `cdc.test_skip_snapshot_window`: test-only; delivers every row of a snapshot chunk, also those
+/// changed while it was in flight, so the snapshot tests can prove their oracle sees stale rows.
+pub static TEST_SKIP_SNAPSHOT_WINDOW: GucSetting<bool> = GucSetting::<bool>::new(false);
+
 /// Registers the settings (from `_PG_init`).
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -86,6 +90,14 @@ pub fn init() {
         c"Test only: do not skip transactions already committed to Kafka.",
         c"",
         &TEST_SKIP_DEDUP,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_bool_guc(
+        c"cdc.test_skip_snapshot_window",
+        c"Test only: deliver every row of a snapshot chunk, also rows changed while it was in flight.",
+        c"",
+        &TEST_SKIP_SNAPSHOT_WINDOW,
         GucContext::Sighup,
         GucFlags::SUPERUSER_ONLY,
     );

@@ -55,11 +55,16 @@ SELECT cdc_add_sink('regress_ünïcødé_シンク', 'kafka', '{"bootstrap_serve
 SELECT sink_name FROM _cdc_sinks ORDER BY sink_name COLLATE "C";
 SELECT to_regclass('orders') IS NOT NULL AS orders_still_there;
 
--- A sink added in a transaction that already wrote: the worker creates its slot after COMMIT
--- (NOTICE). Rolled back, it leaves nothing behind.
+-- A sink added in a transaction that already wrote: the worker creates its slot after COMMIT,
+-- and its snapshot covers what commits in between. Rolled back, it leaves nothing behind.
 BEGIN;
 CREATE TABLE regress_tx_marker (id int);
 SELECT cdc_add_sink('regress_in_tx', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "t"}') IS NOT NULL AS added;
+ROLLBACK;
+-- Without a snapshot that would be a silent gap: refused.
+BEGIN;
+CREATE TABLE regress_tx_marker (id int);
+SELECT cdc_add_sink('regress_in_tx', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "t", "snapshot_mode": "never"}');
 ROLLBACK;
 SELECT count(*) AS in_catalog FROM _cdc_sinks WHERE sink_name = 'regress_in_tx';
 -- Rolled back after the slot was created: the catalog row goes away with the transaction.

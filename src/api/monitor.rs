@@ -125,7 +125,7 @@ fn cdc_metrics(table_name: Option<pg_sys::Oid>) -> JsonB {
 
 /// Every pg_cdc figure in the Prometheus text exposition format (version 0.0.4): sink states,
 /// sink types, events, bytes and transactions delivered, duplicates filtered, delivery transactions
-/// committed and aborted,
+/// committed and aborted, snapshot rows delivered and the progress of running snapshots,
 /// retained WAL and lag per slot, filter and enrichment counts, and latency histograms (publish
 /// and end to end per sink, capture and end to end per table). Serve it over HTTP for Prometheus
 /// (`monitoring/scrape.py` in the repository); postgres_exporter reads `cdc_status()` instead.
@@ -166,8 +166,24 @@ fn cdc_prometheus_metrics() -> String {
         &[],
     )
     .unwrap_or_default();
+    let snapshots = crate::api::sinks::has_snapshots(&schema)
+        .then(|| {
+            catalog::json(
+                &format!(
+                    "SELECT coalesce(jsonb_agg(jsonb_build_object('sink', k.sink_name,
+                         'table', coalesce(p.table_name, s.table_oid::regclass::text), 'done', s.rows_done,
+                         'estimate', s.rows_estimate) ORDER BY k.sink_name, s.snapshot_id), '[]')
+                       FROM {schema}._cdc_snapshots s JOIN {schema}._cdc_sinks k USING (sink_id)
+                       LEFT JOIN {schema}._cdc_publications p ON p.table_oid = s.table_oid
+                      WHERE s.state IN ('pending', 'running')"
+                ),
+                &[],
+            )
+        })
+        .flatten()
+        .unwrap_or_default();
     let list = |v: &Value| v.as_array().cloned().unwrap_or_default();
-    let (sinks, offsets, tables) = (list(&sinks), list(&offsets), list(&tables));
+    let (sinks, offsets, tables, snapshots) = (list(&sinks), list(&offsets), list(&tables), list(&snapshots));
     let text = |v: &Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
 
     let mut x = Exposition::new();
@@ -215,8 +231,33 @@ fn cdc_prometheus_metrics() -> String {
             o["n"].as_f64().unwrap_or(0.0),
         );
     }
+    let snapshot_gauges = [
+        (
+            "pg_cdc_snapshot_rows_done",
+            "done",
+            "Rows of a table's snapshot delivered, while it runs (trails by one chunk).",
+        ),
+        (
+            "pg_cdc_snapshot_rows_estimate",
+            "estimate",
+            "Rows the table held when its snapshot started (pg_class.reltuples).",
+        ),
+    ];
+    for (metric, key, help) in snapshot_gauges {
+        x.family(metric, Kind::Gauge, help);
+        for o in snapshots.iter().filter(|o| o[key].is_number()) {
+            x.sample(
+                metric,
+                &[("sink", &text(o, "sink")), ("table", &text(o, "table"))],
+                o[key].as_f64().unwrap_or(0.0),
+            );
+        }
+    }
     type Counter = (&'static str, &'static str, fn(&cdc_core::stats::DeliveryCounters) -> u64);
-    let counters: [Counter; 8] = [
+    let counters: [Counter; 9] = [
+        ("pg_cdc_snapshot_rows_delivered_total", "Snapshot rows delivered as READ events.", |c| {
+            c.snapshot_rows_delivered
+        }),
         ("pg_cdc_bytes_published_total", "Key and value bytes of the events delivered.", |c| c.bytes_delivered),
         ("pg_cdc_source_transactions_total", "PostgreSQL transactions delivered.", |c| c.source_transactions_delivered),
         ("pg_cdc_duplicates_filtered_total", "Events read again after a restart and not published again.", |c| {

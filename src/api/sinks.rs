@@ -1,4 +1,5 @@
 //! `cdc_add_sink` and `cdc_drop_sink`: where captured changes go.
+use cdc_core::config::SnapshotMode;
 use cdc_core::state::SinkState;
 use cdc_core::{CdcError, ErrorKind};
 use cdc_sinks::{parse_config, DeliveryMode, SinkConfig};
@@ -49,10 +50,12 @@ fn resolve_table(path: &str, name: &str) -> pg_sys::Oid {
 }
 
 /// Adds a destination. Returns its id. Each sink reads its own logical replication slot, so a
-/// slow sink never holds back another; the slot is created right away when this is the first
-/// statement of its transaction that writes (the usual autocommit call), so every change committed
-/// after `cdc_add_sink` returns is delivered. Inside a transaction that already wrote, the worker
-/// creates the slot after commit instead, and delivery starts from that point (a NOTICE says so).
+/// slow sink never holds back another. With `snapshot_mode` `initial` (the default) it first
+/// delivers every row its captured tables hold as a READ event, consistent with the changes that
+/// follow (no gap, no overlap). The slot is created right away when this is the first statement
+/// of its transaction that writes (the usual autocommit call); inside a transaction that already
+/// wrote, the worker creates it after COMMIT and the snapshot covers what committed in between,
+/// which is why `snapshot_mode` `never` is refused there (55000).
 ///
 /// ```sql
 /// SELECT cdc_add_sink(sink_name => 'kafka_orders', sink_type => 'kafka',
@@ -143,11 +146,30 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
     let slot = slot_name(&id);
     // SAFETY: reads the current transaction's top-level xid, set once it has written.
     let wrote = unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId;
-    let slot_created = if wrote {
+    let snapshots = has_snapshots(&schema);
+    let snapshot = snapshots && cfg.common().snapshot_mode == SnapshotMode::Initial;
+    if !snapshots {
         pgrx::notice!(
-            "this transaction already wrote, so the slot of sink \"{sink_name}\" is created by the worker after COMMIT; \
-             changes committed before then are not delivered to it"
+            "this catalog predates snapshots, so sink \"{sink_name}\" delivers only changes made after its slot exists: \
+             run ALTER EXTENSION pg_cdc UPDATE for snapshot_mode initial"
         );
+    }
+    let slot_created = if wrote && !snapshot {
+        // Without a snapshot, the changes committed between this COMMIT and the slot the worker
+        // would make after it would never be delivered: no silent gap.
+        raise(
+            CdcError::new(
+                ErrorKind::PrerequisiteState,
+                format!(
+                    "sink \"{sink_name}\" has no snapshot, and this transaction already wrote: its slot could only be \
+                     created after COMMIT, and changes committed in between would never be delivered"
+                ),
+            )
+            .hint("Run cdc_add_sink in its own transaction, or leave snapshot_mode at initial."),
+        );
+    } else if wrote {
+        // The snapshot starts once the worker made the slot: what commits before then arrives as
+        // READ events, what commits after as changes.
         false
     } else {
         // Waits for transactions that are writing right now to finish, so the slot starts after them.
@@ -184,6 +206,19 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
             &[id.into(), t.table.as_str().into()],
         );
     }
+    if snapshot {
+        // Every table it carries that is captured now: its rows as READ events (see
+        // cdc_core::snapshot); the worker reads them in chunks once the slot exists.
+        catalog::run(
+            &format!(
+                "INSERT INTO {schema}._cdc_snapshots (sink_id, table_oid, kind)
+                 SELECT $1, p.table_oid, 'initial' FROM {schema}._cdc_publications p
+                  WHERE p.status = 'active' AND ($2::oid[] IS NULL OR p.table_oid = ANY ($2::oid[]))
+                  ORDER BY p.table_oid"
+            ),
+            &[id.into(), table_oids.clone().into()],
+        );
+    }
     if slot_created {
         // Copies of the lookup tables its captured tables enrich from, as of now (the slot starts
         // just before: changes committed in between are in both, and the copy's position says so).
@@ -210,6 +245,13 @@ fn require_secret_file<T>(key: &str, what: &str, read: Result<T, String>) {
             "Write {what} to a file in (or relative to) the data directory, owned by the server's user, mode 0600."
         )));
     }
+}
+
+/// Whether the catalog has the snapshots' table: not before `ALTER EXTENSION pg_cdc UPDATE` brought
+/// it to 0.4.0.
+pub fn has_snapshots(schema: &str) -> bool {
+    let name = format!("{schema}._cdc_snapshots");
+    catalog::select_one::<bool>("SELECT to_regclass($1) IS NOT NULL", &[name.as_str().into()]).unwrap_or(false)
 }
 
 /// Whether the catalog has the in-database sinks' table: not before `ALTER EXTENSION pg_cdc UPDATE`

@@ -8,6 +8,7 @@ use cdc_core::config::{checkpoint_interval, parse_stored_capture_config, Capture
 use cdc_core::failpoint::{Armed, Failpoint};
 use cdc_core::pipeline::{Assembler, SinkTables};
 use cdc_core::redact::TokenKey;
+use cdc_core::snapshot::{ChunkSource, SnapshotReader};
 use cdc_core::state::SinkState;
 use cdc_core::stats::DeliveryCounters;
 use cdc_core::types::TypeRegistry;
@@ -23,6 +24,7 @@ use pgrx::pg_sys;
 
 use super::batch::{self, Batch, Failure, Inputs, Unit};
 use super::decoding::{self, Session, SessionRead};
+use super::snapshot::{self as snapshots, Next, Previous};
 use super::source::{self, Catalog, SinkRow};
 use super::table_sink::SpiStore;
 use super::{retry_at, run_tx, stop_requested, OrphanSightings};
@@ -90,6 +92,18 @@ pub struct SinkRun {
     /// [`DELIVERING_FOR`] after that, its reads take turns among the delivering sinks, never
     /// waiting behind the reads of sinks with nothing to deliver.
     last_delivered: Option<Instant>,
+    /// Its snapshot's chunk in flight and the transactions its reads met lately.
+    snap: SnapshotReader,
+    /// Whether it has snapshot rows left to deliver (`None`: not looked up yet).
+    snapshotting: Option<bool>,
+    /// The chunk it held was delivered, and the catalog does not say so yet.
+    chunk_delivered: bool,
+    /// Where it stood (checkpoint, or the slot's confirmed position) when its destination was
+    /// first opened in this run, before it delivered anything: a chunk the catalog has in flight
+    /// from an earlier run was delivered if this is past its watermark.
+    opened_at: Option<Lsn>,
+    /// Chunks read in this run (names their watermarks).
+    chunks: u64,
 }
 
 /// A unit read and handed to its sink, waiting to be delivered: what its delivery records.
@@ -119,6 +133,19 @@ impl SinkRun {
     fn position(&self, confirmed: Lsn) -> Lsn {
         let handed = self.handed.iter().filter_map(|h| h.target).max();
         [self.delivered, handed].into_iter().flatten().filter(|d| *d > confirmed).max().unwrap_or(confirmed)
+    }
+
+    /// Its destination was opened: the first time in this run, where it stood then.
+    fn note_opened(&mut self, confirmed: Lsn) {
+        if self.opened_at.is_none() {
+            self.opened_at = Some(self.checkpoint.map_or(confirmed, |c| c.end_lsn.max(confirmed)));
+        }
+    }
+
+    /// Whether it reads a snapshot chunk before its next read: it has snapshot rows left, holds
+    /// no chunk, and its destination is open (so it knows where it stands).
+    fn wants_chunk(&self) -> bool {
+        self.snapshotting == Some(true) && self.snap.chunk.is_none() && self.opened_at.is_some()
     }
 
     /// Adds a delivery's per-table progress to what the next confirm records.
@@ -271,6 +298,7 @@ fn finish_open(run: &mut SinkRun, opening: Opening, slot: &SlotView) -> Result<(
     let (opened, checkpoint) = opened.map_err(Failure::sink)?;
     protocol::check_checkpoint(slot, checkpoint, false)?;
     run.checkpoint = checkpoint;
+    run.note_opened(slot.confirmed);
     // The delivery thread touches nothing of PostgreSQL and starts with every signal blocked.
     let mut thread = with_signals_blocked(|| DeliveryThread::start(opened))
         .map_err(|e| Failure::new(SinkState::Retrying, format!("cannot start the sink's delivery thread: {e}")))?;
@@ -760,6 +788,11 @@ impl Worker {
                         last_confirm: None,
                         handed: VecDeque::new(),
                         last_delivered: None,
+                        snap: SnapshotReader::default(),
+                        snapshotting: None,
+                        chunk_delivered: false,
+                        opened_at: None,
+                        chunks: 0,
                     },
                 );
             } else if let Some(r) = self.sinks.get_mut(&row.id) {
@@ -963,6 +996,10 @@ impl Worker {
             }
         }
 
+        if !self.snapshot_step(id, &config) {
+            return false;
+        }
+
         // Read and send, inside one transaction (an in-database sink writes its events in it).
         let tables = self.tables_for(&row);
         if !self.bind_lookups(id, &row, &tables) {
@@ -988,6 +1025,13 @@ impl Worker {
                     Ok(Some((producer, checkpoint))) => {
                         run.checkpoint = checkpoint;
                         run.producer = Some(producer);
+                        if run.snapshotting == Some(true) && run.opened_at.is_none() {
+                            // Where it stands decides whether a chunk in flight was delivered:
+                            // read the next chunk before delivering anything.
+                            run.note_opened(confirmed);
+                            return Ok((Batch { opening: true, ..Batch::default() }, None));
+                        }
+                        run.note_opened(confirmed);
                     }
                     Ok(None) => {}
                     Err(e) => return Err(Failure::sink(e)),
@@ -1015,10 +1059,16 @@ impl Worker {
             let carried = row.tables.as_ref().map(|t| t.iter().copied().chain(run.assembler.lookups().lookup_tables()));
             session.carry_only(carried.map(Iterator::collect));
             session.begin_read(position);
-            let mut source =
+            let mut session_read =
                 SessionRead { session, most: batch_changes.max(1) as u64, schema: &schema, sink_name: &row.name };
+            // A snapshotting sink's reads go through its chunk (spliced in at its watermark).
+            let snapshotting = run.snapshotting == Some(true) || run.snap.chunk.is_some();
+            run.snap.skip_window = gucs::TEST_SKIP_SNAPSHOT_WINDOW.get();
+            let mut spliced = ChunkSource { inner: &mut session_read, state: &mut run.snap };
+            let source: &mut dyn ChangeSource = if snapshotting { &mut spliced } else { spliced.inner };
             let first = source.fetch(batch::FETCH_ROWS, &mut types);
-            if first.is_empty() {
+            // A sink with a snapshot to deliver opens its destination even with no change to send.
+            if first.is_empty() && !(run.producer.is_none() && run.snapshotting == Some(true)) {
                 return Ok((Batch::default(), None));
             }
             if run.producer.is_none() {
@@ -1046,7 +1096,7 @@ impl Worker {
             let in_source = producer.in_source_database();
             let sink = producer.sink();
             let read = {
-                let mut unit = Unit { assembler, sink: &mut *sink, source: &mut source, types: &mut types };
+                let mut unit = Unit { assembler, sink: &mut *sink, source, types: &mut types };
                 cdc_core::deliver::read::read(&mut unit, &inputs, first)
             };
             if !in_source {
@@ -1208,7 +1258,8 @@ impl Worker {
                 crate::stats::update(id, |c| c.compliance_hold = 0);
             }
         }
-        self.set_state(id, SinkState::Running, None);
+        let snapshotting = self.sinks.get(id).is_some_and(|r| r.snapshotting == Some(true) || r.snap.chunk.is_some());
+        self.set_state(id, if snapshotting { SinkState::Snapshotting } else { SinkState::Running }, None);
         if rows > batch::BUFFER_FRAMES as u64 {
             // A big batch filled librdkafka's queue and the buffers; give the freed memory back
             // (glibc keeps it otherwise, and the worker's private memory stays at its peak).
@@ -1262,6 +1313,78 @@ impl Worker {
             let Some(done) = run.handed.pop_front() else { return true };
             if !self.delivered_unit(id, done) {
                 return false;
+            }
+        }
+    }
+
+    /// Before a read: looks up whether the sink has snapshot rows left, notes a chunk delivered,
+    /// and reads the next chunk when it wants one. Returns false when the sink failed.
+    fn snapshot_step(&mut self, id: &str, config: &SinkConfig) -> bool {
+        let Some(schema) = self.schema.clone() else { return false };
+        let Some(run) = self.sinks.get_mut(id) else { return false };
+        if run.snapshotting.is_none() {
+            // The windows of its tables open before its first read: every change its reads meet
+            // from now on is delivered as a change, never also as a READ.
+            match run_tx(|| snapshots::open_tables(&schema, id)) {
+                Ok(Ok(tables)) => {
+                    for (oid, key, columns) in tables {
+                        run.snap.track(oid, key, &columns);
+                    }
+                    run.snapshotting = Some(run_tx(|| snapshots::open_snapshots(&schema, id)).unwrap_or(true));
+                }
+                Ok(Err(e)) | Err(e) => {
+                    self.fail(id, SinkState::Retrying, format!("cannot read the sink's snapshots: {e}"));
+                    return false;
+                }
+            }
+        }
+        let Some(run) = self.sinks.get_mut(id) else { return false };
+        let watermark = run.snap.chunk.as_ref().and_then(|c| c.watermark());
+        if watermark.is_some_and(|w| run.delivered.is_some_and(|d| d >= w)) {
+            if let Some(c) = run.snap.chunk.take() {
+                crate::stats::update(id, |s| s.snapshot_rows_delivered += c.kept() as u64);
+            }
+            run.chunk_delivered = true;
+        }
+        if !run.wants_chunk() {
+            return true;
+        }
+        let previous = if run.chunk_delivered {
+            Previous::Delivered
+        } else {
+            Previous::OpenedAt(run.opened_at.unwrap_or_default())
+        };
+        run.chunks += 1;
+        let nonce = format!("{} {}", std::process::id(), run.chunks);
+        let size = config.common().snapshot_chunk_size;
+        let recent = &run.snap.recent;
+        match run_tx(|| snapshots::take_chunk(&schema, id, previous, size, recent, &nonce)) {
+            Ok(Ok((next, open))) => {
+                run.chunk_delivered = false;
+                match next {
+                    Next::Chunk(c) => {
+                        // The tables before this one are done: their windows close.
+                        let done: Vec<u32> = run.snap.tracked_tables().filter(|t| *t != c.table_oid()).collect();
+                        for t in done {
+                            if !open.contains(&t) {
+                                run.snap.untrack(t);
+                            }
+                        }
+                        run.snap.chunk = Some(*c);
+                    }
+                    Next::Later => {}
+                    Next::Done => {
+                        for t in run.snap.tracked_tables().collect::<Vec<_>>() {
+                            run.snap.untrack(t);
+                        }
+                        run.snapshotting = Some(false);
+                    }
+                }
+                true
+            }
+            Ok(Err(e)) | Err(e) => {
+                self.fail(id, SinkState::Error, format!("cannot read the next snapshot chunk: {e}"));
+                false
             }
         }
     }

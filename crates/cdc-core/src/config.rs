@@ -13,7 +13,7 @@ pub mod object;
 pub mod sink;
 
 use self::object::{invalid, planned, wrong_type, Obj};
-pub use self::sink::{checkpoint_interval, is_qualified_name};
+pub use self::sink::{checkpoint_interval, is_qualified_name, SnapshotMode};
 use crate::error::{did_you_mean, CdcError, CdcResult, ErrorKind};
 use crate::expr::{self, ColumnInfo};
 use crate::redact::{Method, METHODS};

@@ -35,6 +35,8 @@ pub enum Op {
     Delete,
     /// The table was truncated.
     Truncate,
+    /// A row read by a snapshot (it existed before the sink, or a snapshot was asked for).
+    Read,
 }
 
 impl Op {
@@ -45,6 +47,7 @@ impl Op {
             Op::Update => "UPDATE",
             Op::Delete => "DELETE",
             Op::Truncate => "TRUNCATE",
+            Op::Read => "READ",
         }
     }
 }

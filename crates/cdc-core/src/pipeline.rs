@@ -491,23 +491,49 @@ impl Assembler {
                             .map_err(|r| proto(format!("enrich: {r}")))?;
                         lookup_changes.clear();
                     }
-                    let count: usize = pending.iter().map(Pending::event_count).sum();
-                    let txn = TxnInfo { xid, commit_lsn, commit_time, event_count: count };
-                    let mut events = Vec::with_capacity(count);
-                    for p in &pending {
-                        let errors = Self::computed_errors(p);
-                        let done = events.len();
-                        self.encode_pending_at(p, &txn, types, done, true, &mut events)?;
-                        self.count_published(p, errors);
+                    let txn = TxnInfo { xid, commit_lsn, commit_time, event_count: 0 };
+                    let t = self.finish(&mut pending, &mut dropped, txn, end_lsn, types)?;
+                    out.transactions.push(t);
+                    out.confirm_lsn = Some(end_lsn);
+                }
+                Message::SnapshotChunk { commit_lsn, end_lsn, commit_time, relation, rows } => {
+                    if open.is_some() {
+                        return Err(proto("a snapshot chunk inside a transaction".into()));
                     }
-                    debug_assert_eq!(events.len(), count);
-                    for p in &dropped {
-                        self.count_dropped(p, &txn, types)?;
-                    }
+                    // The chunk's rows are laid out as the chunk read them; the stream's own
+                    // description of the table (if any) is put back after them.
+                    let oid = relation.oid;
+                    let stream_plan = self.relations.get(&oid).cloned();
+                    self.change(Message::Relation(relation), frame.lsn, false, tables, types)?;
                     pending.clear();
                     dropped.clear();
-                    let counters = std::mem::take(&mut self.counters);
-                    out.transactions.push(Transaction { xid, commit_lsn, end_lsn, commit_time, events, counters });
+                    if let Some(plan) = self.relations.get(&oid).cloned() {
+                        // Each row's own position inside the watermark record (see
+                        // `snapshot::watermark_content`).
+                        let n = rows.len() as u64;
+                        for (i, new) in rows.into_iter().enumerate() {
+                            let p = Pending::Row {
+                                plan: plan.clone(),
+                                op: Op::Read,
+                                lsn: Lsn(commit_lsn.0.saturating_sub(n - i as u64)),
+                                old: None,
+                                new: Some(new),
+                                ctx: None,
+                                mark: FilterMark::None,
+                            };
+                            match self.apply_filter(p, true) {
+                                Ok(p) => pending.push(p),
+                                Err(p) => dropped.push(p),
+                            }
+                        }
+                    }
+                    match stream_plan {
+                        Some(p) => self.relations.insert(oid, p),
+                        None => self.relations.remove(&oid),
+                    };
+                    let txn = TxnInfo { xid: 0, commit_lsn, commit_time, event_count: 0 };
+                    let t = self.finish(&mut pending, &mut dropped, txn, end_lsn, types)?;
+                    out.transactions.push(t);
                     out.confirm_lsn = Some(end_lsn);
                 }
                 Message::LogicalMessage { transactional, prefix, lsn, content } => {
@@ -539,6 +565,35 @@ impl Assembler {
             out.held_back_frames = frames.len() - begin_idx;
         }
         Ok(out)
+    }
+
+    /// Encodes a whole transaction's changes into its events (and counts the dropped ones).
+    fn finish(
+        &mut self,
+        pending: &mut Vec<Pending<'_>>,
+        dropped: &mut Vec<Pending<'_>>,
+        mut txn: TxnInfo,
+        end_lsn: Lsn,
+        types: &TypeRegistry,
+    ) -> Result<Transaction, PipelineError> {
+        let count: usize = pending.iter().map(Pending::event_count).sum();
+        txn.event_count = count;
+        let mut events = Vec::with_capacity(count);
+        for p in pending.iter() {
+            let errors = Self::computed_errors(p);
+            let done = events.len();
+            self.encode_pending_at(p, &txn, types, done, true, &mut events)?;
+            self.count_published(p, errors);
+        }
+        debug_assert_eq!(events.len(), count);
+        for p in dropped.iter() {
+            self.count_dropped(p, &txn, types)?;
+        }
+        pending.clear();
+        dropped.clear();
+        let counters = std::mem::take(&mut self.counters);
+        let TxnInfo { xid, commit_lsn, commit_time, .. } = txn;
+        Ok(Transaction { xid, commit_lsn, end_lsn, commit_time, events, counters })
     }
 
     /// First pass over a transaction too large to hold in memory: feed its frames in order, the
@@ -740,6 +795,9 @@ impl Assembler {
             | Message::Begin { .. }
             | Message::Commit { .. }
             | Message::LogicalMessage { .. } => None,
+            Message::SnapshotChunk { .. } => {
+                return Err(PipelineError::Protocol { lsn, reason: "a snapshot chunk inside a transaction".into() })
+            }
         })
     }
 

@@ -1,23 +1,40 @@
-//! Snapshots consistent with the stream (issue 16; not wired into the worker yet): the two rules
-//! that decide, for a chunk of a table read while the stream goes on, which of its rows and which
-//! of the stream's changes are delivered.
+//! Snapshots consistent with the stream (issue 16): rows that existed before a sink's slot, read
+//! in chunks by key while the stream goes on, each delivered at a point of the stream where it is
+//! exactly right (DBLog's watermarks, with the worker writing and reading both).
 //!
 //! ```text
-//!  WAL:  ... low watermark ── changes of the table (in the window) ── high watermark ...
-//!  chunk read between the two watermarks ─▶ ChunkWindow ─(keys changed in the window)─▶ rows kept
+//!  worker: track the table ── SELECT the next chunk ── emit its watermark (a logical message) ── ...
+//!  stream: ... every change of the table the reader meets (its window) ... watermark ...
+//!                      │ keys                                                │
+//!                      ▼                                                     ▼
+//!          SnapshotReader::track: the keys changed          Chunk: its rows without those keys,
+//!          since the table's snapshot started               as one transaction of READ events
 //! ```
 //!
-//! - A table with a key: [`ChunkWindow`] (DBLog's rule). The chunk's rows wait for the stream to
-//!   reach the high watermark; a row whose key changed inside the window is dropped, because the
-//!   change, delivered in stream order, is at least as new as the row.
-//! - A table without a key, read in one chunk: [`MvccSnapshot`]. A change of the table inside the
-//!   window is dropped exactly when its transaction is visible in the chunk's snapshot (the chunk
-//!   already holds it).
+//! Why it is exact: a row the chunk read was current when the chunk's snapshot was taken. Every
+//! change made after that commits after the snapshot, so the reader meets it after the chunk was
+//! read (in the window, or after the watermark, where it is delivered after the row and wins).
+//! A row whose key changed in the window is dropped from the chunk: the change, delivered in
+//! stream order, is at least as new. The window of a table opens when its snapshot starts (with
+//! the sink's stream, for an initial snapshot), so a row changed after that arrives as its changes
+//! only, never also as a READ: what committed before the stream arrives as READ events, what after
+//! as changes. One case escapes the window: a transaction whose commit was read (and delivered)
+//! before the table was tracked but which the chunk's snapshot did not see yet (a commit waits for a
+//! synchronous standby after its WAL is flushed). [`RecentXids`] remembers the transactions read
+//! lately; a chunk whose snapshot has one of them in progress is read again.
+//!
+//! - [`SnapshotReader`]: what a sink's reader keeps: the tables tracked, their windows, the chunk;
+//! - [`Chunk`]: one chunk's rows and its watermark;
+//! - [`ChunkSource`]: the slot read with the chunk spliced in at its watermark;
+//! - [`MvccSnapshot`]: the chunk's snapshot (`pg_current_snapshot()`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 
-use crate::envelope::Event;
-use crate::{CdcError, CdcResult, ErrorKind};
+use crate::decode::{decode, Message, Relation, TupleValue};
+use crate::deliver::port::ChangeSource;
+use crate::pipeline::RawFrame;
+use crate::types::TypeRegistry;
+use crate::{CdcError, CdcResult, ErrorKind, Lsn};
 
 /// A transaction snapshot as `pg_current_snapshot()` prints it (`xmin:xmax:xip,...`): 64-bit
 /// transaction ids (epoch and xid).
@@ -66,6 +83,11 @@ impl MvccSnapshot {
         self.xip.binary_search(&full).is_err()
     }
 
+    /// The transactions in progress when it was taken.
+    pub fn in_progress(&self) -> &[u64] {
+        &self.xip
+    }
+
     /// The 64-bit id of `xid`: the one nearest to xmax.
     fn widen(&self, xid: u32) -> u64 {
         let delta = i64::from(xid.wrapping_sub(self.xmax as u32) as i32);
@@ -73,70 +95,371 @@ impl MvccSnapshot {
     }
 }
 
-/// One chunk of a keyed table between its watermarks: its rows as READ events, and the keys of
-/// the table's changes the stream delivered inside the window.
-#[derive(Debug)]
-pub struct ChunkWindow {
-    table_oid: u32,
-    rows: Vec<Event>,
-    changed: HashSet<Vec<u8>>,
-    open: bool,
+/// The prefix of the high watermark messages the worker writes (`pg_logical_emit_message`,
+/// non-transactional): the content names the chunk, so every other sink (whose slot decodes the
+/// same WAL) and a later life of the same one ignore it.
+pub const WATERMARK_PREFIX: &str = "pg_cdc_snapshot";
+
+/// The content of a chunk's watermark message: its id, then one byte per row, so the watermark
+/// record spans more WAL positions than the chunk has rows and each READ event gets an `lsn` of
+/// its own inside it (no other record starts there: `(commit_lsn, lsn)` stays unique).
+pub fn watermark_content(id: &str, rows: usize) -> String {
+    format!("{id}\n{}", ".".repeat(rows))
 }
 
-impl ChunkWindow {
-    /// The chunk's rows, read after its low watermark was written and before its high one.
-    pub fn new(table_oid: u32, rows: Vec<Event>) -> Self {
-        ChunkWindow { table_oid, rows, changed: HashSet::new(), open: false }
+/// A row's key as the window compares it: the text of each key column, length-prefixed.
+fn encode_key(values: &[TupleValue<'_>], positions: &[usize]) -> Option<Vec<u8>> {
+    let mut key = Vec::new();
+    for &i in positions {
+        match values.get(i)? {
+            TupleValue::Text(t) => {
+                key.push(b't');
+                key.extend_from_slice(&(t.len() as u32).to_be_bytes());
+                key.extend_from_slice(t);
+            }
+            TupleValue::Null => key.push(b'n'),
+            // An unchanged TOASTed key column of an UPDATE without an old image: the key did not
+            // change, and the new image does not carry it; the row cannot be named.
+            TupleValue::UnchangedToast => return None,
+        }
+    }
+    Some(key)
+}
+
+/// Appends one tuple in pgoutput's format (text values).
+fn write_tuple(out: &mut Vec<u8>, values: &[Option<&[u8]>]) {
+    out.extend_from_slice(&(values.len() as u16).to_be_bytes());
+    for v in values {
+        match v {
+            None => out.push(b'n'),
+            Some(t) => {
+                out.push(b't');
+                out.extend_from_slice(&(t.len() as u32).to_be_bytes());
+                out.extend_from_slice(t);
+            }
+        }
+    }
+}
+
+/// Appends a relation description in pgoutput's format, without its tag.
+fn write_relation(out: &mut Vec<u8>, rel: &Relation) {
+    let cstr = |out: &mut Vec<u8>, s: &str| {
+        out.extend_from_slice(s.as_bytes());
+        out.push(0);
+    };
+    out.extend_from_slice(&rel.oid.to_be_bytes());
+    cstr(out, &rel.namespace);
+    cstr(out, &rel.name);
+    out.push(rel.replica_identity);
+    out.extend_from_slice(&(rel.columns.len() as u16).to_be_bytes());
+    for c in &rel.columns {
+        out.push(u8::from(c.is_key));
+        cstr(out, &c.name);
+        out.extend_from_slice(&c.type_oid.to_be_bytes());
+        out.extend_from_slice(&c.type_mod.to_be_bytes());
+    }
+}
+
+/// One chunk of a keyed table, from the moment it was read until it is delivered: its rows, and
+/// where its watermark is once the reader met it.
+#[derive(Debug)]
+pub struct Chunk {
+    /// The content of its watermark message.
+    id: String,
+    relation: Relation,
+    /// Positions of the chunk key's columns in `relation.columns`.
+    key: Vec<usize>,
+    /// Each row's key and its tuple in pgoutput's format.
+    rows: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Rows delivered at its watermark (set when the reader met it).
+    kept: usize,
+    /// When it was read, microseconds since 2000-01-01 UTC.
+    read_at: i64,
+    /// The end of its watermark record, once the reader met it.
+    watermark: Option<Lsn>,
+}
+
+impl Chunk {
+    /// An empty chunk of `relation` (described as pgoutput would describe it), keyed by the
+    /// columns named `key`, to be delivered at the watermark whose content is `id`.
+    pub fn new(id: String, relation: Relation, key: &[String], read_at: i64) -> CdcResult<Self> {
+        let positions = key
+            .iter()
+            .map(|k| relation.columns.iter().position(|c| &c.name == k))
+            .collect::<Option<Vec<_>>>()
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| {
+                CdcError::new(
+                    ErrorKind::InvalidParameter,
+                    format!(
+                        "the chunk key {key:?} is not among the columns of {}.{}",
+                        relation.namespace, relation.name
+                    ),
+                )
+            })?;
+        Ok(Chunk { id, relation, key: positions, rows: Vec::new(), kept: 0, read_at, watermark: None })
     }
 
-    /// The stream reached the low watermark: changes count from here.
-    pub fn open(&mut self) {
-        self.open = true;
+    /// Adds a row read by the chunk's query: its column values as text (output functions), in
+    /// the relation's column order.
+    pub fn push_row(&mut self, values: &[Option<&[u8]>]) -> CdcResult<()> {
+        if values.len() != self.relation.columns.len() {
+            return Err(CdcError::new(
+                ErrorKind::InvalidParameter,
+                format!("a chunk row has {} columns, the relation {}", values.len(), self.relation.columns.len()),
+            ));
+        }
+        let tuple: Vec<TupleValue<'_>> = values.iter().map(|v| v.map_or(TupleValue::Null, TupleValue::Text)).collect();
+        let key = encode_key(&tuple, &self.key).unwrap_or_default();
+        let mut row = Vec::new();
+        write_tuple(&mut row, values);
+        self.rows.push((key, row));
+        Ok(())
     }
 
-    /// A change the stream read (filtered out or not: a change that moved a row out of the
-    /// sink's filter makes the chunk's row stale too). Only changes of the chunk's table inside
-    /// the window count.
-    pub fn observe(&mut self, table_oid: u32, key: &[u8]) {
-        if self.open && table_oid == self.table_oid && !self.changed.contains(key) {
-            self.changed.insert(key.to_vec());
+    /// The chunk's table.
+    pub fn table_oid(&self) -> u32 {
+        self.relation.oid
+    }
+
+    /// Rows read.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether it read no row.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Rows delivered at its watermark: those whose key did not change in the window (0 until the
+    /// reader met the watermark).
+    pub fn kept(&self) -> usize {
+        self.kept
+    }
+
+    /// The end of its watermark record, once the reader met it: delivered once the sink's
+    /// delivered position reaches it.
+    pub fn watermark(&self) -> Option<Lsn> {
+        self.watermark
+    }
+
+    /// Whether `frame` is this chunk's watermark; returns the end of its record.
+    fn is_watermark(&self, frame: &[u8]) -> Option<Lsn> {
+        if frame.first() != Some(&b'M') {
+            return None;
+        }
+        match decode(frame) {
+            Ok(Message::LogicalMessage { transactional: false, lsn, prefix, content })
+                if prefix == WATERMARK_PREFIX
+                    && content.split(|&b| b == b'\n').next() == Some(self.id.as_bytes())
+                    && content.len() > self.id.len() + self.rows.len() =>
+            {
+                Some(lsn)
+            }
+            _ => None,
         }
     }
 
-    /// The stream reached the high watermark: the rows to deliver there, in the chunk's order,
-    /// without those whose key changed in the window. A row without a key cannot be matched and
-    /// is kept (a keyed table's rows always have one).
-    pub fn close(self) -> Vec<Event> {
-        let changed = self.changed;
-        self.rows.into_iter().filter(|e| e.key.as_deref().is_none_or(|k| !changed.contains(k))).collect()
+    /// The chunk as one frame ([`Message::SnapshotChunk`]) at its watermark `at` (the end of the
+    /// watermark's record): its events' `commit_lsn` is `at - 1`, and the `lsn` of its n-th row
+    /// of N `at - 1 - N + n`, all inside the watermark record ([`watermark_content`]), where no
+    /// transaction's change or commit can start, so `(commit_lsn, lsn)` stays unique.
+    fn frame(&mut self, at: Lsn, changed: &HashSet<Vec<u8>>) -> RawFrame {
+        let mut data = vec![b'Z'];
+        data.extend_from_slice(&(at.0 - 1).to_be_bytes());
+        data.extend_from_slice(&at.0.to_be_bytes());
+        data.extend_from_slice(&self.read_at.to_be_bytes());
+        write_relation(&mut data, &self.relation);
+        let kept: Vec<&Vec<u8>> = self.rows.iter().filter(|(k, _)| !changed.contains(k)).map(|(_, r)| r).collect();
+        self.kept = kept.len();
+        data.extend_from_slice(&(kept.len() as u32).to_be_bytes());
+        for r in kept {
+            data.extend_from_slice(r);
+        }
+        RawFrame { lsn: at, data }
+    }
+}
+
+/// The transactions a sink's reader met lately (their xids, from the BEGIN frames), for the one
+/// race the window cannot see (see the module documentation). Bounded: a transaction stays in
+/// progress after its commit was read only while it waits for a synchronous standby, which
+/// releases waiting commits in WAL order, so the transactions read after it wait too and there
+/// are fewer of them than connections.
+#[derive(Debug, Default)]
+pub struct RecentXids {
+    order: VecDeque<u32>,
+    set: HashSet<u32>,
+}
+
+impl RecentXids {
+    /// The most transactions remembered.
+    pub const CAPACITY: usize = 16_384;
+
+    /// Remembers the transaction of a BEGIN frame.
+    fn record(&mut self, frame: &[u8]) {
+        if frame.first() != Some(&b'B') || frame.len() < 21 {
+            return;
+        }
+        let xid = u32::from_be_bytes([frame[17], frame[18], frame[19], frame[20]]);
+        if self.set.insert(xid) {
+            self.order.push_back(xid);
+            if self.order.len() > Self::CAPACITY {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Whether one of the transactions read lately was still in progress in `snapshot`: a chunk
+    /// read with it may hold rows older than what the sink delivered already.
+    pub fn any_in_progress(&self, snapshot: &MvccSnapshot) -> bool {
+        snapshot.in_progress().iter().any(|x| self.set.contains(&(*x as u32)))
+    }
+}
+
+/// A table being snapshotted, as the reader watches its changes.
+#[derive(Debug)]
+struct Tracked {
+    /// The names of its chunk key's columns.
+    key: Vec<String>,
+    /// Their positions in the stream's rows (from its Relation messages; `None`: unknown).
+    positions: Option<Vec<usize>>,
+    /// The keys its changes touched since its snapshot started (old and new keys alike).
+    changed: HashSet<Vec<u8>>,
+}
+
+/// What a sink's reader keeps between reads for its snapshot: the tables being snapshotted and
+/// their windows, the chunk waiting for its watermark (or for its delivery), and the
+/// transactions read lately.
+#[derive(Debug, Default)]
+pub struct SnapshotReader {
+    /// The chunk read and not yet delivered.
+    pub chunk: Option<Chunk>,
+    tracked: HashMap<u32, Tracked>,
+    /// The transactions the reader met lately.
+    pub recent: RecentXids,
+    /// Test only (`cdc.test_skip_snapshot_window`): keep every row of a chunk, so the tests can
+    /// show that their oracle sees the stale rows the window drops.
+    pub skip_window: bool,
+}
+
+impl SnapshotReader {
+    /// Opens the window of a table whose snapshot starts (or goes on after a restart): from now
+    /// on every change of it the reader meets puts its keys there, so the table's chunks leave
+    /// those rows out. `columns` are its columns as the stream lays its rows out now (a Relation
+    /// message of the table updates them).
+    pub fn track(&mut self, table_oid: u32, key: Vec<String>, columns: &[String]) {
+        let positions = key.iter().map(|k| columns.iter().position(|c| c == k)).collect::<Option<Vec<_>>>();
+        self.tracked.entry(table_oid).or_insert(Tracked { key, positions, changed: HashSet::new() });
+    }
+
+    /// Closes a table's window (its snapshot is done), freeing its keys.
+    pub fn untrack(&mut self, table_oid: u32) {
+        self.tracked.remove(&table_oid);
+    }
+
+    /// Whether the table's window is open.
+    pub fn tracks(&self, table_oid: u32) -> bool {
+        self.tracked.contains_key(&table_oid)
+    }
+
+    /// The tables whose windows are open.
+    pub fn tracked_tables(&self) -> impl Iterator<Item = u32> + '_ {
+        self.tracked.keys().copied()
+    }
+
+    /// Keys in the windows of all tables (what the windows hold in memory).
+    pub fn window_keys(&self) -> usize {
+        self.tracked.values().map(|t| t.changed.len()).sum()
+    }
+
+    /// A frame the reader met: a change of a tracked table puts its keys (old and new) in the
+    /// table's window. Filtered changes count too: a change that moved a row out of a filter
+    /// makes a chunk's row stale all the same.
+    fn observe(&mut self, frame: &[u8]) {
+        let Some(tag @ (b'R' | b'I' | b'U' | b'D')) = frame.first().copied() else { return };
+        if frame.len() < 5 {
+            return;
+        }
+        let oid = u32::from_be_bytes([frame[1], frame[2], frame[3], frame[4]]);
+        let Some(t) = self.tracked.get_mut(&oid) else { return };
+        let keys = match (tag, decode(frame)) {
+            (b'R', Ok(Message::Relation(rel))) => {
+                let names: Vec<&str> = rel.columns.iter().map(|c| c.name.as_str()).collect();
+                t.positions = t.key.iter().map(|k| names.iter().position(|c| c == k)).collect();
+                return;
+            }
+            (_, Ok(Message::Insert { new, .. })) => [Some(new), None],
+            (_, Ok(Message::Update { old, new, .. })) => [Some(new), old.map(|(_, o)| o)],
+            (_, Ok(Message::Delete { old, .. })) => [Some(old), None],
+            _ => return,
+        };
+        let Some(positions) = t.positions.as_deref() else { return };
+        for k in keys.into_iter().flatten().filter_map(|tuple| encode_key(&tuple, positions)) {
+            t.changed.insert(k);
+        }
+    }
+}
+
+/// A slot read with the pending chunk spliced in: the chunk's watermark frame is replaced by the
+/// chunk (one frame, so row positions, seeks and releases are the inner source's), and the frames
+/// before it feed the chunk's window.
+pub struct ChunkSource<'a, S: ChangeSource + ?Sized> {
+    /// The slot read.
+    pub inner: &'a mut S,
+    /// The sink's snapshot state.
+    pub state: &'a mut SnapshotReader,
+}
+
+impl<S: ChangeSource + ?Sized> ChangeSource for ChunkSource<'_, S> {
+    fn fetch(&mut self, count: usize, types: &mut TypeRegistry) -> Vec<RawFrame> {
+        let mut frames = self.inner.fetch(count, types);
+        let state = &mut *self.state;
+        let empty = HashSet::new();
+        for f in &mut frames {
+            state.recent.record(&f.data);
+            let Some(at) = state.chunk.as_ref().and_then(|c| c.is_watermark(&f.data)) else {
+                if !state.skip_window {
+                    state.observe(&f.data);
+                }
+                continue;
+            };
+            let Some(chunk) = state.chunk.as_mut() else { continue };
+            // Met again after a failed delivery: the changes in between were met again too.
+            chunk.watermark = Some(at);
+            let changed = match state.tracked.get(&chunk.table_oid()) {
+                Some(t) if !state.skip_window => &t.changed,
+                _ => &empty,
+            };
+            *f = chunk.frame(at, changed);
+        }
+        frames
+    }
+
+    fn position(&self) -> u64 {
+        self.inner.position()
+    }
+
+    fn seek(&mut self, position: u64) {
+        self.inner.seek(position)
+    }
+
+    fn release_before(&mut self, position: u64) {
+        self.inner.release_before(position)
+    }
+
+    fn recorded_offsets(&mut self) -> HashMap<u32, u64> {
+        self.inner.recorded_offsets()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use super::*;
-    use crate::envelope::Op;
     use crate::Lsn;
-
-    fn row(id: u32) -> Event {
-        Event {
-            table_oid: 7,
-            schema: Arc::from("public"),
-            table: Arc::from("t"),
-            op: Op::Insert,
-            lsn: Lsn(0),
-            commit_lsn: Lsn(0),
-            index: id,
-            key: Some(format!("{{\"id\":{id}}}").into_bytes()),
-            payload: Vec::new(),
-        }
-    }
-
-    fn ids(events: &[Event]) -> Vec<u32> {
-        events.iter().map(|e| e.index).collect()
-    }
 
     #[test]
     fn a_snapshot_sees_what_committed_before_it() {
@@ -173,23 +496,228 @@ mod tests {
         assert_eq!(MvccSnapshot::parse(" 3:10:7,4\n").unwrap().xip, vec![4, 7]);
     }
 
-    #[test]
-    fn rows_whose_key_changed_in_the_window_are_dropped() {
-        let mut w = ChunkWindow::new(7, (1..=5).map(row).collect());
-        w.observe(7, br#"{"id":1}"#); // before the low watermark: the row read after it is newer
-        w.open();
-        w.observe(7, br#"{"id":2}"#);
-        w.observe(7, br#"{"id":4}"#);
-        w.observe(7, br#"{"id":4}"#);
-        w.observe(8, br#"{"id":3}"#); // another table
-        w.observe(7, br#"{"id":99}"#); // a key the chunk does not hold
-        assert_eq!(ids(&w.close()), vec![1, 3, 5]);
+    use crate::decode::RelationColumn;
+    use crate::deliver::memory::MemorySource;
+
+    fn relation(oid: u32) -> Relation {
+        let col = |name: &str, type_oid: u32, is_key: bool| RelationColumn {
+            is_key,
+            name: name.into(),
+            type_oid,
+            type_mod: -1,
+        };
+        Relation {
+            oid,
+            namespace: "public".into(),
+            name: "t".into(),
+            replica_identity: b'd',
+            columns: vec![col("id", 23, true), col("v", 25, false)],
+        }
+    }
+
+    fn tuple(out: &mut Vec<u8>, id: u32, v: Option<&str>) {
+        write_tuple(out, &[Some(id.to_string().as_bytes()), v.map(str::as_bytes)]);
+    }
+
+    fn begin(xid: u32, commit: u64) -> RawFrame {
+        let mut d = vec![b'B'];
+        d.extend_from_slice(&commit.to_be_bytes());
+        d.extend_from_slice(&0i64.to_be_bytes());
+        d.extend_from_slice(&xid.to_be_bytes());
+        RawFrame { lsn: Lsn(commit - 8), data: d }
+    }
+
+    fn commit(commit: u64) -> RawFrame {
+        let mut d = vec![b'C', 0];
+        d.extend_from_slice(&commit.to_be_bytes());
+        d.extend_from_slice(&(commit + 16).to_be_bytes());
+        d.extend_from_slice(&0i64.to_be_bytes());
+        RawFrame { lsn: Lsn(commit + 16), data: d }
+    }
+
+    fn insert(oid: u32, id: u32, lsn: u64) -> RawFrame {
+        let mut d = vec![b'I'];
+        d.extend_from_slice(&oid.to_be_bytes());
+        d.push(b'N');
+        tuple(&mut d, id, Some("new"));
+        RawFrame { lsn: Lsn(lsn), data: d }
+    }
+
+    /// An UPDATE that moved row `from` to key `to` (old key image).
+    fn rekey(oid: u32, from: u32, to: u32, lsn: u64) -> RawFrame {
+        let mut d = vec![b'U'];
+        d.extend_from_slice(&oid.to_be_bytes());
+        d.push(b'K');
+        write_tuple(&mut d, &[Some(from.to_string().as_bytes()), None]);
+        d.push(b'N');
+        tuple(&mut d, to, Some("moved"));
+        RawFrame { lsn: Lsn(lsn), data: d }
+    }
+
+    fn delete(oid: u32, id: u32, lsn: u64) -> RawFrame {
+        let mut d = vec![b'D'];
+        d.extend_from_slice(&oid.to_be_bytes());
+        d.push(b'K');
+        write_tuple(&mut d, &[Some(id.to_string().as_bytes()), None]);
+        RawFrame { lsn: Lsn(lsn), data: d }
+    }
+
+    fn watermark(id: &str, end: u64) -> RawFrame {
+        let content = watermark_content(id, 5);
+        let id = content.as_str();
+        let mut d = vec![b'M', 0];
+        d.extend_from_slice(&end.to_be_bytes());
+        d.extend_from_slice(WATERMARK_PREFIX.as_bytes());
+        d.push(0);
+        d.extend_from_slice(&(id.len() as u32).to_be_bytes());
+        d.extend_from_slice(id.as_bytes());
+        RawFrame { lsn: Lsn(end), data: d }
+    }
+
+    /// A reader tracking table 7 (keyed by `id`) with a chunk of it holding `ids`.
+    fn reader(ids: impl IntoIterator<Item = u32>) -> SnapshotReader {
+        let mut r = SnapshotReader { chunk: Some(chunk(ids)), ..Default::default() };
+        r.track(7, vec!["id".into()], &["id".into(), "v".into()]);
+        r
+    }
+
+    fn chunk(ids: impl IntoIterator<Item = u32>) -> Chunk {
+        let mut c = Chunk::new("sink-a 1".into(), relation(7), &["id".into()], 42).unwrap();
+        for id in ids {
+            c.push_row(&[Some(id.to_string().as_bytes()), Some(b"old")]).unwrap();
+        }
+        c
+    }
+
+    /// The rows of the chunk frame a read returned: (id, value).
+    type Rows = Vec<(String, String)>;
+
+    fn read_rows(frames: &[RawFrame]) -> Option<(Lsn, Lsn, Rows)> {
+        frames.iter().find_map(|f| match decode(&f.data) {
+            Ok(Message::SnapshotChunk { commit_lsn, end_lsn, rows, relation, commit_time }) => {
+                assert_eq!((relation, commit_time), (super::tests::relation(7), 42));
+                let text = |v: &TupleValue<'_>| match v {
+                    TupleValue::Text(t) => String::from_utf8(t.to_vec()).unwrap(),
+                    other => format!("{other:?}"),
+                };
+                Some((commit_lsn, end_lsn, rows.iter().map(|r| (text(&r[0]), text(&r[1]))).collect()))
+            }
+            _ => None,
+        })
+    }
+
+    fn read_all(source: &mut impl ChangeSource) -> Vec<RawFrame> {
+        source.fetch(usize::MAX, &mut TypeRegistry::new())
     }
 
     #[test]
-    fn a_window_with_no_change_keeps_every_row_in_order() {
-        let mut w = ChunkWindow::new(7, vec![row(3), row(1), row(2)]);
-        w.open();
-        assert_eq!(ids(&w.close()), vec![3, 1, 2]);
+    fn rows_whose_key_changed_in_the_window_are_dropped_at_the_watermark() {
+        let frames = vec![
+            begin(900, 100),
+            insert(7, 2, 90),    // a row the chunk holds, inserted again after a delete: in the window
+            rekey(7, 4, 40, 92), // moved away from key 4 (and to 40, which the chunk does not hold)
+            delete(8, 3, 94),    // another table
+            commit(100),
+            watermark("sink-b 1", 150), // another sink's watermark: passed through
+            watermark("sink-a 1", 200),
+            begin(901, 300),
+            delete(7, 5, 290), // after the watermark: delivered after the chunk, which keeps row 5
+            commit(300),
+        ];
+        let mut inner = MemorySource::new(frames.clone());
+        let mut state = reader(1..=5);
+        let out = read_all(&mut ChunkSource { inner: &mut inner, state: &mut state });
+        assert_eq!(out.len(), frames.len(), "the chunk takes its watermark's place");
+        assert_eq!(out[5], frames[5]);
+        assert_eq!(out[6].lsn, Lsn(200));
+        let (commit_lsn, end_lsn, rows) = read_rows(&out).expect("the chunk at its watermark");
+        assert_eq!((commit_lsn, end_lsn), (Lsn(199), Lsn(200)));
+        let ids: Vec<&str> = rows.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["1", "3", "5"]);
+        assert!(rows.iter().all(|(_, v)| v == "old"));
+        let c = state.chunk.as_ref().unwrap();
+        assert_eq!((c.watermark(), c.len(), c.kept()), (Some(Lsn(200)), 5, 3));
+    }
+
+    #[test]
+    fn a_chunk_read_again_after_a_failed_delivery_is_the_same() {
+        let frames = vec![begin(900, 100), insert(7, 2, 90), commit(100), watermark("sink-a 1", 200)];
+        let mut state = reader(1..=3);
+        let first = read_all(&mut ChunkSource { inner: &mut MemorySource::new(frames.clone()), state: &mut state });
+        let again = read_all(&mut ChunkSource { inner: &mut MemorySource::new(frames), state: &mut state });
+        assert_eq!(first, again);
+        assert_eq!(read_rows(&again).unwrap().2.len(), 2);
+    }
+
+    #[test]
+    fn without_its_watermark_a_read_passes_frames_through_and_feeds_the_window() {
+        let frames = vec![begin(900, 100), delete(7, 1, 90), commit(100)];
+        let mut state = reader(1..=2);
+        let out = read_all(&mut ChunkSource { inner: &mut MemorySource::new(frames.clone()), state: &mut state });
+        assert_eq!(out, frames);
+        let c = state.chunk.as_ref().unwrap();
+        assert_eq!((c.watermark(), c.kept(), state.window_keys()), (None, 0, 1), "kept is known at the watermark");
+    }
+
+    #[test]
+    fn a_table_window_opens_when_it_is_tracked_and_follows_its_relation() {
+        // Changes before the table is tracked do not count; a Relation message that moves the key
+        // column is followed; the window holds keys until the table is untracked.
+        let mut state = SnapshotReader { chunk: Some(chunk(1..=4)), ..Default::default() };
+        read_all(&mut ChunkSource { inner: &mut MemorySource::new(vec![delete(7, 1, 10)]), state: &mut state });
+        state.track(7, vec!["id".into()], &["id".into(), "v".into()]);
+        let mut moved = relation(7);
+        moved.columns.reverse(); // (v, id)
+        let mut rel = vec![b'R'];
+        write_relation(&mut rel, &moved);
+        let mut ins = vec![b'I'];
+        ins.extend_from_slice(&7u32.to_be_bytes());
+        ins.push(b'N');
+        write_tuple(&mut ins, &[Some(b"x"), Some(b"3")]); // v = x, id = 3
+        let frames = vec![
+            RawFrame { lsn: Lsn(20), data: rel },
+            begin(900, 100),
+            RawFrame { lsn: Lsn(30), data: ins },
+            commit(100),
+            watermark("sink-a 1", 200),
+        ];
+        let out = read_all(&mut ChunkSource { inner: &mut MemorySource::new(frames), state: &mut state });
+        let ids: Vec<String> = read_rows(&out).unwrap().2.into_iter().map(|(id, _)| id).collect();
+        assert_eq!(ids, ["1", "2", "4"], "key 3 by its column's new place; key 1 before tracking kept");
+        assert_eq!(state.window_keys(), 1);
+        state.untrack(7);
+        assert!(!state.tracks(7) && state.window_keys() == 0);
+    }
+
+    #[test]
+    fn without_the_window_every_row_is_kept() {
+        let mut state = reader(1..=3);
+        state.skip_window = true;
+        let frames = vec![begin(900, 100), delete(7, 2, 90), commit(100), watermark("sink-a 1", 200)];
+        let out = read_all(&mut ChunkSource { inner: &mut MemorySource::new(frames), state: &mut state });
+        assert_eq!(read_rows(&out).unwrap().2.len(), 3);
+    }
+
+    #[test]
+    fn the_transactions_read_lately_are_remembered_for_the_snapshot_check() {
+        let mut state = SnapshotReader::default();
+        let frames = vec![begin(900, 100), commit(100), begin(905, 200), commit(200)];
+        read_all(&mut ChunkSource { inner: &mut MemorySource::new(frames), state: &mut state });
+        // 905 committed and was read, but the chunk's snapshot saw it in progress.
+        assert!(state.recent.any_in_progress(&MvccSnapshot::parse("899:910:905,907").unwrap()));
+        assert!(!state.recent.any_in_progress(&MvccSnapshot::parse("899:910:907").unwrap()));
+        for xid in 0..RecentXids::CAPACITY as u32 + 1 {
+            state.recent.record(&begin(1_000 + xid, 100).data);
+        }
+        assert!(!state.recent.any_in_progress(&MvccSnapshot::parse("899:910:900").unwrap()), "bounded");
+    }
+
+    #[test]
+    fn a_chunk_key_must_name_columns_of_the_relation() {
+        assert!(Chunk::new("x".into(), relation(7), &["nope".into()], 0).is_err());
+        assert!(Chunk::new("x".into(), relation(7), &[], 0).is_err());
+        let mut c = chunk([]);
+        assert!(c.push_row(&[Some(b"1")]).is_err(), "a row of the wrong width");
+        assert!(c.is_empty());
     }
 }

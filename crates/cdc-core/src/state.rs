@@ -4,6 +4,8 @@
 //!
 //! ```text
 //!  cdc_add_sink ─▶ starting ──(first delivery)──▶ running ◀──(delivered again)──┐
+//!       │              │                            ▲                             │
+//!       │              └──(snapshot to deliver)─▶ snapshotting (done) ─┘          │
 //!       │              ▲                              │                           │
 //!       │ (slot made   │ (worker made the slot)       ├─ broker away, timeout ─▶ retrying
 //!       ▼  after COMMIT)                              └─ needs an operator ────▶ error
@@ -21,6 +23,9 @@ pub enum SinkState {
     CreatingSlot,
     /// The slot exists; nothing delivered since the worker (re)started the sink.
     Starting,
+    /// Delivering its snapshot (the rows its tables held when it was added, as READ events),
+    /// and the changes since.
+    Snapshotting,
     /// Delivering.
     Running,
     /// A transient failure (broker unreachable, timeout): backing off, then trying again.
@@ -31,14 +36,21 @@ pub enum SinkState {
 
 impl SinkState {
     /// Every state, in lifecycle order.
-    pub const ALL: [SinkState; 5] =
-        [SinkState::CreatingSlot, SinkState::Starting, SinkState::Running, SinkState::Retrying, SinkState::Error];
+    pub const ALL: [SinkState; 6] = [
+        SinkState::CreatingSlot,
+        SinkState::Starting,
+        SinkState::Snapshotting,
+        SinkState::Running,
+        SinkState::Retrying,
+        SinkState::Error,
+    ];
 
     /// The label stored in `_cdc_sinks.state` and shown by every monitoring function.
     pub fn label(self) -> &'static str {
         match self {
             SinkState::CreatingSlot => "creating_slot",
             SinkState::Starting => "starting",
+            SinkState::Snapshotting => "snapshotting",
             SinkState::Running => "running",
             SinkState::Retrying => "retrying",
             SinkState::Error => "error",
@@ -82,19 +94,33 @@ mod tests {
     fn the_catalog_allows_exactly_these_labels() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sql");
         let labels: Vec<String> = SinkState::ALL.iter().map(|s| s.label().to_string()).collect();
-        // The fresh install, and every upgrade script that (re)defines the constraint.
-        let mut checked = 0;
+        // The fresh install and the newest upgrade script that (re)defines the constraint (older
+        // scripts define what their release allowed).
+        let mut upgrades: Vec<(String, String)> = Vec::new();
         for entry in std::fs::read_dir(&root).expect("sql/") {
             let path = entry.expect("entry").path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
             if !path.is_file() {
-                continue; // sql/history: install scripts of earlier releases, before the constraint
+                continue; // sql/history: install scripts of earlier releases
             }
             let sql = std::fs::read_to_string(&path).expect("read");
-            if sql.contains("_cdc_sinks_state_check") {
-                assert_eq!(check_labels(&sql, "_cdc_sinks_state_check"), labels, "{}", path.display());
-                checked += 1;
+            if name == "bootstrap.sql" {
+                assert_eq!(check_labels(&sql, "_cdc_sinks_state_check"), labels, "{name}");
+            } else if sql.contains("_cdc_sinks_state_check") {
+                upgrades.push((name, sql));
             }
         }
-        assert!(checked >= 2, "bootstrap.sql and the upgrade script define the constraint ({checked} found)");
+        // pg_cdc--<from>--<to>.sql: the newest by its target version.
+        let version = |n: &str| -> Vec<u32> {
+            n.trim_end_matches(".sql")
+                .rsplit("--")
+                .next()
+                .unwrap_or("")
+                .split('.')
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        };
+        let (name, sql) = upgrades.iter().max_by_key(|(n, _)| version(n)).expect("an upgrade script defines it");
+        assert_eq!(check_labels(sql, "_cdc_sinks_state_check"), labels, "{name}");
     }
 }

@@ -53,6 +53,9 @@ pub struct DeliveryCounters {
     /// Reads that ran while the unit before was still being committed on the sink's delivery
     /// thread (decoding and delivery overlapping).
     pub reads_overlapped: u64,
+    /// Snapshot rows delivered as READ events (before the sink's filters: rows a filter dropped
+    /// count in `cdc_filter_metrics`).
+    pub snapshot_rows_delivered: u64,
 }
 
 /// Filter and transformation counts of one table in one sink's pipeline (`cdc_filter_metrics`).
@@ -215,6 +218,7 @@ impl DeliveryStatus<'_> {
                 "bytes": c.bytes_delivered,
                 "source_transactions": c.source_transactions_delivered,
                 "large_transactions": c.large_transactions,
+                "snapshot_rows": c.snapshot_rows_delivered,
             },
             "decoding": {
                 "wal_decoded_bytes": c.wal_decoded_bytes,

@@ -15,9 +15,39 @@ pub enum Format {
     Json,
 }
 
+/// What a new sink delivers of the rows its tables hold already (`snapshot_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotMode {
+    /// Every row of its tables as a READ event, then the changes (the default).
+    Initial,
+    /// Only changes made after its slot exists.
+    Never,
+}
+
+impl SnapshotMode {
+    /// The name in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotMode::Initial => "initial",
+            SnapshotMode::Never => "never",
+        }
+    }
+}
+
+/// Rows one snapshot chunk reads when the config does not say (`snapshot_chunk_size`).
+pub const DEFAULT_SNAPSHOT_CHUNK_SIZE: u32 = 4096;
+
 /// The keys every sink type takes.
-pub const COMMON_KEYS: &[&str] =
-    &["tables", "include_transformations", "checkpoint_interval_ms", "partition_key", "format", "schema_registry"];
+pub const COMMON_KEYS: &[&str] = &[
+    "tables",
+    "include_transformations",
+    "checkpoint_interval_ms",
+    "partition_key",
+    "format",
+    "schema_registry",
+    "snapshot_mode",
+    "snapshot_chunk_size",
+];
 
 /// The keys every sink type takes, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +65,11 @@ pub struct SinkCommon {
     pub partition_key: Option<String>,
     /// Event encoding.
     pub format: Format,
+    /// `snapshot_mode`: whether a new sink starts with the rows its tables hold.
+    pub snapshot_mode: SnapshotMode,
+    /// `snapshot_chunk_size`: rows per snapshot chunk (each is read in one query, held in memory
+    /// until the stream reaches its watermark, and delivered as one transaction).
+    pub snapshot_chunk_size: u32,
 }
 
 /// A sink config's object, its keys checked against the type's own keys and [`COMMON_KEYS`]
@@ -68,7 +103,26 @@ pub fn parse_common(o: &Obj<'_>) -> CdcResult<SinkCommon> {
         return Err(invalid("config.tables must list at least one table")
             .hint("Leave \"tables\" out to deliver every captured table."));
     }
-    Ok(SinkCommon { tables, include_transformations, checkpoint_interval_ms, partition_key, format })
+    let snapshot_mode = match o.string("snapshot_mode")?.unwrap_or("initial") {
+        "initial" => SnapshotMode::Initial,
+        "never" => SnapshotMode::Never,
+        "initial_only" => return Err(planned("config.snapshot_mode", "snapshot_mode \"initial_only\"")),
+        other => {
+            return Err(invalid(format!("config.snapshot_mode: unknown mode \"{other}\""))
+                .hint("Valid modes: initial (the default), never."))
+        }
+    };
+    let snapshot_chunk_size =
+        o.int("snapshot_chunk_size", 1, 1_000_000)?.map_or(DEFAULT_SNAPSHOT_CHUNK_SIZE, |v| v as u32);
+    Ok(SinkCommon {
+        tables,
+        include_transformations,
+        checkpoint_interval_ms,
+        partition_key,
+        format,
+        snapshot_mode,
+        snapshot_chunk_size,
+    })
 }
 
 /// How long one delivery unit of a sink (a Kafka transaction, a database transaction) may stay open: the smallest

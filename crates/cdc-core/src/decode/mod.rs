@@ -138,6 +138,21 @@ pub enum Message<'a> {
         /// The truncated relations.
         relations: Vec<u32>,
     },
+    /// 'Z': a chunk of a snapshot, pg_cdc's own message (never sent by pgoutput; see
+    /// [`crate::snapshot`]): rows read from a table, delivered as one transaction of READ events
+    /// at the stream position of the chunk's high watermark.
+    SnapshotChunk {
+        /// Where the chunk sits in the stream: its events' `commit_lsn`.
+        commit_lsn: Lsn,
+        /// The position to confirm once the chunk is delivered (its high watermark).
+        end_lsn: Lsn,
+        /// When the chunk was read, microseconds since 2000-01-01 UTC.
+        commit_time: i64,
+        /// The table as the chunk's rows lay it out.
+        relation: Relation,
+        /// The rows, in the relation's column order.
+        rows: Vec<Tuple<'a>>,
+    },
     /// 'M': a logical decoding message (`pg_logical_emit_message`).
     LogicalMessage {
         /// Emitted with `transactional => true`.
@@ -251,6 +266,29 @@ impl<'a> Reader<'a> {
         Ok(cols)
     }
 
+    /// A relation description after its 'R' tag; `limit` bounds the column count.
+    fn relation(&mut self, limit: usize) -> Result<Relation, DecodeError> {
+        let oid = self.u32()?;
+        let namespace = self.cstr()?.to_owned();
+        let name = self.cstr()?.to_owned();
+        let replica_identity = self.u8()?;
+        let n = self.u16()? as usize;
+        if n > limit {
+            return self.err(format!("relation claims {n} columns"));
+        }
+        let mut columns = Vec::with_capacity(n);
+        for _ in 0..n {
+            let flags = self.u8()?;
+            columns.push(RelationColumn {
+                is_key: flags & 1 == 1,
+                name: self.cstr()?.to_owned(),
+                type_oid: self.u32()?,
+                type_mod: self.i32()?,
+            });
+        }
+        Ok(Relation { oid, namespace, name, replica_identity, columns })
+    }
+
     fn done(&self) -> Result<(), DecodeError> {
         if self.pos == self.buf.len() {
             Ok(())
@@ -270,26 +308,19 @@ pub fn decode(frame: &[u8]) -> Result<Message<'_>, DecodeError> {
             Message::Commit { flags: r.u8()?, commit_lsn: Lsn(r.u64()?), end_lsn: Lsn(r.u64()?), commit_time: r.i64()? }
         }
         b'O' => Message::Origin { lsn: Lsn(r.u64()?), name: r.cstr()? },
-        b'R' => {
-            let oid = r.u32()?;
-            let namespace = r.cstr()?.to_owned();
-            let name = r.cstr()?.to_owned();
-            let replica_identity = r.u8()?;
-            let n = r.u16()? as usize;
+        b'R' => Message::Relation(r.relation(frame.len())?),
+        b'Z' => {
+            let (commit_lsn, end_lsn, commit_time) = (Lsn(r.u64()?), Lsn(r.u64()?), r.i64()?);
+            let relation = r.relation(frame.len())?;
+            let n = r.u32()? as usize;
             if n > frame.len() {
-                return r.err(format!("relation claims {n} columns"));
+                return r.err(format!("snapshot chunk claims {n} rows"));
             }
-            let mut columns = Vec::with_capacity(n);
+            let mut rows = Vec::with_capacity(n);
             for _ in 0..n {
-                let flags = r.u8()?;
-                columns.push(RelationColumn {
-                    is_key: flags & 1 == 1,
-                    name: r.cstr()?.to_owned(),
-                    type_oid: r.u32()?,
-                    type_mod: r.i32()?,
-                });
+                rows.push(r.tuple()?);
             }
-            Message::Relation(Relation { oid, namespace, name, replica_identity, columns })
+            Message::SnapshotChunk { commit_lsn, end_lsn, commit_time, relation, rows }
         }
         b'Y' => Message::Type { oid: r.u32()?, namespace: r.cstr()?, name: r.cstr()? },
         b'I' => {

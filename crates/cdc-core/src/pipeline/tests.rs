@@ -752,3 +752,63 @@ fn a_key_change_retracts_only_what_the_message_key_identified() {
         ["INSERT", "UPDATE", "UPDATE", "DELETE", "TRUNCATE"]
     );
 }
+
+#[test]
+fn a_snapshot_chunk_is_one_transaction_of_read_events_through_the_same_stages() {
+    use crate::deliver::memory::MemorySource;
+    use crate::deliver::port::ChangeSource;
+    use crate::snapshot::{Chunk, ChunkSource, SnapshotReader, WATERMARK_PREFIX};
+
+    let fr = frames("basic");
+    let oids = relation_oids(&fr);
+    let plain = fr
+        .iter()
+        .find_map(|f| match decode(&f.data) {
+            Ok(Message::Relation(r)) if r.name == "plain" => Some(r),
+            _ => None,
+        })
+        .unwrap();
+    let mut chunk = Chunk::new("s 1".into(), plain, &["id".into()], 0).unwrap();
+    for (id, v) in [("10", Some("ten")), ("11", None), ("12", Some("twelve"))] {
+        chunk.push_row(&[Some(id.as_bytes()), v.map(str::as_bytes)]).unwrap();
+    }
+    let end = fr.last().unwrap().lsn.0 + 64;
+    let mut mark = vec![b'M', 0];
+    mark.extend_from_slice(&end.to_be_bytes());
+    mark.extend_from_slice(WATERMARK_PREFIX.as_bytes());
+    let content = crate::snapshot::watermark_content("s 1", 3);
+    mark.push(0);
+    mark.extend_from_slice(&(content.len() as u32).to_be_bytes());
+    mark.extend_from_slice(content.as_bytes());
+    let mut all = fr.clone();
+    all.push(RawFrame { lsn: Lsn(end), data: mark });
+    let mut state = SnapshotReader::default();
+    state.chunk = Some(chunk);
+    let types = types("basic");
+    let spliced = ChunkSource { inner: &mut MemorySource::new(all), state: &mut state }
+        .fetch(usize::MAX, &mut TypeRegistry::new());
+
+    // A filter on `plain` applies to READ rows as to inserts.
+    let mut p = config(&["id"]);
+    p.filter = Some("v IS NOT NULL".into());
+    let sink: SinkTables = [(oids["plain"], Arc::new(p)), (oids["orders"], Arc::new(orders_config()))].into();
+    let out = Assembler::new("golden").process(&spliced, &sink, &types).unwrap();
+    let last = out.transactions.last().unwrap();
+    assert_eq!((last.xid, last.commit_lsn, last.end_lsn), (0, Lsn(end - 1), Lsn(end)));
+    assert_eq!(out.confirm_lsn, Some(Lsn(end)));
+    let ev = events(std::slice::from_ref(last));
+    assert_eq!(ev.len(), 2, "the row whose v is NULL is filtered out");
+    for (i, (((key, e), id), lsn)) in ev.iter().zip([10, 12]).zip([end - 4, end - 2]).enumerate() {
+        assert_eq!(key.as_ref().unwrap(), &json!({ "id": id }));
+        assert_eq!(e["metadata"]["operation"], "READ");
+        assert_eq!(e["metadata"]["commit_lsn"], end - 1);
+        assert_eq!(e["metadata"]["lsn"], lsn, "each of the 3 rows (one filtered) at its own lsn");
+        assert_eq!(e["before"], Value::Null);
+        assert_eq!(e["after"]["id"], id);
+        assert_eq!(last.events[i].index, i as u32 + 1);
+    }
+    assert_eq!(last.counters[&oids["plain"]].excluded, 1);
+    // The stream's events before the chunk are those of the capture alone.
+    let stream = Assembler::new("golden").process(&fr, &sink, &types).unwrap();
+    assert_eq!(events(&out.transactions[..out.transactions.len() - 1]), events(&stream.transactions));
+}

@@ -77,6 +77,29 @@ fn checkpoint_interval_is_a_common_key() {
 }
 
 #[test]
+fn snapshot_mode_and_chunk_size_are_common_keys() {
+    use cdc_core::config::SnapshotMode;
+    let s = parse_config("kafka", &json!({"topic": "t"})).unwrap();
+    assert_eq!((s.common().snapshot_mode, s.common().snapshot_chunk_size), (SnapshotMode::Initial, 4096));
+    let t =
+        parse_config("table", &json!({"table": "ev", "snapshot_mode": "never", "snapshot_chunk_size": 10})).unwrap();
+    assert_eq!((t.common().snapshot_mode, t.common().snapshot_chunk_size), (SnapshotMode::Never, 10));
+    let e = |v| parse_config("kafka", &v).unwrap_err();
+    let only = e(json!({"topic": "t", "snapshot_mode": "initial_only"}));
+    assert_eq!(
+        (only.kind.sqlstate(), only.message.as_str()),
+        ("0A000", "config.snapshot_mode is not supported yet: snapshot_mode \"initial_only\" is planned")
+    );
+    let bad = e(json!({"topic": "t", "snapshot_mode": "always"}));
+    assert_eq!(
+        (bad.kind.sqlstate(), bad.hint.as_deref()),
+        ("22023", Some("Valid modes: initial (the default), never."))
+    );
+    assert_eq!(e(json!({"topic": "t", "snapshot_chunk_size": 0})).kind.sqlstate(), "22023");
+    assert_eq!(e(json!({"topic": "t", "snapshot_chunk_size": 1_000_001})).kind.sqlstate(), "22023");
+}
+
+#[test]
 fn a_sink_level_partition_key_is_taken_by_every_sink_type() {
     let k = kafka(json!({"topic": "t", "partition_key": "account_id"}));
     assert_eq!(k.common.partition_key.as_deref(), Some("account_id"));

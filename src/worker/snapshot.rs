@@ -1,0 +1,400 @@
+//! The worker's side of snapshots: reads a sink's next chunk, writes its watermark, and keeps
+//! `_cdc_snapshots` current (the rules are in [`cdc_core::snapshot`]; ARCHITECTURE.md,
+//! "Snapshots").
+//!
+//! ```text
+//!  take_chunk (one transaction):
+//!    the chunk before it delivered? ─▶ last_key moves on (or the table is done)
+//!    SELECT next rows by key, pg_current_snapshot() ─▶ a transaction read lately in progress? read later
+//!    pg_logical_emit_message(false, 'pg_cdc_snapshot', '<sink> <pid> <n>\n' + a byte per row) ─▶ flushed
+//!    _cdc_snapshots: the chunk in flight (watermark, last key, rows)
+//! ```
+//! The catalog row says which rows were delivered. A chunk in flight is known delivered once
+//! the sink's delivered position passes its watermark: the worker knows it for the chunk it
+//! holds; after a restart it compares the watermark with where the sink stood when it was opened
+//! again (its checkpoint, or the slot's confirmed position), before anything new is delivered.
+use std::ffi::CStr;
+
+use cdc_core::decode::{Relation, RelationColumn};
+use cdc_core::snapshot::{watermark_content, Chunk, MvccSnapshot, RecentXids, WATERMARK_PREFIX};
+use cdc_core::Lsn;
+use pgrx::prelude::*;
+use serde::Deserialize;
+
+use crate::catalog;
+use crate::lookups::quote_ident;
+
+/// How the chunk read before (if any) is settled.
+#[derive(Debug, Clone, Copy)]
+pub enum Previous {
+    /// The worker delivered the chunk it held.
+    Delivered,
+    /// The worker holds no chunk (it just started the sink): one the catalog has in flight was
+    /// delivered if the sink had delivered up to its watermark when it was opened.
+    OpenedAt(Lsn),
+}
+
+/// What [`take_chunk`] found.
+pub enum Next {
+    /// A chunk, its watermark written.
+    Chunk(Box<Chunk>),
+    /// Rows remain, but not now (a transaction read lately was in progress in the chunk's
+    /// snapshot): try again on a later pass.
+    Later,
+    /// No snapshot of the sink has rows left.
+    Done,
+}
+
+/// The open snapshot a chunk is read for.
+#[derive(Deserialize)]
+struct Open {
+    snapshot_id: i64,
+    table_oid: u32,
+    last_key: Option<Vec<Option<String>>>,
+}
+
+/// A table as pgoutput describes it, and the key chunks are read by.
+#[derive(Deserialize)]
+struct Described {
+    namespace: String,
+    name: String,
+    replident: String,
+    columns: Vec<Column>,
+    pk: Option<Vec<String>>,
+    ri: Option<Vec<String>>,
+    reltuples: f64,
+}
+
+#[derive(Deserialize)]
+struct Column {
+    name: String,
+    #[serde(rename = "type")]
+    type_oid: u32,
+    typmod: i32,
+    type_sql: String,
+    ident: bool,
+}
+
+/// Reads the next chunk of a sink's snapshots (in the caller's transaction), after settling the
+/// one read before; `nonce` names the chunk's watermark (unique in this worker's life). Returns
+/// it with the tables whose snapshots still have rows left.
+pub fn take_chunk(
+    schema: &str,
+    sink_id: &str,
+    previous: Previous,
+    chunk_size: u32,
+    recent: &RecentXids,
+    nonce: &str,
+) -> Result<(Next, Vec<u32>), String> {
+    let next = next_chunk(schema, sink_id, previous, chunk_size, recent, nonce)?;
+    Ok((next, open_oids(schema, sink_id)?))
+}
+
+fn next_chunk(
+    schema: &str,
+    sink_id: &str,
+    previous: Previous,
+    chunk_size: u32,
+    recent: &RecentXids,
+    nonce: &str,
+) -> Result<Next, String> {
+    // The sink's row first, as cdc_drop_sink does (its DELETE cascades here): a drop waits for
+    // this transaction, or this one sees the sink gone; never both waiting for each other.
+    let alive = catalog::select_one_write::<bool>(
+        &format!("SELECT true FROM {schema}._cdc_sinks WHERE sink_id = $1::uuid FOR KEY SHARE"),
+        &[sink_id.into()],
+    );
+    if alive.is_none() {
+        return Ok(Next::Done);
+    }
+    let (delivered, at) = match previous {
+        Previous::Delivered => (true, Lsn(0)),
+        Previous::OpenedAt(l) => (false, l),
+    };
+    catalog::run(
+        &format!(
+            "WITH s AS (SELECT snapshot_id, ($2 OR chunk_watermark <= $3::text::pg_lsn) AS delivered
+                          FROM {schema}._cdc_snapshots WHERE sink_id = $1::uuid AND chunk_watermark IS NOT NULL)
+             UPDATE {schema}._cdc_snapshots t SET
+                    last_key = CASE WHEN s.delivered THEN t.chunk_last_key ELSE t.last_key END,
+                    rows_done = t.rows_done + CASE WHEN s.delivered THEN t.chunk_rows ELSE 0 END,
+                    state = CASE WHEN s.delivered AND t.chunk_last THEN 'done' ELSE t.state END,
+                    finished_at = CASE WHEN s.delivered AND t.chunk_last THEN now() END,
+                    chunk_watermark = NULL, chunk_last_key = NULL, chunk_rows = NULL, chunk_last = NULL
+               FROM s WHERE t.snapshot_id = s.snapshot_id"
+        ),
+        &[sink_id.into(), delivered.into(), at.to_string().as_str().into()],
+    );
+    // A table no longer captured has nothing to snapshot.
+    catalog::run(
+        &format!(
+            "UPDATE {schema}._cdc_snapshots s SET state = 'skipped', finished_at = now(),
+                    note = 'the table is no longer captured'
+              WHERE s.sink_id = $1::uuid AND s.state IN ('pending', 'running')
+                AND NOT EXISTS (SELECT 1 FROM {schema}._cdc_publications p
+                                 WHERE p.table_oid = s.table_oid AND p.status = 'active')"
+        ),
+        &[sink_id.into()],
+    );
+    loop {
+        let open = catalog::json(
+            &format!(
+                "SELECT to_jsonb(x) FROM (SELECT snapshot_id, table_oid::bigint AS table_oid, last_key
+                   FROM {schema}._cdc_snapshots WHERE sink_id = $1::uuid AND state IN ('pending', 'running')
+                  ORDER BY snapshot_id LIMIT 1) x"
+            ),
+            &[sink_id.into()],
+        );
+        let Some(open) = open.filter(|v| !v.is_null()) else {
+            return Ok(Next::Done);
+        };
+        let open: Open = serde_json::from_value(open).map_err(|e| format!("unexpected snapshot row: {e}"))?;
+        let table = describe(open.table_oid)?;
+        let Some(key) = chunk_key(&table) else {
+            pgrx::warning!(
+                "pg_cdc: table {}.{} has no primary key or replica identity index: its snapshot is skipped \
+                 (chunks are read by key)",
+                table.namespace,
+                table.name
+            );
+            catalog::run(
+                &format!(
+                    "UPDATE {schema}._cdc_snapshots SET state = 'skipped', finished_at = now(),
+                            note = 'no primary key or replica identity index: chunks are read by key'
+                      WHERE snapshot_id = $1"
+                ),
+                &[open.snapshot_id.into()],
+            );
+            continue;
+        };
+        let (snapshot, rows) = read_rows(&table, &key, open.last_key.as_deref(), chunk_size)?;
+        if rows.is_empty() {
+            catalog::run(
+                &format!(
+                    "UPDATE {schema}._cdc_snapshots SET state = 'done', chunk_key = $2,
+                            started_at = coalesce(started_at, now()), finished_at = now()
+                      WHERE snapshot_id = $1"
+                ),
+                &[open.snapshot_id.into(), key.clone().into()],
+            );
+            continue;
+        }
+        let snapshot = MvccSnapshot::parse(&snapshot).map_err(|e| e.message)?;
+        if recent.any_in_progress(&snapshot) {
+            return Ok(Next::Later);
+        }
+        let relation = Relation {
+            oid: open.table_oid,
+            namespace: table.namespace.clone(),
+            name: table.name.clone(),
+            replica_identity: table.replident.as_bytes().first().copied().unwrap_or(b'd'),
+            columns: table
+                .columns
+                .iter()
+                .map(|c| RelationColumn {
+                    is_key: c.ident,
+                    name: c.name.clone(),
+                    type_oid: c.type_oid,
+                    type_mod: c.typmod,
+                })
+                .collect(),
+        };
+        let read_at =
+            catalog::select_one::<i64>("SELECT ((extract(epoch FROM now()) - 946684800) * 1000000)::int8", &[])
+                .unwrap_or_default();
+        let id = format!("{sink_id} {nonce}");
+        let mut chunk = Chunk::new(id.clone(), relation, &key, read_at).map_err(|e| e.message)?;
+        for r in &rows {
+            let values: Vec<Option<&[u8]>> = r.iter().map(|v| v.as_deref().map(str::as_bytes)).collect();
+            chunk.push_row(&values).map_err(|e| e.message)?;
+        }
+        let positions: Vec<usize> =
+            key.iter().filter_map(|k| table.columns.iter().position(|c| &c.name == k)).collect();
+        let last = rows.last().map(|r| positions.iter().map(|&i| r[i].clone()).collect::<Vec<_>>()).unwrap_or_default();
+        let watermark = write_watermark(&watermark_content(&id, rows.len()))?;
+        catalog::run(
+            &format!(
+                "UPDATE {schema}._cdc_snapshots SET state = 'running', chunk_key = $2,
+                        started_at = coalesce(started_at, now()), rows_estimate = coalesce(rows_estimate, $3),
+                        chunk_watermark = $4::text::pg_lsn, chunk_last_key = $5, chunk_rows = $6, chunk_last = $7
+                  WHERE snapshot_id = $1"
+            ),
+            &[
+                open.snapshot_id.into(),
+                key.into(),
+                (table.reltuples.max(0.0) as i64).into(),
+                watermark.to_string().as_str().into(),
+                last.into(),
+                (rows.len() as i64).into(),
+                (rows.len() < chunk_size as usize).into(),
+            ],
+        );
+        return Ok(Next::Chunk(Box::new(chunk)));
+    }
+}
+
+/// The columns a table's chunks are read by, and its changes matched by: those of the replica
+/// identity index when the table has one (a DELETE's old key carries only them), else the primary
+/// key; `None` for a table with neither.
+fn chunk_key(table: &Described) -> Option<Vec<String>> {
+    match table.replident.as_str() {
+        "i" => table.ri.clone(),
+        _ => table.pk.clone(),
+    }
+}
+
+/// A table being snapshotted: its OID, chunk key and columns.
+pub type OpenTable = (u32, Vec<String>, Vec<String>);
+
+/// The tables of a sink's snapshots with rows left, each with its chunk key and its columns as
+/// the stream lays them out (keyless tables left out: their snapshot is skipped).
+pub fn open_tables(schema: &str, sink_id: &str) -> Result<Vec<OpenTable>, String> {
+    let mut out = Vec::new();
+    for oid in open_oids(schema, sink_id)? {
+        let Ok(table) = describe(oid) else { continue };
+        if let Some(key) = chunk_key(&table) {
+            out.push((oid, key, table.columns.into_iter().map(|c| c.name).collect()));
+        }
+    }
+    Ok(out)
+}
+
+/// The tables of a sink's snapshots with rows left.
+fn open_oids(schema: &str, sink_id: &str) -> Result<Vec<u32>, String> {
+    if !crate::api::sinks::has_snapshots(schema) {
+        return Ok(Vec::new());
+    }
+    let oids = catalog::json(
+        &format!(
+            "SELECT coalesce(jsonb_agg(DISTINCT table_oid::bigint), '[]') FROM {schema}._cdc_snapshots
+              WHERE sink_id = $1::uuid AND state IN ('pending', 'running')"
+        ),
+        &[sink_id.into()],
+    )
+    .unwrap_or_default();
+    serde_json::from_value(oids).map_err(|e| format!("unexpected snapshot tables: {e}"))
+}
+
+/// A table's columns as pgoutput describes them (attribute order, no dropped or generated
+/// columns, the replica identity's columns flagged), its primary key and replica identity index.
+fn describe(oid: u32) -> Result<Described, String> {
+    let v = catalog::json(
+        "SELECT jsonb_build_object(
+            'namespace', n.nspname, 'name', c.relname, 'replident', c.relreplident::text,
+            'reltuples', c.reltuples::float8,
+            'columns', (SELECT jsonb_agg(jsonb_build_object(
+                            'name', a.attname, 'type', a.atttypid::bigint, 'typmod', a.atttypmod,
+                            'type_sql', format_type(a.atttypid, a.atttypmod),
+                            'ident', c.relreplident = 'f' OR a.attnum = ANY (
+                                SELECT unnest(i.indkey::int2[]) FROM pg_index i
+                                 WHERE i.indrelid = c.oid
+                                   AND CASE c.relreplident WHEN 'd' THEN i.indisprimary
+                                                           WHEN 'i' THEN i.indisreplident ELSE false END))
+                          ORDER BY a.attnum)
+                          FROM pg_attribute a
+                         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
+            'pk', (SELECT jsonb_agg(a.attname ORDER BY k.ord) FROM pg_index i
+                     CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY k(attnum, ord)
+                     JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                    WHERE i.indrelid = c.oid AND i.indisprimary),
+            'ri', (SELECT jsonb_agg(a.attname ORDER BY k.ord) FROM pg_index i
+                     CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY k(attnum, ord)
+                     JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                    WHERE i.indrelid = c.oid AND i.indisreplident))
+           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1::bigint::oid",
+        &[i64::from(oid).into()],
+    )
+    .ok_or_else(|| format!("table with OID {oid} does not exist"))?;
+    serde_json::from_value::<Described>(v).map_err(|e| format!("cannot describe table with OID {oid}: {e}"))
+}
+
+/// A row as text, column by column (`None`: NULL).
+type Row = Vec<Option<String>>;
+
+/// The next `limit` rows after `after` by `key`, each column as its type's output function
+/// writes it (what pgoutput sends), and the snapshot the query read them with.
+fn read_rows(
+    table: &Described,
+    key: &[String],
+    after: Option<&[Option<String>]>,
+    limit: u32,
+) -> Result<(String, Vec<Row>), String> {
+    let qualified = format!("{}.{}", quote_ident(&table.namespace), quote_ident(&table.name));
+    let cols: Vec<String> = table.columns.iter().map(|c| quote_ident(&c.name)).collect();
+    let keys: Vec<String> = key.iter().map(|k| quote_ident(k)).collect();
+    let key_type = |k: &String| table.columns.iter().find(|c| &c.name == k).map_or("text", |c| c.type_sql.as_str());
+    let filter = match after {
+        Some(_) => format!(
+            "WHERE ({}) > ({})",
+            keys.join(", "),
+            key.iter()
+                .enumerate()
+                .map(|(i, k)| format!("($1::text[])[{}]::{}", i + 1, key_type(k)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => String::new(),
+    };
+    // One statement, so pg_current_snapshot() is the snapshot the rows were read with.
+    let sql = format!(
+        "SELECT pg_current_snapshot()::text, {} FROM ONLY {qualified} {filter} ORDER BY {} LIMIT {limit}",
+        cols.join(", "),
+        keys.join(", ")
+    );
+    let arg: Vec<Option<String>> = after.map(<[_]>::to_vec).unwrap_or_default();
+    let width = cols.len();
+    Spi::connect(|client| -> Result<(String, Vec<Row>), pgrx::spi::Error> {
+        let args = if after.is_some() { vec![arg.clone().into()] } else { vec![] };
+        let t = client.select(&sql, None, &args)?;
+        let n = t.len();
+        let mut snapshot = String::new();
+        let mut rows = Vec::with_capacity(n);
+        // SAFETY: SPI_tuptable is the result of the select just run, with `n` rows of `width + 1`
+        // columns; SPI_getvalue returns a palloc'd C string (or NULL) that lives until SPI_finish.
+        unsafe {
+            let tt = pg_sys::SPI_tuptable;
+            for i in 0..n {
+                let tuple = *(*tt).vals.add(i);
+                let text = |col: i32| -> Option<String> {
+                    let p = pg_sys::SPI_getvalue(tuple, (*tt).tupdesc, col);
+                    (!p.is_null()).then(|| CStr::from_ptr(p).to_string_lossy().into_owned())
+                };
+                if i == 0 {
+                    snapshot = text(1).unwrap_or_default();
+                }
+                rows.push((0..width).map(|c| text(c as i32 + 2)).collect());
+            }
+        }
+        Ok((snapshot, rows))
+    })
+    .map_err(|e| format!("cannot read the next snapshot chunk of {qualified}: {e}"))
+}
+
+/// Writes a chunk's watermark (a non-transactional logical message, decoded at its place in the
+/// WAL by every slot) and flushes it, so the sink's reader meets it without waiting for the WAL
+/// writer; returns the end of its record (where pgoutput places it).
+fn write_watermark(content: &str) -> Result<Lsn, String> {
+    let end = catalog::select_one::<String>(
+        "SELECT pg_logical_emit_message(false, $1, $2)::text",
+        &[WATERMARK_PREFIX.into(), content.into()],
+    )
+    .ok_or("cannot write a snapshot watermark")?;
+    let end: Lsn = end.parse()?;
+    // SAFETY: flushes WAL up to a position already inserted; callable in any backend.
+    unsafe { pg_sys::XLogFlush(end.0) };
+    Ok(end)
+}
+
+/// Whether a sink has snapshots with rows left (false on a catalog before 0.4.0).
+pub fn open_snapshots(schema: &str, sink_id: &str) -> bool {
+    if !crate::api::sinks::has_snapshots(schema) {
+        return false;
+    }
+    catalog::select_one::<bool>(
+        &format!(
+            "SELECT EXISTS (SELECT 1 FROM {schema}._cdc_snapshots WHERE sink_id = $1::uuid AND state IN ('pending', 'running'))"
+        ),
+        &[sink_id.into()],
+    )
+    .unwrap_or(false)
+}
