@@ -676,6 +676,23 @@ def steady_run(conn, env, kafka, script, rate, seconds, idle):
         drop_sinks(conn, names)
 
 
+def producer_alone(env, topic, records, size):
+    """Records/s of Kafka's own producer (ProducerPerformance from the broker's jars, with the Java
+    producer settings the Debezium harness uses) sending `records` records of `size` bytes."""
+    libs = env.cache / f"kafka-{env.kafka_version}" / "libs"
+    out = subprocess.run(
+        ["java", "-Xmx512m", f"-Dlog4j2.configurationFile={REPO / 'kafka' / 'log4j2.yaml'}",
+         "-Dkafka.root.level=ERROR", "-cp", f"{libs}/*", "org.apache.kafka.tools.ProducerPerformance",
+         "--topic", topic, "--num-records", str(records), "--record-size", str(size), "--throughput", "-1",
+         "--producer-props", f"bootstrap.servers={env.bootstrap}",
+         *(f"{k}={v}" for k, v in JAVA_PRODUCER.items())],
+        capture_output=True, text=True, check=True).stdout
+    m = re.search(r"(\d+) records sent, ([\d.]+) records/sec", out)
+    if m is None:
+        raise BenchError(f"unexpected ProducerPerformance output: {out[-500:]}")
+    return float(m.group(2))
+
+
 def write_report(out, name, lines):
     """Writes the report's lines to `out`/`name` and prints them."""
     report = "\n".join(lines) + "\n"
@@ -1104,23 +1121,12 @@ class Bench:
         self.add_load_result(w, "Debezium", result, "JVM + walsender")
 
     def producer_limit(self, w):
-        """Kafka's own producer (ProducerPerformance from the broker's jars) for as many records as
-        the workload's events, each the average size of pg_cdc's events of that workload."""
+        """Kafka's own producer for as many records as the workload's events, each the average size
+        of pg_cdc's events of that workload."""
         size = int(self.results.get("throughput", w.key, "pg_cdc (exactly-once)", "value_bytes"))
         records = w.transactions(self.sizes.events) * w.events_per_tx
-        topic = self.kafka.topic("producer", w.key.lower())
-        libs = self.env.cache / f"kafka-{self.env.kafka_version}" / "libs"
-        out = subprocess.run(
-            ["java", "-Xmx512m", f"-Dlog4j2.configurationFile={REPO / 'kafka' / 'log4j2.yaml'}",
-             "-Dkafka.root.level=ERROR", "-cp", f"{libs}/*", "org.apache.kafka.tools.ProducerPerformance",
-             "--topic", topic, "--num-records", str(records), "--record-size", str(size), "--throughput", "-1",
-             "--producer-props", f"bootstrap.servers={self.env.bootstrap}",
-             *(f"{k}={v}" for k, v in JAVA_PRODUCER.items())],
-            capture_output=True, text=True, check=True).stdout
-        m = re.search(r"(\d+) records sent, ([\d.]+) records/sec", out)
-        if m is None:
-            raise BenchError(f"unexpected ProducerPerformance output: {out[-500:]}")
-        self.results.add("throughput", w.key, "Kafka producer alone", "events_per_s", float(m.group(2)),
+        rate = producer_alone(self.env, self.kafka.topic("producer", w.key.lower()), records, size)
+        self.results.add("throughput", w.key, "Kafka producer alone", "events_per_s", rate,
                          f"records/s ({size}-byte records)")
 
     # -- latency ------------------------------------------------------------------------------

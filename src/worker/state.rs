@@ -1383,7 +1383,7 @@ impl Worker {
                 true
             }
             Ok(Err(e)) | Err(e) => {
-                self.fail(id, SinkState::Error, format!("cannot read the next snapshot chunk: {e}"));
+                self.fail(id, SinkState::Retrying, format!("cannot read the next snapshot chunk: {e}"));
                 false
             }
         }

@@ -1,0 +1,102 @@
+"""An initial snapshot: how fast one exactly-once Kafka sink delivers the rows a table holds as READ
+events, against the limits of the machine, and the memory it takes (issue 16, deliverable 7; the
+Debezium side is not measured yet).
+
+A table of ROWS rows (~200 bytes each) is filled and analyzed; then, one after the other:
+- `COPY table TO '/dev/null'` (server side): the rows read and formatted, nothing sent;
+- pg_cdc: cdc_add_sink with the default snapshot_mode initial; elapsed = cdc_add_sink -> the sink's
+  snapshot done (`_cdc_snapshots`) and every row delivered (cdc_delivery_status); the sink worker's
+  private memory (smaps_rollup, every 0.5 s) and the CPU of every pg_cdc process;
+- Kafka's own producer (ProducerPerformance) for as many records of the size pg_cdc's events had.
+
+    $PG_CDC_VENV/bin/python bench/snapshot.py [--rows 1000000] [--chunk 4096] [--out bench/results]
+
+Needs `make up` and a quiet cluster (no other sinks). Writes snapshot.md and prints it."""
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_bench import (Sampler, capture_pids, captured_table, cpu_seconds, delivered, drop_captured_tables,  # noqa: E402
+                       drop_sinks, private_kib, producer_alone, quiet_start, wait_until, write_report)
+
+TABLE = "snapshot_bench"
+SINK = "snapshot_bench"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--chunk", type=int, default=4096, help="snapshot_chunk_size")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    a = ap.parse_args()
+    env, kafka, conn = quiet_start("snapshot")
+    captured_table(conn, TABLE, "id bigint PRIMARY KEY, account int, amount numeric(12,2), pad text")
+    started, load0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), os.getloadavg()
+    slot = None
+    try:
+        conn.execute(f"INSERT INTO {TABLE} SELECT g, g % 1000, g / 100.0, repeat('x', 150) "
+                     f"FROM generate_series(1, {a.rows}) g")
+        conn.execute(f"VACUUM ANALYZE {TABLE}")
+        size = conn.execute(f"SELECT pg_table_size('{TABLE}')").fetchone()[0]
+        t = time.monotonic()
+        conn.execute(f"COPY {TABLE} TO '/dev/null'")
+        copy_s = time.monotonic() - t
+
+        cfg = {"bootstrap_servers": env.bootstrap, "topic": kafka.topic("snapshot"), "tables": [TABLE],
+               "exactly_once": True, "snapshot_chunk_size": a.chunk}
+        t0 = time.monotonic()
+        conn.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)", (SINK, json.dumps(cfg)))
+        slot = conn.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (SINK,)).fetchone()[0]
+        pids = capture_pids(conn)
+        worker = pids[0]
+        cpu0 = cpu_seconds(pids)
+        memory = Sampler(lambda: private_kib(worker), 0.5)
+        memory.start()
+        wait_until(lambda: (delivered(conn, SINK) or 0) >= a.rows, 3600, "every row delivered")
+        elapsed, cpu = time.monotonic() - t0, cpu_seconds(pids) - cpu0
+        mem = sorted(m / 1024 for m in memory.stop())
+        wait_until(lambda: conn.execute("SELECT bool_and(s.state = 'done') FROM _cdc_snapshots s JOIN _cdc_sinks k "
+                                        "USING (sink_id) WHERE k.sink_name = %s", (SINK,)).fetchone()[0], 60,
+                   "the snapshot done")
+        st = conn.execute("SELECT cdc_delivery_status(%s)->'delivered'", (SINK,)).fetchone()[0]
+        record = int(st["bytes"] / max(st["events"], 1))
+        producer = producer_alone(env, kafka.topic("producer"), a.rows, record)
+    finally:
+        if slot:
+            kafka.created.append("pg_cdc.progress." + slot.removeprefix("_cdc_"))
+            drop_sinks(conn, [SINK])
+        drop_captured_tables(conn, [TABLE])
+        kafka.delete(kafka.created)
+    load1 = os.getloadavg()
+    rate, copy_rate = a.rows / elapsed, a.rows / copy_s
+    limit = min(copy_rate, producer)
+    lines = [
+        "# An initial snapshot",
+        "",
+        f"`bench/snapshot.py`, started {started}, one run, 2 shared cores (load average {load0[0]:.2f} at the start, "
+        f"{load1[0]:.2f} at the end). A table of {a.rows:,} rows ({size / 2**20:,.0f} MiB), captured, nothing "
+        f"else running; one exactly-once Kafka sink added with the default snapshot_mode initial "
+        f"(snapshot_chunk_size {a.chunk}). Elapsed = cdc_add_sink -> every row delivered as a READ event "
+        "(cdc_delivery_status). CPU: every pg_cdc process over it. Memory: the sink worker's private memory "
+        "(smaps_rollup), every 0.5 s.",
+        "",
+        "| | rows/s | of the limit |",
+        "|---|---:|---:|",
+        f"| pg_cdc snapshot to Kafka (exactly-once) | {rate:,.0f} | {rate / limit:.0%} |",
+        f"| `COPY {TABLE} TO '/dev/null'` (server side) | {copy_rate:,.0f} | |",
+        f"| Kafka producer alone ({record}-byte records) | {producer:,.0f} | |",
+        "",
+        f"Limit = min(COPY, producer alone) = {limit:,.0f} rows/s. pg_cdc: {elapsed:.1f} s, {cpu:.1f} CPU s "
+        f"({cpu / a.rows * 100_000:.2f} per 100k rows), worker private memory median / max "
+        f"{mem[len(mem) // 2]:.1f} / {mem[-1]:.1f} MiB. Debezium's initial snapshot of the same table is not "
+        "measured yet.",
+    ]
+    write_report(a.out, "snapshot.md", lines)
+
+
+if __name__ == "__main__":
+    main()
