@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 
-.PHONY: demo test deps install up down restart psql unit lint regress e2e chaos chaos-long golden bench bench-e2e bench-sinks bench-read-path clean logs
+.PHONY: demo test deps install up down restart psql unit lint regress e2e chaos chaos-long golden bench bench-e2e bench-sinks bench-read-path bench-snapshot clean logs
 
 ## demo: install what is missing, build + install the extension, start PostgreSQL and Kafka, run the demo
 demo: up
@@ -72,6 +72,13 @@ chaos-long:
 bench: deps
 	cargo run --release -q -p cdc-core --example pipeline_bench -- --out bench/results
 	@$(MAKE) --no-print-directory bench-e2e
+	@$(MAKE) --no-print-directory bench-snapshot
+
+## bench-snapshot: an initial snapshot of a 1,000,000-row table to an exactly-once Kafka sink against COPY and
+## Kafka's own producer (a minute; needs a quiet cluster; `make bench` runs it too); writes
+## bench/results/snapshot.md. Extra options: SNAPSHOT_ARGS='--rows 10000000'
+bench-snapshot: up
+	@$(ENV) "$$PG_CDC_VENV/bin/python" bench/snapshot.py $(SNAPSHOT_ARGS)
 
 ## bench-e2e: pg_cdc and Debezium side by side into Kafka, with the limits (about 10 minutes; `make bench`
 ## runs it too); writes bench/results/e2e.md, e2e.csv, e2e.png. Extra options: BENCH_E2E_ARGS=--quick
