@@ -56,6 +56,11 @@ pub static TEST_SKIP_DEDUP: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// changed while it was in flight, so the snapshot tests can prove their oracle sees stale rows.
 pub static TEST_SKIP_SNAPSHOT_WINDOW: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// `cdc.test_snapshot_ignore_checkpoint`: test-only; a restarted sink settles the snapshot chunk it
+/// had in flight by the slot's confirmed position alone, not its destination's checkpoint, so the
+/// snapshot tests can prove their oracle sees the duplicates that would cause.
+pub static TEST_SNAPSHOT_IGNORE_CHECKPOINT: GucSetting<bool> = GucSetting::<bool>::new(false);
+
 /// Registers the settings (from `_PG_init`).
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -98,6 +103,14 @@ pub fn init() {
         c"Test only: deliver every row of a snapshot chunk, also rows changed while it was in flight.",
         c"",
         &TEST_SKIP_SNAPSHOT_WINDOW,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_bool_guc(
+        c"cdc.test_snapshot_ignore_checkpoint",
+        c"Test only: settle a snapshot chunk in flight at a restart by the slot alone, not the checkpoint.",
+        c"",
+        &TEST_SNAPSHOT_IGNORE_CHECKPOINT,
         GucContext::Sighup,
         GucFlags::SUPERUSER_ONLY,
     );

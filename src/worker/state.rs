@@ -138,7 +138,8 @@ impl SinkRun {
     /// Its destination was opened: the first time in this run, where it stood then.
     fn note_opened(&mut self, confirmed: Lsn) {
         if self.opened_at.is_none() {
-            self.opened_at = Some(self.checkpoint.map_or(confirmed, |c| c.end_lsn.max(confirmed)));
+            let checkpoint = self.checkpoint.filter(|_| !gucs::TEST_SNAPSHOT_IGNORE_CHECKPOINT.get());
+            self.opened_at = Some(checkpoint.map_or(confirmed, |c| c.end_lsn.max(confirmed)));
         }
     }
 
