@@ -16,7 +16,9 @@
 use std::ffi::CStr;
 
 use cdc_core::decode::{Relation, RelationColumn};
+use cdc_core::deliver::read::unix_micros_now;
 use cdc_core::snapshot::{watermark_content, Chunk, MvccSnapshot, RecentXids, WATERMARK_PREFIX};
+use cdc_core::time::PG_EPOCH_OFFSET_MICROS;
 use cdc_core::Lsn;
 use pgrx::prelude::*;
 use serde::Deserialize;
@@ -199,9 +201,7 @@ fn next_chunk(
                 })
                 .collect(),
         };
-        let read_at =
-            catalog::select_one::<i64>("SELECT ((extract(epoch FROM now()) - 946684800) * 1000000)::int8", &[])
-                .unwrap_or_default();
+        let read_at = unix_micros_now() - PG_EPOCH_OFFSET_MICROS;
         let id = format!("{sink_id} {nonce}");
         let mut chunk = Chunk::new(id.clone(), relation, &key, read_at).map_err(|e| e.message)?;
         for r in &rows {
@@ -246,17 +246,19 @@ fn chunk_key(table: &Described) -> Option<Vec<String>> {
 /// A table being snapshotted: its OID, chunk key and columns.
 pub type OpenTable = (u32, Vec<String>, Vec<String>);
 
-/// The tables of a sink's snapshots with rows left, each with its chunk key and its columns as
-/// the stream lays them out (keyless tables left out: their snapshot is skipped).
-pub fn open_tables(schema: &str, sink_id: &str) -> Result<Vec<OpenTable>, String> {
+/// Whether a sink has snapshots with rows left, and of their tables those with a chunk key, each
+/// with its key and its columns as the stream lays them out (a keyless table's snapshot is
+/// skipped when its turn comes).
+pub fn open_tables(schema: &str, sink_id: &str) -> Result<(bool, Vec<OpenTable>), String> {
+    let oids = open_oids(schema, sink_id)?;
     let mut out = Vec::new();
-    for oid in open_oids(schema, sink_id)? {
+    for &oid in &oids {
         let Ok(table) = describe(oid) else { continue };
         if let Some(key) = chunk_key(&table) {
             out.push((oid, key, table.columns.into_iter().map(|c| c.name).collect()));
         }
     }
-    Ok(out)
+    Ok((!oids.is_empty(), out))
 }
 
 /// The tables of a sink's snapshots with rows left.
@@ -383,18 +385,4 @@ fn write_watermark(content: &str) -> Result<Lsn, String> {
     // SAFETY: flushes WAL up to a position already inserted; callable in any backend.
     unsafe { pg_sys::XLogFlush(end.0) };
     Ok(end)
-}
-
-/// Whether a sink has snapshots with rows left (false on a catalog before 0.4.0).
-pub fn open_snapshots(schema: &str, sink_id: &str) -> bool {
-    if !crate::api::sinks::has_snapshots(schema) {
-        return false;
-    }
-    catalog::select_one::<bool>(
-        &format!(
-            "SELECT EXISTS (SELECT 1 FROM {schema}._cdc_snapshots WHERE sink_id = $1::uuid AND state IN ('pending', 'running'))"
-        ),
-        &[sink_id.into()],
-    )
-    .unwrap_or(false)
 }

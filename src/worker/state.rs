@@ -1327,11 +1327,11 @@ impl Worker {
             // The windows of its tables open before its first read: every change its reads meet
             // from now on is delivered as a change, never also as a READ.
             match run_tx(|| snapshots::open_tables(&schema, id)) {
-                Ok(Ok(tables)) => {
+                Ok(Ok((open, tables))) => {
                     for (oid, key, columns) in tables {
                         run.snap.track(oid, key, &columns);
                     }
-                    run.snapshotting = Some(run_tx(|| snapshots::open_snapshots(&schema, id)).unwrap_or(true));
+                    run.snapshotting = Some(open);
                 }
                 Ok(Err(e)) | Err(e) => {
                     self.fail(id, SinkState::Retrying, format!("cannot read the sink's snapshots: {e}"));
@@ -1362,24 +1362,15 @@ impl Worker {
         match run_tx(|| snapshots::take_chunk(&schema, id, previous, size, recent, &nonce)) {
             Ok(Ok((next, open))) => {
                 run.chunk_delivered = false;
+                // The windows of tables whose snapshots are done (or skipped) close.
+                let closed: Vec<u32> = run.snap.tracked_tables().filter(|t| !open.contains(t)).collect();
+                for t in closed {
+                    run.snap.untrack(t);
+                }
                 match next {
-                    Next::Chunk(c) => {
-                        // The tables before this one are done: their windows close.
-                        let done: Vec<u32> = run.snap.tracked_tables().filter(|t| *t != c.table_oid()).collect();
-                        for t in done {
-                            if !open.contains(&t) {
-                                run.snap.untrack(t);
-                            }
-                        }
-                        run.snap.chunk = Some(*c);
-                    }
+                    Next::Chunk(c) => run.snap.chunk = Some(*c),
                     Next::Later => {}
-                    Next::Done => {
-                        for t in run.snap.tracked_tables().collect::<Vec<_>>() {
-                            run.snap.untrack(t);
-                        }
-                        run.snapshotting = Some(false);
-                    }
+                    Next::Done => run.snapshotting = Some(false),
                 }
                 true
             }
