@@ -116,7 +116,7 @@ CREATE TABLE _cdc_snapshots (
     snapshot_id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     sink_id          uuid NOT NULL REFERENCES _cdc_sinks ON DELETE CASCADE,
     table_oid        oid NOT NULL,
-    kind             text NOT NULL CHECK (kind IN ('initial')),
+    kind             text NOT NULL CHECK (kind IN ('initial', 'added', 'requested')),
     state            text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'running', 'done', 'skipped')),
     chunk_key        text[],
     last_key         text[],

@@ -8,6 +8,7 @@ REVOKE EXECUTE ON FUNCTION cdc_delivery_status(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_filter_metrics(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_preview(regclass, jsonb, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_create_tokenization_key() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_snapshot(regclass, text) FROM PUBLIC;
 
 -- Consumes an in-database sink's events in commit order: returns up to max_events events after
 -- what this consumer consumed, and records them as consumed when the caller's transaction commits
@@ -131,3 +132,22 @@ REVOKE EXECUTE ON FUNCTION _cdc_sink_latency(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_metrics(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_prometheus_metrics() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION cdc_status(), cdc_metrics(regclass), cdc_prometheus_metrics() TO pg_monitor;
+
+-- Progress of every snapshot: rows delivered of the table's estimated rows, the rate since it started,
+-- and when it should end at that rate. Monitoring roles may read it (no config in it).
+CREATE VIEW cdc_snapshots AS
+SELECT s.snapshot_id, k.sink_name, coalesce(p.table_name, s.table_oid::regclass::text) AS table_name,
+       s.kind, s.state, s.rows_done, s.rows_estimate,
+       CASE WHEN s.state = 'done' THEN 100.0
+            WHEN s.rows_estimate > 0 THEN round(least(100.0 * s.rows_done / s.rows_estimate, 99.9), 1) END AS percent_done,
+       r.rows_per_second,
+       CASE WHEN s.state = 'running' AND r.rows_per_second > 0
+            THEN make_interval(secs => round(greatest(s.rows_estimate - s.rows_done, 0) / r.rows_per_second)) END AS eta,
+       s.requested_at, s.started_at, s.finished_at, s.note
+  FROM @extschema@._cdc_snapshots s
+  JOIN @extschema@._cdc_sinks k USING (sink_id)
+  LEFT JOIN @extschema@._cdc_publications p ON p.table_oid = s.table_oid
+ CROSS JOIN LATERAL (SELECT round(s.rows_done / nullif(extract(epoch FROM coalesce(s.finished_at, now()) - s.started_at), 0), 1)
+                            AS rows_per_second) r
+ ORDER BY s.snapshot_id;
+GRANT SELECT ON cdc_snapshots TO pg_monitor;

@@ -163,6 +163,24 @@ SELECT set_config('regress.secret', '', false) = '' AS secret_cleared;
 SELECT cdc_add_sink('regress_secret', 'kafka', format('{"bootstrap_servers": "127.0.0.1:1", "topic": "t", "properties": {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "cdc", "sasl.password": "%s"}}', :'secret')::jsonb) IS NOT NULL AS added;
 SELECT config #>> '{properties,sasl.password}' = :'secret' AS stored FROM _cdc_sinks WHERE sink_name = 'regress_secret';
 
+-- cdc_snapshot: the table must be captured, have a key to read chunks by, and be carried by the
+-- sink named (or by some sink); a sink already snapshotting the table keeps that snapshot.
+CREATE TABLE keyless (v int);
+SELECT cdc_enable('keyless', '{"operations": ["insert"]}') IS NOT NULL AS enabled;
+CREATE TABLE uncaptured (id int PRIMARY KEY);
+SELECT cdc_add_sink('regress_other', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "t", "tables": ["keyless"]}') IS NOT NULL AS added;
+SELECT cdc_snapshot(NULL); \echo SQLSTATE :SQLSTATE
+SELECT cdc_snapshot('uncaptured'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_snapshot('keyless'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_snapshot('orders', 'no_such_sink'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_snapshot('orders', 'regress_other'); \echo SQLSTATE :SQLSTATE
+SET client_min_messages = warning;
+SELECT count(*) AS snapshots FROM cdc_snapshot('orders');
+RESET client_min_messages;
+SELECT sink_name, table_name, kind, state FROM cdc_snapshots ORDER BY sink_name, table_name;
+SELECT cdc_drop_sink('regress_other');
+SELECT cdc_disable('keyless');
+
 -- Delivery status: NULL and unknown sinks are errors; a known sink answers in its documented shape
 -- (its counters move only once the worker delivers, which these tests do not wait for).
 SELECT cdc_delivery_status(NULL); \echo SQLSTATE :SQLSTATE

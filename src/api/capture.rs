@@ -189,6 +189,10 @@ fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
     )
     .unwrap_or_else(|e| pgrx::error!("pg_cdc: cannot record the captured table: {e}"))
     .unwrap_or_else(|| pgrx::error!("pg_cdc: INSERT returned no row"));
+    if existing.is_none() {
+        // The sinks that carry it from now on deliver the rows it holds too.
+        super::snapshots::snapshot_added_table(&schema, oid);
+    }
     // Every sink that captures the table gets a fresh copy of each lookup table, as of now.
     catalog::run(&format!("DELETE FROM {schema}._cdc_lookups WHERE table_oid = $1"), &[oid.into()]);
     let specs = crate::lookups::specs_of_config(oid.to_u32(), &config_value, &lookup_oids);

@@ -5,6 +5,7 @@ pub mod context;
 pub mod monitor;
 pub mod preview;
 pub mod sinks;
+pub mod snapshots;
 pub mod status;
 
 use cdc_core::{CdcError, ErrorKind};

@@ -27,7 +27,7 @@
 mod batch;
 mod decoding;
 pub mod launcher;
-mod snapshot;
+pub(crate) mod snapshot;
 pub(crate) mod source;
 mod state;
 mod table_sink;

@@ -53,6 +53,7 @@ struct Open {
     snapshot_id: i64,
     table_oid: u32,
     last_key: Option<Vec<Option<String>>>,
+    rows_estimate: Option<i64>,
 }
 
 /// A table as pgoutput describes it, and the key chunks are read by.
@@ -64,7 +65,6 @@ struct Described {
     columns: Vec<Column>,
     pk: Option<Vec<String>>,
     ri: Option<Vec<String>>,
-    reltuples: f64,
 }
 
 #[derive(Deserialize)]
@@ -141,7 +141,7 @@ fn next_chunk(
     loop {
         let open = catalog::json(
             &format!(
-                "SELECT to_jsonb(x) FROM (SELECT snapshot_id, table_oid::bigint AS table_oid, last_key
+                "SELECT to_jsonb(x) FROM (SELECT snapshot_id, table_oid::bigint AS table_oid, last_key, rows_estimate
                    FROM {schema}._cdc_snapshots WHERE sink_id = $1::uuid AND state IN ('pending', 'running')
                   ORDER BY snapshot_id LIMIT 1) x"
             ),
@@ -211,18 +211,19 @@ fn next_chunk(
         let positions: Vec<usize> =
             key.iter().filter_map(|k| table.columns.iter().position(|c| &c.name == k)).collect();
         let last = rows.last().map(|r| positions.iter().map(|&i| r[i].clone()).collect::<Vec<_>>()).unwrap_or_default();
+        let estimate = open.rows_estimate.or_else(|| estimate_rows(open.table_oid, &table));
         let watermark = write_watermark(&watermark_content(&id, rows.len()))?;
         catalog::run(
             &format!(
                 "UPDATE {schema}._cdc_snapshots SET state = 'running', chunk_key = $2,
-                        started_at = coalesce(started_at, now()), rows_estimate = coalesce(rows_estimate, $3),
+                        started_at = coalesce(started_at, now()), rows_estimate = $3,
                         chunk_watermark = $4::text::pg_lsn, chunk_last_key = $5, chunk_rows = $6, chunk_last = $7
                   WHERE snapshot_id = $1"
             ),
             &[
                 open.snapshot_id.into(),
                 key.into(),
-                (table.reltuples.max(0.0) as i64).into(),
+                estimate.into(),
                 watermark.to_string().as_str().into(),
                 last.into(),
                 (rows.len() as i64).into(),
@@ -241,6 +242,42 @@ fn chunk_key(table: &Described) -> Option<Vec<String>> {
         "i" => table.ri.clone(),
         _ => table.pk.clone(),
     }
+}
+
+/// The columns a table's chunks are read by (see [`chunk_key`]); `None` for a table with neither
+/// a primary key nor a replica identity index.
+pub fn table_chunk_key(oid: u32) -> Result<Option<Vec<String>>, String> {
+    Ok(chunk_key(&describe(oid)?))
+}
+
+/// How many rows the table holds, for the progress figures (read once per snapshot): the
+/// planner's estimate once the table has statistics (scaled to its current size); before any
+/// ANALYZE, the exact count of a small table, or a count of a sample of about 1,000 of its pages.
+fn estimate_rows(oid: u32, table: &Described) -> Option<i64> {
+    let qualified = format!("{}.{}", quote_ident(&table.namespace), quote_ident(&table.name));
+    let (analyzed, pages) = catalog::json(
+        "SELECT jsonb_build_array(reltuples >= 0, pg_relation_size(oid) / current_setting('block_size')::int8)
+           FROM pg_class WHERE oid = $1::bigint::oid",
+        &[i64::from(oid).into()],
+    )
+    .and_then(|v| serde_json::from_value::<(bool, i64)>(v).ok())?;
+    const SAMPLED_PAGES: i64 = 1024;
+    let sql = if analyzed {
+        format!("EXPLAIN (FORMAT JSON) SELECT 1 FROM ONLY {qualified}")
+    } else if pages <= SAMPLED_PAGES {
+        return catalog::select_one::<i64>(&format!("SELECT count(*) FROM ONLY {qualified}"), &[]);
+    } else {
+        let percent = 100.0 * SAMPLED_PAGES as f64 / pages as f64;
+        return catalog::select_one::<f64>(
+            &format!(
+                "SELECT count(*) * 100.0 / {percent}::float8 FROM ONLY {qualified} TABLESAMPLE SYSTEM ({percent})"
+            ),
+            &[],
+        )
+        .map(|n| n as i64);
+    };
+    let plan = Spi::connect(|c| c.select(&sql, Some(1), &[])?.first().get_one::<pgrx::Json>()).ok().flatten()?;
+    plan.0[0]["Plan"]["Plan Rows"].as_f64().map(|r| r.max(0.0) as i64)
 }
 
 /// A table being snapshotted: its OID, chunk key and columns.
@@ -283,7 +320,6 @@ fn describe(oid: u32) -> Result<Described, String> {
     let v = catalog::json(
         "SELECT jsonb_build_object(
             'namespace', n.nspname, 'name', c.relname, 'replident', c.relreplident::text,
-            'reltuples', c.reltuples::float8,
             'columns', (SELECT jsonb_agg(jsonb_build_object(
                             'name', a.attname, 'type', a.atttypid::bigint, 'typmod', a.atttypmod,
                             'type_sql', format_type(a.atttypid, a.atttypmod),

@@ -583,6 +583,13 @@ impl Worker {
             return false;
         }
         self.cached = Some((cat.clone(), generation, Instant::now()));
+        // With the catalog read again, its snapshots are looked up again: one requested
+        // (cdc_snapshot) or a table added since starts at its next pass.
+        if let Some(run) = self.sinks.get_mut(&id) {
+            if run.snapshotting == Some(false) {
+                run.snapshotting = None;
+            }
+        }
         self.pass(&id, &cat)
     }
 
@@ -1062,11 +1069,12 @@ impl Worker {
             session.begin_read(position);
             let mut session_read =
                 SessionRead { session, most: batch_changes.max(1) as u64, schema: &schema, sink_name: &row.name };
-            // A snapshotting sink's reads go through its chunk (spliced in at its watermark).
-            let snapshotting = run.snapshotting == Some(true) || run.snap.chunk.is_some();
+            // Reads go through the sink's snapshot reader: a chunk is spliced in at its watermark,
+            // and the transactions met are remembered even with no snapshot open (one requested
+            // later checks its first chunk against them).
             run.snap.skip_window = gucs::TEST_SKIP_SNAPSHOT_WINDOW.get();
             let mut spliced = ChunkSource { inner: &mut session_read, state: &mut run.snap };
-            let source: &mut dyn ChangeSource = if snapshotting { &mut spliced } else { spliced.inner };
+            let source: &mut dyn ChangeSource = &mut spliced;
             let first = source.fetch(batch::FETCH_ROWS, &mut types);
             // A sink with a snapshot to deliver opens its destination even with no change to send.
             if first.is_empty() && !(run.producer.is_none() && run.snapshotting == Some(true)) {

@@ -129,23 +129,38 @@ def write_around_the_snapshot(t, sink, stop, stats, seed):
             elif op < 0.75:
                 n = w.execute(f"DELETE FROM {t} WHERE id = %s", (i,)).rowcount
             elif op < 0.85:
-                n = w.execute(f"UPDATE {t} SET id = id + 1000000 WHERE id = %s", (i,)).rowcount
+                try:
+                    n = w.execute(f"UPDATE {t} SET id = id + 1000000 WHERE id = %s", (i,)).rowcount
+                except psycopg.errors.UniqueViolation:
+                    n = 0  # moved there before, re-inserted and moved again: the writer goes on
             else:
                 n = w.execute(f"INSERT INTO {t} VALUES (%s, 0) ON CONFLICT DO NOTHING", (i,)).rowcount
             stats[op < 0.6] += n
 
 
-def run_snapshot_under_writes(pg, tsinks, unique, rows=20000, chunk=200):
+def run_snapshot_under_writes(pg, tsinks, unique, rows=20000, chunk=200, requested=False):
+    """A snapshot of `rows` rows while a writer changes the rows around its chunk in flight: a new
+    sink's initial snapshot, or (`requested`) one cdc_snapshot asks of a running sink that had none."""
     t, ev, name = f"snap_w_{unique}", f"snap_w_ev_{unique}", f"snap_w_{unique}"
     pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v int NOT NULL)")
     pg.execute(f"INSERT INTO {t} SELECT g, 0 FROM generate_series(1, {rows}) g")
     pg.execute("SELECT cdc_enable(%s)", (t,))
+    if requested:
+        tsinks(name, ev, tables=[t], snapshot_chunk_size=chunk, snapshot_mode="never")
+        wait_for(lambda: pg.execute("SELECT state FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0]
+                 == "running", what="sink running")
     stop, stats = threading.Event(), collections.Counter()
     writer = threading.Thread(target=write_around_the_snapshot, args=(t, name, stop, stats, unique))
     writer.start()
     states = set()
     try:
-        tsinks(name, ev, tables=[t], snapshot_chunk_size=chunk)
+        if requested:
+            while sum(stats.values()) < 50:  # changes go on before the snapshot starts too
+                time.sleep(0.05)
+            ids = [r[0] for r in pg.execute("SELECT cdc_snapshot(%s)", (t,)).fetchall()]
+            assert len(ids) == 1
+        else:
+            tsinks(name, ev, tables=[t], snapshot_chunk_size=chunk)
 
         def done():
             states.add(pg.execute("SELECT state FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0])
@@ -174,26 +189,90 @@ def test_a_snapshot_under_concurrent_writes_folds_to_the_table(pg, tsinks, uniqu
     pg.execute("SELECT cdc_disable(%s)", (t,))
 
 
-def test_control_without_the_window_the_oracle_sees_stale_rows(pg, tsinks, unique):
+def test_a_requested_snapshot_under_concurrent_writes_folds_to_the_table(pg, tsinks, unique):
+    """cdc_snapshot on a running sink that had no snapshot (snapshot_mode never): its READ rows
+    and the changes around them fold to the table, and cdc_snapshots shows its progress."""
+    t, ev, name, events, stats, states = run_snapshot_under_writes(pg, tsinks, unique, requested=True)
+    ops = collections.Counter(e[0] for e in events)
+    assert ops["READ"] > 15000 and sum(stats.values()) > 100, (ops, stats)
+    assert fold(events) == table_rows(pg, t), "the fold of the delivered events is the table"
+    reads = collections.Counter(json.dumps(e[1], sort_keys=True) for e in events if e[0] == "READ")
+    assert max(reads.values()) == 1, "a requested snapshot reads each row once"
+    assert "snapshotting" in states
+    view = pg.execute("SELECT kind, state, rows_done, rows_estimate > 0, percent_done, rows_per_second > 0 "
+                      "FROM cdc_snapshots WHERE sink_name = %s", (name,)).fetchall()
+    assert len(view) == 1 and view[0][:2] == ("requested", "done") and view[0][3:] == (True, 100, True), view
+    # Rows the chunks read: those changed while their chunk was in flight arrived as changes.
+    assert ops["READ"] <= view[0][2] <= 20000
+    # Asked again while none is under way: a new snapshot, delivered in full again.
+    (again,) = pg.execute("SELECT cdc_snapshot(%s, %s)", (t, name)).fetchone()
+    wait_for(lambda: snapshot_done(pg, name), what="second snapshot done")
+    assert pg.execute("SELECT state, rows_done FROM cdc_snapshots WHERE snapshot_id = %s", (again,)).fetchone() \
+        == ("done", pg.execute(f"SELECT count(*) FROM {t}").fetchone()[0])
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_a_table_added_to_a_running_sink_arrives_in_full(pg, tsinks, unique):
+    """A sink whose tables list names a table captured only later: once cdc_enable commits, its
+    rows arrive as READ events (kind added), and rows inserted right after it as changes; the fold
+    is the table, every row there, none stale."""
+    first, added, ev, name = f"snap_a1_{unique}", f"snap_a2_{unique}", f"snap_a_ev_{unique}", f"snap_a_{unique}"
+    pg.execute(f"CREATE TABLE {first} (id int PRIMARY KEY, v int NOT NULL)")
+    pg.execute(f"INSERT INTO {first} VALUES (1, 1)")
+    pg.execute(f"CREATE TABLE {added} (id int PRIMARY KEY, v int NOT NULL)")
+    pg.execute(f"INSERT INTO {added} SELECT g, 0 FROM generate_series(1, 30000) g")
+    pg.execute("SELECT cdc_enable(%s)", (first,))
+    tsinks(name, ev, tables=[first, added], snapshot_chunk_size=1000)
+    wait_for(lambda: snapshot_done(pg, name), what="initial snapshot done")
+    pg.execute("SELECT cdc_enable(%s)", (added,))
+    with connect() as w:
+        for i in range(30001, 31001):
+            w.execute(f"INSERT INTO {added} VALUES (%s, 1)", (i,))
+        for i in range(1, 30000, 97):
+            w.execute(f"UPDATE {added} SET v = v + 1 WHERE id = %s", (i,))
+    wait_for(lambda: snapshot_done(pg, name), timeout=120, what="added table's snapshot done")
+    pg.execute(f"INSERT INTO {added} VALUES (-1, -1)")
+    wait_for(lambda: pg.execute(f"SELECT count(*) FROM {ev} WHERE event_key = '{{\"id\": -1}}'").fetchone()[0],
+             timeout=120, what="the last row delivered")
+    events = event_table(pg, ev, added)
+    assert fold(events) == table_rows(pg, added), "the fold of the delivered events is the table"
+    ops = collections.Counter(e[0] for e in events)
+    assert ops["READ"] >= 29000, ops
+    assert [r[:2] for r in pg.execute("SELECT kind, state FROM cdc_snapshots WHERE sink_name = %s", (name,))] == \
+        [("initial", "done"), ("added", "done")]
+    pg.execute("SELECT cdc_disable(%s)", (first,))
+    pg.execute("SELECT cdc_disable(%s)", (added,))
+
+
+@pytest.mark.parametrize("requested", [False, True], ids=["initial", "requested"])
+def test_control_without_the_window_the_oracle_sees_stale_rows(pg, tsinks, unique, requested):
     """The negative control: with the test-only setting that keeps every row of a chunk (also those
     changed while it was in flight), the same run must end with a fold that is not the table."""
     with server_settings({"cdc.test_skip_snapshot_window": "on"}):
-        t, ev, name, events, stats, _ = run_snapshot_under_writes(pg, tsinks, unique)
+        t, ev, name, events, stats, _ = run_snapshot_under_writes(pg, tsinks, unique, requested=requested)
     folded, table = fold(events), table_rows(pg, t)
     stale = [k for k in table if folded.get(k) != table[k]] + [k for k in folded if k not in table]
     assert stale, f"no stale row after {sum(stats.values())} concurrent changes: the oracle cannot see the window"
     pg.execute("SELECT cdc_disable(%s)", (t,))
 
 
-def test_a_snapshot_resumes_after_kill_9_exactly_once(pg, sinks, unique):
+@pytest.mark.parametrize("requested", [False, True], ids=["initial", "requested"])
+def test_a_snapshot_resumes_after_kill_9_exactly_once(pg, sinks, unique, requested):
     """The worker is SIGKILLed (PostgreSQL crash-restarts) twice in the middle of a snapshot to
-    Kafka: every row arrives exactly once, read back read_committed."""
+    Kafka, a new sink's or one cdc_snapshot asked of a running sink: every row arrives exactly
+    once, read back read_committed."""
     t, topic, name = f"snap_kill_{unique}", f"snap-kill-{unique}", f"snap_kill_{unique}"
     rows = 150000
     pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
     pg.execute(f"INSERT INTO {t} SELECT g, repeat('x', 100) FROM generate_series(1, {rows}) g")
     pg.execute("SELECT cdc_enable(%s)", (t,))
-    sinks.add(name, topic, tables=[t], snapshot_chunk_size=200)
+    if requested:
+        sinks.add(name, topic, tables=[t], snapshot_chunk_size=200, snapshot_mode="never")
+        wait_for(lambda: pg.execute("SELECT state FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0]
+                 == "running", what="sink running")
+        pg.execute("SELECT cdc_snapshot(%s)", (t,))
+    else:
+        sinks.add(name, topic, tables=[t], snapshot_chunk_size=200)
     for _ in range(2):
         with connect() as c:
             before = wait_for(lambda: (r := snapshot_rows(c, name)) and r[0][1] > 0 and r[0][1], timeout=120,
