@@ -39,9 +39,9 @@ ALTER TABLE @extschema@._cdc_sinks DROP CONSTRAINT _cdc_sinks_state_check,
 COMMENT ON COLUMN @extschema@._cdc_sinks.state IS 'creating_slot | starting | snapshotting | running | retrying | error, set by the worker (docs/sql-reference.md)';
 
 -- Snapshots on request (cdc_snapshot) and of tables added to a sink.
-CREATE FUNCTION @extschema@.cdc_snapshot(table_name regclass, sink_name text DEFAULT NULL) RETURNS SETOF bigint
-VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_snapshot_wrapper';
-REVOKE EXECUTE ON FUNCTION @extschema@.cdc_snapshot(regclass, text) FROM PUBLIC;
+CREATE FUNCTION @extschema@.cdc_snapshot(table_name regclass, sink_name text DEFAULT NULL, wait boolean DEFAULT false)
+RETURNS SETOF bigint VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_snapshot_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.cdc_snapshot(regclass, text, boolean) FROM PUBLIC;
 
 -- Progress of every snapshot: rows delivered of the table's estimated rows, the rate since it started,
 -- and when it should end at that rate. Monitoring roles may read it (no config in it).

@@ -174,6 +174,14 @@ SELECT cdc_snapshot('uncaptured'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_snapshot('keyless'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_snapshot('orders', 'no_such_sink'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_snapshot('orders', 'regress_other'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_snapshot('orders', wait => NULL); \echo SQLSTATE :SQLSTATE
+-- Waiting follows what the worker commits: not inside a transaction block, nor in REPEATABLE READ.
+BEGIN;
+SELECT cdc_snapshot('orders', wait => true); \echo SQLSTATE :SQLSTATE
+ROLLBACK;
+SET default_transaction_isolation = 'repeatable read';
+SELECT cdc_snapshot('orders', wait => true); \echo SQLSTATE :SQLSTATE
+RESET default_transaction_isolation;
 SET client_min_messages = warning;
 SELECT count(*) AS snapshots FROM cdc_snapshot('orders');
 RESET client_min_messages;

@@ -1,16 +1,25 @@
 //! Snapshots on request: `cdc_snapshot` asks the sinks that carry a captured table to deliver the
 //! rows it holds now as READ events, while their streams go on (the worker reads them in chunks by
 //! key, as for a new sink's initial snapshot: `worker::snapshot`, `cdc_core::snapshot`).
+//!
+//! With `wait => true` the request must be committed before the call returns, so the worker can
+//! start on it while the caller waits: a short-lived background worker writes it in its own
+//! transaction (an autonomous transaction), and the caller then follows the progress.
+
+use std::time::{Duration, Instant};
 
 use cdc_core::{CdcError, ErrorKind};
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime};
 use pgrx::prelude::*;
+use serde::Deserialize;
 
 use super::{captured_table_name, check_prerequisites, not_captured, required, schema};
 use crate::catalog;
 use crate::errors::raise;
 
 /// Starts a snapshot of a captured table for the sinks that carry it (or for `sink_name` only)
-/// and returns at once, one snapshot id per sink. Each sink's worker delivers every row the table
+/// and returns one snapshot id per sink: at once, or with `wait => true` once every one is done
+/// (with a NOTICE on progress every few seconds). Each sink's worker delivers every row the table
 /// holds as a `READ` event, in chunks of its `snapshot_chunk_size` rows read by key, while it goes
 /// on delivering the table's changes: a row changed while its chunk is in flight is delivered as
 /// that change, never as an older READ. The table's capture config (filters, columns, masks,
@@ -19,19 +28,89 @@ use crate::errors::raise;
 /// identity index: its chunks could not be read by key. The view `cdc_snapshots` shows progress.
 ///
 /// ```sql
-/// SELECT cdc_snapshot('orders');                 -- every sink that carries orders
-/// SELECT cdc_snapshot('orders', 'orders_kafka'); -- one sink
+/// SELECT cdc_snapshot('orders');                               -- every sink that carries orders
+/// SELECT cdc_snapshot('orders', 'orders_kafka', wait => true); -- one sink, returns when done
 /// ```
 // Declared by hand so the argument is a plain regclass (as cdc_enable's).
 #[pg_extern(sql = r#"
-CREATE FUNCTION cdc_snapshot(table_name regclass, sink_name text DEFAULT NULL) RETURNS SETOF bigint
-VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
+CREATE FUNCTION cdc_snapshot(table_name regclass, sink_name text DEFAULT NULL, wait boolean DEFAULT false)
+RETURNS SETOF bigint VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 "#)]
-fn cdc_snapshot(table_name: Option<pg_sys::Oid>, sink_name: Option<&str>) -> SetOfIterator<'static, i64> {
+fn cdc_snapshot(
+    table_name: Option<pg_sys::Oid>,
+    sink_name: Option<&str>,
+    wait: Option<bool>,
+) -> SetOfIterator<'static, i64> {
     let oid = required(table_name, "table_name");
+    let wait = required(wait, "wait");
+    if wait {
+        refuse_waiting_in_a_transaction();
+    }
     check_prerequisites();
     let schema = schema();
-    if !super::sinks::has_snapshots(&schema) {
+    let (table, sinks) = validate(&schema, oid, sink_name);
+    if !wait {
+        return SetOfIterator::new(request(&schema, oid, &table, &sinks));
+    }
+    // The named sink by its id: the helper process gets a few bytes, and the sink may not be
+    // renamed meanwhile (no sink is).
+    let only = sink_name.and_then(|_| sinks.first().map(|(id, _)| id.clone()));
+    run_request(oid, only.as_deref());
+    let ids = fresh(|| requested_ids(&schema, oid, &sinks));
+    if ids.is_empty() {
+        raise(CdcError::new(
+            ErrorKind::Internal,
+            format!("the snapshot request of {table} was not recorded: see the server log"),
+        ));
+    }
+    follow(&schema, &table, &ids);
+    SetOfIterator::new(ids)
+}
+
+/// Runs `f` (read-only SPI) under a new snapshot: in READ COMMITTED it sees what other
+/// transactions committed up to now, where the statement's own snapshot is frozen at its start.
+fn fresh<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: pushes a snapshot the read-only SPI calls in `f` use and pops it after them; on an
+    // ERROR inside `f` the transaction's abort clears the active-snapshot stack.
+    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+    let r = f();
+    // SAFETY: the snapshot pushed above is still the active one.
+    unsafe { pg_sys::PopActiveSnapshot() };
+    r
+}
+
+/// Waiting follows progress that other transactions commit: the call must be its own statement's
+/// transaction, READ COMMITTED (each of its reads then sees what committed before it).
+fn refuse_waiting_in_a_transaction() {
+    // SAFETY: reads the current transaction's state, on the backend's own thread.
+    if unsafe { pg_sys::IsTransactionBlock() } {
+        raise(
+            CdcError::new(
+                ErrorKind::ActiveSqlTransaction,
+                "cdc_snapshot(..., wait => true) cannot run inside a transaction block",
+            )
+            .detail("Its request must commit before it can wait for the worker to deliver it.")
+            .hint("Run it on its own (autocommit), or call it without wait and follow the view cdc_snapshots."),
+        );
+    }
+    let isolation =
+        catalog::select_one::<String>("SELECT current_setting('transaction_isolation')", &[]).unwrap_or_default();
+    if isolation != "read committed" {
+        raise(
+            CdcError::new(
+                ErrorKind::PrerequisiteState,
+                format!("cdc_snapshot(..., wait => true) needs READ COMMITTED, not {isolation}"),
+            )
+            .detail("It follows the progress the worker commits, which a single snapshot would never see.")
+            .hint("SET default_transaction_isolation = 'read committed' for the call."),
+        );
+    }
+}
+
+/// Checks the table and the sink, and returns the table's name and the sinks (id, name) that get
+/// a snapshot of it.
+fn validate(schema: &str, oid: pg_sys::Oid, sink_name: Option<&str>) -> (String, Vec<(String, String)>) {
+    if !super::sinks::has_snapshots(schema) {
         raise(
             CdcError::new(ErrorKind::PrerequisiteState, "this catalog predates snapshots")
                 .hint("Run ALTER EXTENSION pg_cdc UPDATE."),
@@ -44,7 +123,7 @@ fn cdc_snapshot(table_name: Option<pg_sys::Oid>, sink_name: Option<&str>) -> Set
     if active.is_none() {
         not_captured(oid, "Capture it first: SELECT cdc_enable('<table>').");
     }
-    let table = captured_table_name(&schema, oid);
+    let table = captured_table_name(schema, oid);
     match crate::worker::snapshot::table_chunk_key(oid.to_u32()) {
         Ok(Some(_)) => {}
         Ok(None) => raise(
@@ -59,16 +138,7 @@ fn cdc_snapshot(table_name: Option<pg_sys::Oid>, sink_name: Option<&str>) -> Set
         ),
         Err(e) => raise(CdcError::new(ErrorKind::Internal, e)),
     }
-    let sinks = catalog::json(
-        &format!(
-            "SELECT coalesce(jsonb_agg(jsonb_build_array(sink_id::text, sink_name) ORDER BY sink_name), '[]')
-               FROM {schema}._cdc_sinks
-              WHERE ($1::text IS NULL OR sink_name = $1) AND (table_oids IS NULL OR $2 = ANY (table_oids))"
-        ),
-        &[sink_name.into(), oid.into()],
-    )
-    .and_then(|v| serde_json::from_value::<Vec<(String, String)>>(v).ok())
-    .unwrap_or_default();
+    let sinks = carrying_sinks(schema, oid, sink_name, None);
     if sinks.is_empty() {
         match sink_name {
             Some(name) => {
@@ -93,6 +163,27 @@ fn cdc_snapshot(table_name: Option<pg_sys::Oid>, sink_name: Option<&str>) -> Set
             ),
         }
     }
+    (table, sinks)
+}
+
+/// The sinks (id, name) that carry a table, all of them or the one named (by name or by id).
+fn carrying_sinks(schema: &str, oid: pg_sys::Oid, name: Option<&str>, id: Option<&str>) -> Vec<(String, String)> {
+    catalog::json(
+        &format!(
+            "SELECT coalesce(jsonb_agg(jsonb_build_array(sink_id::text, sink_name) ORDER BY sink_name), '[]')
+               FROM {schema}._cdc_sinks
+              WHERE ($1::text IS NULL OR sink_name = $1) AND ($3::text IS NULL OR sink_id = $3::uuid)
+                AND (table_oids IS NULL OR $2 = ANY (table_oids))"
+        ),
+        &[name.into(), oid.into(), id.into()],
+    )
+    .and_then(|v| serde_json::from_value::<Vec<(String, String)>>(v).ok())
+    .unwrap_or_default()
+}
+
+/// Records a snapshot of the table for each of `sinks` (or finds the one under way) in the current
+/// transaction; returns their ids.
+fn request(schema: &str, oid: pg_sys::Oid, table: &str, sinks: &[(String, String)]) -> Vec<i64> {
     crate::worker::launcher::catalog_changed();
     let mut ids = Vec::with_capacity(sinks.len());
     for (sink_id, name) in sinks {
@@ -121,7 +212,176 @@ fn cdc_snapshot(table_name: Option<pg_sys::Oid>, sink_name: Option<&str>) -> Set
         };
         ids.push(id);
     }
-    SetOfIterator::new(ids)
+    ids
+}
+
+/// The background worker that records a waited-for request in its own transaction.
+const REQUEST_WORKER: &str = "pg_cdc snapshot request";
+
+/// Has a short-lived background worker record the request (table OID, and the one sink's id or
+/// `*`), committed, and waits for it to end.
+fn run_request(oid: pg_sys::Oid, sink_id: Option<&str>) {
+    let extra = format!("{} {}", oid.to_u32(), sink_id.unwrap_or("*"));
+    let started = BackgroundWorkerBuilder::new(REQUEST_WORKER)
+        .set_type(REQUEST_WORKER)
+        .set_function("pg_cdc_snapshot_request_main")
+        .set_library("pg_cdc")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(None)
+        // SAFETY: this backend's own pid, so it is told when the worker starts and ends.
+        .set_notify_pid(unsafe { pg_sys::MyProcPid })
+        .set_extra(&extra)
+        .load_dynamic();
+    let worker = started.unwrap_or_else(|_| {
+        raise(
+            CdcError::new(
+                ErrorKind::PrerequisiteState,
+                "no background worker slot is free to record the snapshot request",
+            )
+            .hint("Raise max_worker_processes, or call cdc_snapshot without wait."),
+        )
+    });
+    if worker.wait_for_shutdown().is_err() {
+        raise(CdcError::new(ErrorKind::Internal, "the postmaster died while the snapshot request was recorded"));
+    }
+}
+
+/// The request worker's entry point: records the snapshots its extra data names.
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn pg_cdc_snapshot_request_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(pgrx::bgworkers::SignalWakeFlags::SIGTERM);
+    let database = crate::gucs::string(&crate::gucs::DATABASE);
+    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
+    let extra = BackgroundWorker::get_extra().to_string();
+    let mut parts = extra.split(' ');
+    let oid = parts.next().and_then(|o| o.parse::<u32>().ok()).map(pg_sys::Oid::from);
+    let only = parts.next().filter(|s| *s != "*").map(str::to_string);
+    let Some(oid) = oid else {
+        pgrx::warning!("{REQUEST_WORKER}: malformed request \"{extra}\"");
+        return;
+    };
+    BackgroundWorker::transaction(|| {
+        let Some(schema) = catalog::extension_schema() else { return };
+        let table = captured_table_name(&schema, oid);
+        let sinks = carrying_sinks(&schema, oid, None, only.as_deref());
+        request(&schema, oid, &table, &sinks);
+    });
+}
+
+/// The snapshots of the table the request worker recorded (or found under way): per sink, the
+/// one under way, or one requested since this statement started.
+fn requested_ids(schema: &str, oid: pg_sys::Oid, sinks: &[(String, String)]) -> Vec<i64> {
+    let ids: Vec<String> = sinks.iter().map(|(id, _)| id.clone()).collect();
+    catalog::json(
+        &format!(
+            "SELECT coalesce(jsonb_agg(i ORDER BY i), '[]') FROM (
+                 SELECT max(snapshot_id) AS i FROM {schema}._cdc_snapshots
+                  WHERE table_oid = $1 AND sink_id::text = ANY ($2)
+                    AND (state IN ('pending', 'running') OR requested_at >= statement_timestamp())
+                  GROUP BY sink_id) x"
+        ),
+        &[oid.into(), ids.into()],
+    )
+    .and_then(|v| serde_json::from_value(v).ok())
+    .unwrap_or_default()
+}
+
+#[derive(Deserialize)]
+struct Progress {
+    snapshot_id: i64,
+    sink_name: String,
+    sink_state: String,
+    last_error: Option<String>,
+    state: String,
+    rows_done: i64,
+    rows_estimate: Option<i64>,
+    percent_done: Option<f64>,
+    rows_per_second: Option<f64>,
+    eta_seconds: Option<f64>,
+}
+
+/// How often a waiting call reports progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Waits until every snapshot of `ids` is done (or skipped, or gone with its sink), with a NOTICE
+/// on each one's progress at once and every few seconds; an ERROR when a sink stops with an error (the snapshot
+/// goes on once it runs again). Cancellable: the snapshots go on without the caller.
+fn follow(schema: &str, table: &str, ids: &[i64]) {
+    let mut last_notice: Option<Instant> = None;
+    loop {
+        let rows: Vec<Progress> = fresh(|| {
+            catalog::json(
+                &format!(
+                    "SELECT coalesce(jsonb_agg(jsonb_build_object(
+                     'snapshot_id', v.snapshot_id, 'sink_name', v.sink_name, 'sink_state', k.state,
+                     'last_error', k.last_error, 'state', v.state, 'rows_done', v.rows_done,
+                     'rows_estimate', v.rows_estimate, 'percent_done', v.percent_done,
+                     'rows_per_second', v.rows_per_second, 'eta_seconds', extract(epoch FROM v.eta))
+                     ORDER BY v.snapshot_id), '[]')
+                   FROM {schema}.cdc_snapshots v JOIN {schema}._cdc_sinks k USING (sink_name)
+                  WHERE v.snapshot_id = ANY ($1)"
+                ),
+                &[ids.to_vec().into()],
+            )
+        })
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+        let open: Vec<&Progress> = rows.iter().filter(|p| p.state == "pending" || p.state == "running").collect();
+        if open.is_empty() {
+            for p in rows.iter().filter(|p| p.state == "skipped") {
+                pgrx::warning!("snapshot {} of {table} for sink \"{}\" was skipped", p.snapshot_id, p.sink_name);
+            }
+            return;
+        }
+        if let Some(p) = open.iter().find(|p| p.sink_state == "error") {
+            raise(
+                CdcError::new(
+                    ErrorKind::PrerequisiteState,
+                    format!(
+                        "sink \"{}\" stopped with an error: {}",
+                        p.sink_name,
+                        p.last_error.as_deref().unwrap_or("(none recorded)")
+                    ),
+                )
+                .detail(format!("Snapshot {} of {table} goes on once the sink runs again.", p.snapshot_id)),
+            );
+        }
+        if last_notice.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
+            last_notice = Some(Instant::now());
+            for p in &open {
+                pgrx::notice!("{}", progress_line(table, p));
+            }
+        }
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(100));
+            pgrx::check_for_interrupts!();
+        }
+    }
+}
+
+/// One snapshot's progress as a NOTICE says it.
+fn progress_line(table: &str, p: &Progress) -> String {
+    let mut line = format!("snapshot {} of {table} for sink \"{}\": ", p.snapshot_id, p.sink_name);
+    if p.state == "pending" {
+        line.push_str("waiting for the sink's worker");
+        return line;
+    }
+    line.push_str(&format!("{} rows", p.rows_done));
+    if let Some(e) = p.rows_estimate {
+        line.push_str(&format!(" of about {e}"));
+    }
+    if let Some(pct) = p.percent_done {
+        line.push_str(&format!(" ({pct:.1} %)"));
+    }
+    if let Some(r) = p.rows_per_second {
+        line.push_str(&format!(", {r:.0} rows/s"));
+    }
+    if let Some(s) = p.eta_seconds {
+        line.push_str(&format!(", about {s:.0} s left"));
+    }
+    line
 }
 
 /// Every sink that carries a table whose capture starts now, and whose `snapshot_mode` is

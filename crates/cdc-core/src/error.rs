@@ -66,6 +66,8 @@ pub enum ErrorKind {
     InvalidEscapeSequence,
     /// 22011 substring_error: a negative substring length.
     SubstringError,
+    /// 25001 active_sql_transaction: a call that cannot run inside a transaction block.
+    ActiveSqlTransaction,
 }
 
 impl ErrorKind {
@@ -89,6 +91,7 @@ impl ErrorKind {
             ErrorKind::GroupingError => "42803",
             ErrorKind::WindowingError => "42P20",
             ErrorKind::InvalidObjectDefinition => "42P17",
+            ErrorKind::ActiveSqlTransaction => "25001",
             ErrorKind::DatatypeMismatch => "42804",
             ErrorKind::CannotCoerce => "42846",
             ErrorKind::UndefinedParameter => "42P02",
