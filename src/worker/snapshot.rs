@@ -17,7 +17,7 @@ use std::ffi::CStr;
 
 use cdc_core::decode::{Relation, RelationColumn};
 use cdc_core::deliver::read::unix_micros_now;
-use cdc_core::snapshot::{watermark_content, Chunk, MvccSnapshot, RecentXids, WATERMARK_PREFIX};
+use cdc_core::snapshot::{watermark_content, Chunk, MvccSnapshot, SnapshotReader, WATERMARK_PREFIX};
 use cdc_core::time::PG_EPOCH_OFFSET_MICROS;
 use cdc_core::Lsn;
 use pgrx::prelude::*;
@@ -45,6 +45,9 @@ pub enum Next {
     Later,
     /// No snapshot of the sink has rows left.
     Done,
+    /// The next snapshot's table has no window open (a snapshot requested or added while the sink
+    /// was snapshotting other tables): open the windows of its snapshots' tables, then read.
+    Untracked,
 }
 
 /// The open snapshot a chunk is read for.
@@ -85,10 +88,10 @@ pub fn take_chunk(
     sink_id: &str,
     previous: Previous,
     chunk_size: u32,
-    recent: &RecentXids,
+    reader: &SnapshotReader,
     nonce: &str,
 ) -> Result<(Next, Vec<u32>), String> {
-    let next = next_chunk(schema, sink_id, previous, chunk_size, recent, nonce)?;
+    let next = next_chunk(schema, sink_id, previous, chunk_size, reader, nonce)?;
     Ok((next, open_oids(schema, sink_id)?))
 }
 
@@ -97,7 +100,7 @@ fn next_chunk(
     sink_id: &str,
     previous: Previous,
     chunk_size: u32,
-    recent: &RecentXids,
+    reader: &SnapshotReader,
     nonce: &str,
 ) -> Result<Next, String> {
     // The sink's row first, as cdc_drop_sink does (its DELETE cascades here): a drop waits for
@@ -169,6 +172,10 @@ fn next_chunk(
             );
             continue;
         };
+        // A chunk read with no window open would keep rows changed while it is in flight.
+        if !reader.tracks(open.table_oid) {
+            return Ok(Next::Untracked);
+        }
         let (snapshot, rows) = read_rows(&table, &key, open.last_key.as_deref(), chunk_size)?;
         if rows.is_empty() {
             catalog::run(
@@ -182,7 +189,7 @@ fn next_chunk(
             continue;
         }
         let snapshot = MvccSnapshot::parse(&snapshot).map_err(|e| e.message)?;
-        if recent.any_in_progress(&snapshot) {
+        if reader.recent.any_in_progress(&snapshot) {
             return Ok(Next::Later);
         }
         let relation = Relation {

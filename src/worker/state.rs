@@ -1366,8 +1366,8 @@ impl Worker {
         run.chunks += 1;
         let nonce = format!("{} {}", std::process::id(), run.chunks);
         let size = config.common().snapshot_chunk_size;
-        let recent = &run.snap.recent;
-        match run_tx(|| snapshots::take_chunk(&schema, id, previous, size, recent, &nonce)) {
+        let reader = &run.snap;
+        match run_tx(|| snapshots::take_chunk(&schema, id, previous, size, reader, &nonce)) {
             Ok(Ok((next, open))) => {
                 run.chunk_delivered = false;
                 // The windows of tables whose snapshots are done (or skipped) close.
@@ -1379,6 +1379,8 @@ impl Worker {
                     Next::Chunk(c) => run.snap.chunk = Some(*c),
                     Next::Later => {}
                     Next::Done => run.snapshotting = Some(false),
+                    // Its next step opens the windows first (as a sink's first step does).
+                    Next::Untracked => run.snapshotting = None,
                 }
                 true
             }
