@@ -9,6 +9,13 @@ immediate` + start, broker SIGKILL + restart, a broker outage longer than the tr
 failpoint between the Kafka commit and the slot advance, and a zombie producer with the pipeline's
 transactional.id.
 
+With --snapshot-rows N the run covers snapshots too: chaos_a and chaos_b hold N rows each before the
+sink is added, so the sink starts with its initial snapshot (read in chunks of --snapshot-chunk rows)
+while the faults hit and a racing writer updates (chaos_b) and deletes (chaos_a) the rows just past the
+running snapshot's cursor, as fast as it can; a `snapshot` fault asks for one more snapshot of chaos_a
+with cdc_snapshot mid-run. At least --min-faults faults must land while a
+snapshot is under way.
+
 With --sink table the events go to an event table instead, and the faults are the ones that apply
 (worker terminate and SIGKILL, immediate stop, the failpoint after the sink's commit).
 
@@ -16,13 +23,16 @@ The oracle is an independent read_committed consumer (or a SELECT on the event t
 events by (table, key) in
 (commit_lsn, lsn) order -- the apply_cdc rule: newer versions win, deletes leave tombstones -- and
 compares with SELECT on the source tables; it also checks zero duplicates, zero per-writer gaps, every
-transaction whole (event_count events per commit_lsn), and nothing from aborted work.
+transaction whole (event_count events per commit_lsn), and nothing from aborted work. With snapshots, READ
+events fold like inserts, and no row of chaos_b (snapshotted once) may arrive as a READ twice.
 
     tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2          # short run
     tests/chaos/chaos.py --seed 7 --transactions 100000 --min-faults 20 --fault-count broker_outage=3 \
         --rate 80 --out tests/chaos/results/long.json                          # long run (make chaos-long)
     tests/chaos/chaos.py --control-no-dedup    # must FAIL: proves the oracle sees duplicates
+    tests/chaos/chaos.py --sink table --snapshot-rows 30000 --control-no-window   # must see stale rows
     tests/chaos/chaos.py --sink table --seed 3 --transactions 1000 --min-faults 2   # the in-database sink
+    tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2 --rate 25 --snapshot-rows 50000  # over snapshots
 """
 import argparse
 import collections
@@ -151,10 +161,58 @@ def wait_worker(timeout=60):
     raise RuntimeError("the pg_cdc worker did not come back")
 
 
+def pre_id(n):
+    """The key of preloaded row n: zero-padded, so the snapshot reads them in numeric order."""
+    return f"pre-{n:07d}"
+
+
+class SnapshotWriter(threading.Thread):
+    """While a snapshot of chaos_a or chaos_b runs, changes the rows just past its cursor (the chunk
+    in flight and the next), one per transaction, as fast as it can: the rows whose changes race
+    their chunk's read. Updates chaos_b's rows, deletes chaos_a's. Unknown outcomes need no care:
+    the oracle compares with the tables as they end."""
+
+    def __init__(self, rng, rows, chunk, stop):
+        super().__init__(daemon=True)
+        self.rng, self.rows, self.chunk, self.stop_ev = rng, rows, chunk, stop
+        self.changed = 0
+
+    def run(self):
+        conn = None
+        while not self.stop_ev.is_set():
+            try:
+                conn = conn or connect()
+                cur = conn.execute(
+                    "SELECT t.relname, (s.last_key)[1] FROM _cdc_snapshots s JOIN pg_class t ON t.oid = s.table_oid "
+                    "WHERE s.state = 'running' AND t.relname IN ('chaos_a', 'chaos_b') "
+                    "ORDER BY s.snapshot_id DESC LIMIT 1").fetchone()
+                if cur is None:
+                    time.sleep(0.2)
+                    continue
+                table, last = cur
+                n = (int(last[4:]) if last and last.startswith("pre-") else 0) + self.rng.randint(1, 2 * self.chunk)
+                if n > self.rows:
+                    time.sleep(0.05)
+                    continue
+                if table == "chaos_b":
+                    self.changed += conn.execute("UPDATE chaos_b SET val = val + 1 WHERE id = %s", (pre_id(n),)).rowcount
+                else:
+                    self.changed += conn.execute("DELETE FROM chaos_a WHERE id = %s", (pre_id(n),)).rowcount
+            except psycopg.Error:
+                try:
+                    conn and conn.close()
+                except Exception:  # noqa: BLE001 - the server is away
+                    pass
+                conn = None
+                time.sleep(0.2)
+
+
 class Faults:
     KINDS = ("terminate", "sigkill", "pg_immediate", "broker_restart", "broker_outage", "failpoint", "zombie")
     # The faults of a sink that has no broker.
     TABLE_KINDS = ("terminate", "sigkill", "pg_immediate", "failpoint")
+    # With --snapshot-rows: cdc_snapshot of chaos_a while everything else goes on.
+    SNAPSHOT_KINDS = ("snapshot",)
 
     def __init__(self, rng, txn_id, topic, sink, no_dedup):
         self.rng, self.txn_id, self.topic, self.sink, self.no_dedup = rng, txn_id, topic, sink, no_dedup
@@ -208,6 +266,9 @@ class Faults:
                 if not fired:
                     log("failpoint did not fire within 180 s (the worker committed nothing); not counted")
                     return
+        elif kind == "snapshot":
+            with connect() as c:
+                c.execute("SELECT cdc_snapshot('chaos_a', %s)", (self.sink,))
         elif kind == "zombie":
             z = Producer({"bootstrap.servers": BOOTSTRAP, "transactional.id": self.txn_id})
             z.init_transactions(30)
@@ -240,6 +301,16 @@ def dedup_logged(sink, since):
     return total
 
 
+def snapshots_open(sink):
+    """How many of the sink's snapshots are pending or running (None: the server is away)."""
+    try:
+        with connect(retries=1) as c:
+            return c.execute("SELECT count(*) FROM _cdc_snapshots s JOIN _cdc_sinks k USING (sink_id) "
+                             "WHERE k.sink_name = %s AND s.state IN ('pending', 'running')", (sink,)).fetchone()[0]
+    except Exception:  # noqa: BLE001 - the server is restarting
+        return None
+
+
 def read_topic(topic, idle=8.0, limit=600.0):
     c = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"chaos-oracle-{time.time()}",
                   "auto.offset.reset": "earliest", "isolation.level": "read_committed", "enable.auto.commit": False})
@@ -269,6 +340,7 @@ def norm_key(key):
 
 def oracle(records, conn):
     seen, dups, foreign = set(), 0, 0
+    reads = collections.Counter()
     per_txn = collections.defaultdict(list)
     state = {}
     events = []
@@ -284,6 +356,8 @@ def oracle(records, conn):
             dups += 1
             continue
         seen.add(ident)
+        if md["operation"] == "READ":
+            reads[(md["table"], key)] += 1
         per_txn[md["commit_lsn"]].append(md["transaction"]["event_count"])
         events.append((md["commit_lsn"], md["lsn"], md["table"], key, ev))
     torn = sum(1 for counts in per_txn.values() if len(counts) != counts[0])
@@ -304,10 +378,12 @@ def oracle(records, conn):
         src = {norm_key(json.dumps({k: r[0][k] for k in (["writer", "seq"] if t == "chaos_txn" else ["id"])})): r[0]
                for r in rows}
         got = folded[t]
-        for k, row in src.items():
-            if got.get(k) != row:
-                mismatched += 1
-        mismatched += sum(1 for k in got if k not in src)
+        wrong = [k for k in src if got.get(k) != src[k]] + [k for k in got if k not in src]
+        mismatched += len(wrong)
+        for k in wrong[:5]:  # what went wrong, for whoever reads the log
+            history = [(e[0], e[1], e[4]["metadata"]["operation"], e[4]["after"]) for e in events
+                       if e[2].endswith(t) and e[3] == k]
+            log(f"wrong row {t} {k}: table {src.get(k)}, events {history}")
         aborted_visible += sum(1 for row in got.values() if str(row.get("id", "")).startswith("aborted"))
     gaps = 0
     by_writer = collections.defaultdict(set)
@@ -315,7 +391,10 @@ def oracle(records, conn):
         by_writer[row["writer"]].add(row["seq"])
     for seqs in by_writer.values():
         gaps += max(seqs) - len(seqs) if seqs else 0
+    # chaos_b is snapshotted once (the initial snapshot): a row read twice was delivered twice.
+    repeated = sum(n - 1 for (table, _), n in reads.items() if table.endswith("chaos_b") and n > 1)
     return {"events_read": len(records), "unique_events": len(events), "duplicated": dups, "torn": torn,
+            "snapshot_reads": sum(reads.values()), "snapshot_reads_repeated": repeated,
             "lost_or_wrong_rows": mismatched, "aborted_visible": aborted_visible + foreign, "writer_gaps": gaps,
             "transactions_seen": len(per_txn)}
 
@@ -331,9 +410,16 @@ def main():
     p.add_argument("--rate", type=float, default=0, help="transactions per second, all writers together "
                    "(0: unthrottled); keeps writes flowing while the faults happen")
     p.add_argument("--control-no-dedup", action="store_true", help="turn dedup off: the run must fail")
+    p.add_argument("--control-no-window", action="store_true", help="with --snapshot-rows: keep every row of a "
+                   "chunk, also those changed while it was in flight (no faults); the oracle must see stale rows")
     p.add_argument("--sink", choices=("kafka", "table"), default="kafka", help="the sink type under test")
+    p.add_argument("--snapshot-rows", type=int, default=0, help="rows in chaos_a and chaos_b before the sink is "
+                   "added: the run covers its initial snapshot, and a snapshot fault (cdc_snapshot) too")
+    p.add_argument("--snapshot-chunk", type=int, default=100, help="the sink's snapshot_chunk_size")
     p.add_argument("--out", help="write the figures to this JSON file")
     a = p.parse_args()
+    if a.control_no_window and not a.snapshot_rows:
+        p.error("--control-no-window needs --snapshot-rows")
     rng = random.Random(a.seed)
     tag = f"{a.seed}-{int(time.time())}"
     topic, txn_id, sink = f"chaos-{tag}", f"chaos-{tag}", f"chaos_{a.sink}_{a.seed}"
@@ -351,24 +437,30 @@ def main():
     conn.execute("CREATE TABLE chaos_a (id text PRIMARY KEY, writer int, seq int, val int)")
     conn.execute("CREATE TABLE chaos_b (id text PRIMARY KEY, writer int, seq int, val int)")
     conn.execute("CREATE TABLE chaos_txn (writer int, seq int, PRIMARY KEY (writer, seq))")
+    for t in ("chaos_a", "chaos_b"):
+        conn.execute(f"INSERT INTO {t} SELECT 'pre-' || lpad(g::text, 7, '0'), 0, g, 0 "
+                     "FROM generate_series(1, %s) g", (a.snapshot_rows,))
     for t in TABLES:
         conn.execute("SELECT cdc_enable(%s, '{\"include_transaction_info\": true}')", (t,))
     log_since = conn.execute("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')").fetchone()[0]
     conn.execute("ALTER SYSTEM SET cdc.heartbeat_interval_ms = 1000")
     conn.execute("ALTER SYSTEM SET cdc.test_skip_dedup = %s" % ("on" if a.control_no_dedup else "off"))
+    conn.execute("ALTER SYSTEM SET cdc.test_skip_snapshot_window = %s" % ("on" if a.control_no_window else "off"))
     conn.execute("SELECT pg_reload_conf()")
     try:
         run(a, rng, conn, topic, txn_id, sink, log_since)
     finally:
         with connect() as c:
-            for setting in ("cdc.test_skip_dedup", "cdc.test_failpoint", "cdc.heartbeat_interval_ms"):
+            for setting in ("cdc.test_skip_dedup", "cdc.test_skip_snapshot_window", "cdc.test_failpoint",
+                            "cdc.heartbeat_interval_ms"):
                 c.execute(f"ALTER SYSTEM RESET {setting}")
             c.execute("SELECT pg_reload_conf()")
 
 
 def fault_counts(a):
     """How many of each fault kind the run must inject: --min-faults, except where --fault-count says."""
-    wanted = {k: a.min_faults for k in (Faults.TABLE_KINDS if a.sink == "table" else Faults.KINDS)}
+    kinds = (Faults.TABLE_KINDS if a.sink == "table" else Faults.KINDS) + (Faults.SNAPSHOT_KINDS if a.snapshot_rows else ())
+    wanted = {k: a.min_faults for k in kinds}
     for spec in a.fault_count:
         kind, _, n = spec.partition("=")
         if kind not in wanted or not n.isdigit():
@@ -383,26 +475,35 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
     if a.sink == "table":
         conn.execute(f"DROP TABLE IF EXISTS {event_table}")
         conn.execute("SELECT cdc_add_sink(%s, 'table', %s::jsonb)",
-                     (sink, json.dumps({"table": event_table, "tables": list(TABLES)})))
+                     (sink, json.dumps({"table": event_table, "tables": list(TABLES),
+                                        "snapshot_chunk_size": a.snapshot_chunk})))
     else:
         conn.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)",
-                     (sink, json.dumps({"topic": topic, "transactional_id": txn_id, "tables": list(TABLES)})))
+                     (sink, json.dumps({"topic": topic, "transactional_id": txn_id, "tables": list(TABLES),
+                                        "snapshot_chunk_size": a.snapshot_chunk})))
     conn.close()
 
     stop = threading.Event()
     per_writer = a.transactions // a.writers
     interval = a.writers / a.rate if a.rate else 0
     writers = [Writer(i + 1, random.Random(a.seed * 1000 + i), per_writer, stop, interval) for i in range(a.writers)]
+    racer_stop = threading.Event()  # the racer goes on until the snapshots are done
+    racer = SnapshotWriter(random.Random(a.seed * 1000 - 1), a.snapshot_rows, a.snapshot_chunk, racer_stop)
+    if a.snapshot_rows:
+        racer.start()
     faults = Faults(rng, txn_id, topic, sink, a.control_no_dedup)
     wanted = fault_counts(a)
     schedule = [k for k in wanted for _ in range(wanted[k])]
     rng.shuffle(schedule)
     if a.control_no_dedup:
         schedule = ["failpoint"] * max(2, a.min_faults)
+    if a.control_no_window:
+        schedule = []  # the stale rows come from the missing window alone
     started = time.time()
     for w in writers:
         w.start()
     total = per_writer * a.writers
+    during_snapshot = 0
     for n, kind in enumerate(schedule):
         # Spread the faults over the run, by progress of the writers.
         goal = total * (n + 1) / (len(schedule) + 1)
@@ -410,10 +511,12 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
             time.sleep(0.2)
         time.sleep(rng.uniform(0, 1.5))
         before = faults.count[kind]
+        snapshotting = bool(snapshots_open(sink))
         for _ in range(3):  # a failpoint that did not fire is tried again while writes flow
             faults.inject(kind)
             if faults.count[kind] > before or not any(w.is_alive() for w in writers):
                 break
+        during_snapshot += snapshotting and faults.count[kind] > before and kind != "snapshot"
     stop.set()
     for w in writers:
         w.join()
@@ -421,6 +524,14 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
     log(f"writers done: {sum(w.seq for w in writers)} transactions in {time.time() - started:.0f}s")
 
     with connect() as c:
+        deadline = time.time() + 300
+        while a.snapshot_rows and snapshots_open(sink) != 0 and time.time() < deadline:
+            time.sleep(1)
+        if a.snapshot_rows and snapshots_open(sink) != 0:
+            errors.append("the snapshots did not finish within 300 s after the writers")
+        racer_stop.set()
+        if racer.is_alive():
+            racer.join()
         end = c.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
         deadline = time.time() + 300
         while time.time() < deadline:
@@ -449,6 +560,8 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
         "commits_resolved_by_reading_back": sum(w.unknown_resolved for w in writers),
         "faults": dict(faults.count), "failpoint_nudges": faults.nudges,
         "seconds": round(time.time() - started), "dedup": not a.control_no_dedup,
+        "snapshot_rows": a.snapshot_rows, "faults_during_snapshot": during_snapshot,
+        "snapshot_rows_changed_by_racer": racer.changed,
         "sink_state": state[0] if state else None, "errors": errors,
         "duplicate_events_skipped_by_worker": dedup_logged(sink, log_since),
     })
@@ -457,7 +570,7 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
         with open(a.out, "w") as f:
             json.dump(result, f, indent=2)
     bad = result["duplicated"] or result["torn"] or result["lost_or_wrong_rows"] or result["aborted_visible"] \
-        or result["writer_gaps"] or errors
+        or result["writer_gaps"] or result["snapshot_reads_repeated"] or errors
     if a.control_no_dedup:
         if result["duplicated"] == 0:
             log("CONTROL FAILED: dedup off, yet the oracle saw no duplicate")
@@ -465,8 +578,19 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
         log(f"control ok: with dedup off the oracle saw {result['duplicated']} duplicates")
         log("1 passed, 0 failed")
         return
+    if a.control_no_window:
+        if result["lost_or_wrong_rows"] == 0:
+            log("CONTROL FAILED: no snapshot window, yet the oracle saw no stale row")
+            sys.exit(1)
+        log(f"control ok: without the snapshot window the oracle saw {result['lost_or_wrong_rows']} wrong rows")
+        log("1 passed, 0 failed")
+        return
     if bad:
         log("FAILED")
+        sys.exit(1)
+    if a.snapshot_rows and (result["snapshot_reads"] == 0 or during_snapshot < a.min_faults):
+        log(f"FAILED: {result['snapshot_reads']} READ events, {during_snapshot} faults while a snapshot was under way "
+            f"(at least {a.min_faults} wanted: more --snapshot-rows, or a smaller --snapshot-chunk)")
         sys.exit(1)
     short = {k: f"{faults.count[k]} of {n}" for k, n in wanted.items() if faults.count[k] < n}
     if short:
