@@ -80,9 +80,9 @@ bench: deps
 	@$(MAKE) --no-print-directory bench-e2e
 	@$(MAKE) --no-print-directory bench-snapshot
 
-## bench-snapshot: an initial snapshot of a 1,000,000-row table to an exactly-once Kafka sink against COPY and
-## Kafka's own producer (a minute; needs a quiet cluster; `make bench` runs it too); writes
-## bench/results/snapshot.md. Extra options: SNAPSHOT_ARGS='--rows 10000000'
+## bench-snapshot: an initial snapshot of a 1,000,000-row table to an exactly-once Kafka sink against COPY,
+## Kafka's own producer and Debezium's initial snapshot (two minutes; needs a quiet cluster; `make bench` runs
+## it too); writes bench/results/snapshot.md. Extra options: SNAPSHOT_ARGS='--rows 10000000 --no-debezium'
 bench-snapshot: up
 	@$(ENV) "$$PG_CDC_VENV/bin/python" bench/snapshot.py $(SNAPSHOT_ARGS)
 

@@ -849,9 +849,12 @@ class Debezium:
         return sorted(p.name for p in (target / "lib").glob("*.jar"))
 
     @contextlib.contextmanager
-    def run(self, name, topic, tables):
-        """Starts the harness with its own slot and publication on `tables`; yields a Capture whose
-        pids are the JVM and the walsender decoding for it. Stops it and drops both on exit."""
+    def run(self, name, topic, tables, overrides=None, streaming=True):
+        """Starts the harness with its own slot and publication on `tables` (engine settings
+        `overrides` on top of DEBEZIUM_ENGINE); yields a Capture whose pids are the JVM and the
+        walsender decoding for it, once its slot is streamed (or, with `streaming` False, the JVM
+        alone as soon as the engine polls: an initial snapshot runs before the slot is streamed).
+        Stops it and drops both on exit."""
         bench = self.bench
         conn, env = bench.conn, bench.env
         slot = publication = f"bench_dbz_{name}"
@@ -859,7 +862,7 @@ class Debezium:
         engine = {**DEBEZIUM_ENGINE, "name": slot, "slot.name": slot, "publication.name": publication,
                   "database.hostname": env.pg_host, "database.port": env.pg_port, "database.user": env.pg_user,
                   "database.password": "", "database.dbname": env.pg_db,
-                  "table.include.list": ",".join(f"public.{t}" for t in tables)}
+                  "table.include.list": ",".join(f"public.{t}" for t in tables), **(overrides or {})}
         producer = {**JAVA_PRODUCER, "bootstrap.servers": env.bootstrap}
         files = {}
         for kind, props in (("engine", engine), ("producer", producer)):
@@ -878,6 +881,9 @@ class Debezium:
                 started = False
             if not started:
                 raise BenchError(f"Debezium did not start (see {log.name})")
+            if not streaming:
+                yield Capture([proc.pid], slot)
+                return
             wait_until(lambda: conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
                                             (slot,)).fetchone() == (True,), 60, "Debezium's slot to be streamed")
             walsender = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",

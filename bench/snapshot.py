@@ -1,27 +1,34 @@
 """An initial snapshot: how fast one exactly-once Kafka sink delivers the rows a table holds as READ
-events, against the limits of the machine, and the memory it takes (issue 16, deliverable 7; the
-Debezium side is not measured yet).
+events, against the limits of the machine and Debezium's initial snapshot of the same table, and the
+memory it takes (issue 16, deliverable 7).
 
 A table of ROWS rows (~200 bytes each) is filled and analyzed; then, one after the other:
 - `COPY table TO '/dev/null'` (server side): the rows read and formatted, nothing sent;
 - pg_cdc: cdc_add_sink with the default snapshot_mode initial; elapsed = cdc_add_sink -> the sink's
   snapshot done (`_cdc_snapshots`) and every row delivered (cdc_delivery_status); the sink worker's
   private memory (smaps_rollup, every 0.5 s) and the CPU of every pg_cdc process;
-- Kafka's own producer (ProducerPerformance) for as many records of the size pg_cdc's events had.
+- Kafka's own producer (ProducerPerformance) for as many records of the size pg_cdc's events had;
+- Debezium 3.6.1 (the embedded engine harness of bench-e2e, bench/debezium) with snapshot.mode initial:
+  elapsed = the JVM started -> every row visible to a read_committed consumer of its topic; CPU and
+  memory of the JVM (the backend serving its SELECT is not counted; pg_cdc reads in its own process).
+  `--no-debezium` leaves it out.
 
-    $PG_CDC_VENV/bin/python bench/snapshot.py [--rows 1000000] [--chunk 4096] [--out bench/results]
+    $PG_CDC_VENV/bin/python bench/snapshot.py [--rows 1000000] [--chunk 4096] [--no-debezium] [--out bench/results]
 
 Needs `make up` and a quiet cluster (no other sinks). Writes snapshot.md and prints it."""
 import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_bench import (Sampler, capture_pids, captured_table, cpu_seconds, delivered, drop_captured_tables,  # noqa: E402
-                       drop_sinks, private_kib, producer_alone, quiet_start, wait_until, write_report)
+from e2e_bench import (BenchError, Counter, Debezium, Sampler, capture_pids, captured_table, cpu_seconds,  # noqa: E402
+                       delivered, drop_captured_tables, drop_sinks, private_kib, producer_alone, quiet_start,
+                       wait_until, write_report)
 
 TABLE = "snapshot_bench"
 SINK = "snapshot_bench"
@@ -31,6 +38,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--chunk", type=int, default=4096, help="snapshot_chunk_size")
+    ap.add_argument("--no-debezium", action="store_true", help="leave Debezium's initial snapshot out")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
     env, kafka, conn = quiet_start("snapshot")
@@ -65,6 +73,10 @@ def main():
         st = conn.execute("SELECT cdc_delivery_status(%s)->'delivered'", (SINK,)).fetchone()[0]
         record = int(st["bytes"] / max(st["events"], 1))
         producer = producer_alone(env, kafka.topic("producer"), a.rows, record)
+        kafka.created.append("pg_cdc.progress." + slot.removeprefix("_cdc_"))
+        drop_sinks(conn, [SINK])  # Debezium runs alone
+        slot = None
+        dbz = None if a.no_debezium else debezium_snapshot(env, kafka, conn, a.rows)
     finally:
         if slot:
             kafka.created.append("pg_cdc.progress." + slot.removeprefix("_cdc_"))
@@ -92,10 +104,47 @@ def main():
         "",
         f"Limit = min(COPY, producer alone) = {limit:,.0f} rows/s. pg_cdc: {elapsed:.1f} s, {cpu:.1f} CPU s "
         f"({cpu / a.rows * 100_000:.2f} per 100k rows), worker private memory median / max "
-        f"{mem[len(mem) // 2]:.1f} / {mem[-1]:.1f} MiB. Debezium's initial snapshot of the same table is not "
-        "measured yet.",
+        f"{mem[len(mem) // 2]:.1f} / {mem[-1]:.1f} MiB.",
     ]
+    if isinstance(dbz, dict):
+        at = next(i for i, line in enumerate(lines) if line.startswith("| pg_cdc snapshot")) + 1
+        lines[at:at] = [f"| Debezium 3.6.1 initial snapshot to Kafka | {dbz['rate']:,.0f} | {dbz['rate'] / limit:.0%} |"]
+        lines += ["", f"pg_cdc / Debezium: {rate / dbz['rate']:.2f}x (goal: 3x). Debezium: {dbz['elapsed']:.1f} s from "
+                  f"its JVM's start, {dbz['cpu']:.1f} CPU s of the JVM ({dbz['cpu'] / a.rows * 100_000:.2f} per 100k rows; "
+                  "the backend serving its SELECT not counted), JVM private memory median / max "
+                  f"{dbz['mib_median']:.0f} / {dbz['mib_max']:.0f} MiB (-Xmx1g), {dbz['record']}-byte records, "
+                  "delivered at least once (its Kafka producer as in bench-e2e: idempotent, acks all)."]
+    elif dbz is not None:
+        lines += ["", f"Debezium's initial snapshot could not be measured in this run: {dbz}"]
     write_report(a.out, "snapshot.md", lines)
+
+
+def debezium_snapshot(env, kafka, conn, rows):
+    """Debezium's initial snapshot of the bench table into one topic: rows/s from the JVM's start
+    to every row visible (read_committed), the JVM's CPU and memory. Returns a dict, or the reason
+    it could not be measured (a string)."""
+    bench = SimpleNamespace(env=env, conn=conn, run_dir=Path(tempfile.mkdtemp(prefix="bench-snapshot-")))
+    dbz = Debezium(bench)
+    try:
+        dbz.build()
+        topic = kafka.topic("dbz-snapshot")
+        counter = Counter(kafka, topic)
+        t0 = time.monotonic()
+        with dbz.run("snapshot", topic, (TABLE,), {"snapshot.mode": "initial"}, streaming=False) as capture:
+            jvm = capture.pids[0]
+            memory = Sampler(lambda: private_kib(jvm), 0.5)
+            memory.start()
+            try:
+                end = counter.wait_for(rows, 3600)
+            finally:
+                mem = sorted(m / 1024 for m in memory.stop()) or [0.0]
+            cpu = cpu_seconds([jvm])
+        counter.close()
+        elapsed = end - t0
+        return {"rate": rows / elapsed, "elapsed": elapsed, "cpu": cpu, "record": int(counter.value_bytes / rows),
+                "mib_median": mem[len(mem) // 2], "mib_max": mem[-1]}
+    except BenchError as e:
+        return str(e)
 
 
 if __name__ == "__main__":
