@@ -48,6 +48,12 @@ pub fn json(sql: &str, args: &[DatumWithOid<'_>]) -> Option<Value> {
     one_json(Spi::connect(|c| c.select(sql, Some(1), args)?.first().get_one::<JsonB>()))
 }
 
+/// The current transaction's isolation level as SQL names it (`read committed`, `repeatable read`,
+/// `serializable`).
+pub fn transaction_isolation() -> String {
+    select_one::<String>("SELECT current_setting('transaction_isolation')", &[]).unwrap_or_default()
+}
+
 /// Runs a statement that changes the database.
 pub fn run(sql: &str, args: &[DatumWithOid<'_>]) {
     Spi::run_with_args(sql, args).unwrap_or_else(|e| pgrx::error!("pg_cdc catalog statement failed: {e}"))

@@ -300,8 +300,7 @@ fn resolve_lookups(table: pg_sys::Oid, cfg: &cdc_core::config::CaptureConfig, ra
     if cfg.enrich.is_empty() {
         return Vec::new();
     }
-    let isolation =
-        catalog::select_one::<String>("SELECT current_setting('transaction_isolation')", &[]).unwrap_or_default();
+    let isolation = catalog::transaction_isolation();
     if isolation != "read committed" {
         raise(
             CdcError::new(

@@ -93,8 +93,7 @@ fn refuse_waiting_in_a_transaction() {
             .hint("Run it on its own (autocommit), or call it without wait and follow the view cdc_snapshots."),
         );
     }
-    let isolation =
-        catalog::select_one::<String>("SELECT current_setting('transaction_isolation')", &[]).unwrap_or_default();
+    let isolation = catalog::transaction_isolation();
     if isolation != "read committed" {
         raise(
             CdcError::new(

@@ -56,6 +56,15 @@ def event_table(pg, ev, t):
                       f"WHERE table_name LIKE %s ORDER BY event_id", ("%" + t,)).fetchall()
 
 
+def events_up_to_a_last_row(pg, ev, t):
+    """Inserts the row (-1, -1) into `t`, waits for its event (everything committed before it is
+    delivered then), and returns the events of `t` (event_table)."""
+    pg.execute(f"INSERT INTO {t} VALUES (-1, -1)")
+    wait_for(lambda: pg.execute(f"SELECT count(*) FROM {ev} WHERE event_key = '{{\"id\": -1}}'").fetchone()[0],
+             timeout=120, what="the last row delivered")
+    return event_table(pg, ev, t)
+
+
 def snapshot_rows(pg, sink):
     return pg.execute("SELECT s.state, s.rows_done, s.note FROM _cdc_snapshots s JOIN _cdc_sinks k USING (sink_id) "
                       "WHERE k.sink_name = %s ORDER BY snapshot_id", (sink,)).fetchall()
@@ -170,11 +179,7 @@ def run_snapshot_under_writes(pg, tsinks, unique, rows=20000, chunk=200, request
     finally:
         stop.set()
         writer.join(30)
-    # Everything committed is delivered once this last row is.
-    pg.execute(f"INSERT INTO {t} VALUES (-1, -1)")
-    wait_for(lambda: pg.execute(f"SELECT count(*) FROM {ev} WHERE event_key = '{{\"id\": -1}}'").fetchone()[0],
-             timeout=120, what="the last row delivered")
-    events = event_table(pg, ev, t)
+    events = events_up_to_a_last_row(pg, ev, t)
     return t, ev, name, events, stats, states
 
 
@@ -255,10 +260,7 @@ def test_a_table_added_to_a_running_sink_arrives_in_full(pg, tsinks, unique):
         for i in range(1, 30000, 97):
             w.execute(f"UPDATE {added} SET v = v + 1 WHERE id = %s", (i,))
     wait_for(lambda: snapshot_done(pg, name), timeout=120, what="added table's snapshot done")
-    pg.execute(f"INSERT INTO {added} VALUES (-1, -1)")
-    wait_for(lambda: pg.execute(f"SELECT count(*) FROM {ev} WHERE event_key = '{{\"id\": -1}}'").fetchone()[0],
-             timeout=120, what="the last row delivered")
-    events = event_table(pg, ev, added)
+    events = events_up_to_a_last_row(pg, ev, added)
     assert fold(events) == table_rows(pg, added), "the fold of the delivered events is the table"
     ops = collections.Counter(e[0] for e in events)
     assert ops["READ"] >= 29000, ops
@@ -295,10 +297,7 @@ def test_a_snapshot_requested_while_another_table_is_snapshotted_folds_to_the_ta
     finally:
         stop.set()
         writer.join(30)
-    pg.execute(f"INSERT INTO {a} VALUES (-1, -1)")
-    wait_for(lambda: pg.execute(f"SELECT count(*) FROM {ev} WHERE event_key = '{{\"id\": -1}}'").fetchone()[0],
-             timeout=120, what="the last row delivered")
-    events = event_table(pg, ev, a)
+    events = events_up_to_a_last_row(pg, ev, a)
     assert sum(stats.values()) > 100, stats
     assert pg.execute("SELECT state FROM _cdc_snapshots WHERE snapshot_id = %s", (requested,)).fetchone()[0] == "done"
     assert fold(events) == table_rows(pg, a), "the fold of the delivered events is the table"
