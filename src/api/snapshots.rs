@@ -217,10 +217,12 @@ fn request(schema: &str, oid: pg_sys::Oid, table: &str, sinks: &[(String, String
 /// The background worker that records a waited-for request in its own transaction.
 const REQUEST_WORKER: &str = "pg_cdc snapshot request";
 
-/// Has a short-lived background worker record the request (table OID, and the one sink's id or
-/// `*`), committed, and waits for it to end.
+/// Has a short-lived background worker record the request (the caller's database OID, the table
+/// OID, and the one sink's id or `*`), committed, and waits for it to end.
 fn run_request(oid: pg_sys::Oid, sink_id: Option<&str>) {
-    let extra = format!("{} {}", oid.to_u32(), sink_id.unwrap_or("*"));
+    // SAFETY: reads the OID of the database this backend is connected to.
+    let database = unsafe { pg_sys::MyDatabaseId };
+    let extra = format!("{} {} {}", database.to_u32(), oid.to_u32(), sink_id.unwrap_or("*"));
     let started = BackgroundWorkerBuilder::new(REQUEST_WORKER)
         .set_type(REQUEST_WORKER)
         .set_function("pg_cdc_snapshot_request_main")
@@ -251,16 +253,17 @@ fn run_request(oid: pg_sys::Oid, sink_id: Option<&str>) {
 #[no_mangle]
 pub extern "C-unwind" fn pg_cdc_snapshot_request_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(pgrx::bgworkers::SignalWakeFlags::SIGTERM);
-    let database = crate::gucs::string(&crate::gucs::DATABASE);
-    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
     let extra = BackgroundWorker::get_extra().to_string();
     let mut parts = extra.split(' ');
-    let oid = parts.next().and_then(|o| o.parse::<u32>().ok()).map(pg_sys::Oid::from);
-    let only = parts.next().filter(|s| *s != "*").map(str::to_string);
-    let Some(oid) = oid else {
+    let mut next_oid = || parts.next().and_then(|o| o.parse::<u32>().ok()).map(pg_sys::Oid::from);
+    let (Some(database), Some(oid)) = (next_oid(), next_oid()) else {
         pgrx::warning!("{REQUEST_WORKER}: malformed request \"{extra}\"");
         return;
     };
+    let only = parts.next().filter(|s| *s != "*").map(str::to_string);
+    // The caller's database (the one its request is about), as the bootstrap superuser: the caller's
+    // own rights were checked before the request was handed over.
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
     BackgroundWorker::transaction(|| {
         let Some(schema) = catalog::extension_schema() else { return };
         let table = captured_table_name(&schema, oid);
