@@ -35,12 +35,12 @@ CREATE TABLE _cdc_sinks (
     state_since      timestamptz NOT NULL DEFAULT now(),
     -- The labels of cdc_core::state::SinkState, the only strings ever stored here (a unit test
     -- compares the two lists).
-    CONSTRAINT _cdc_sinks_state_check CHECK (state IN ('creating_slot', 'starting', 'snapshotting', 'running', 'retrying', 'error'))
+    CONSTRAINT _cdc_sinks_state_check CHECK (state IN ('creating_slot', 'starting', 'snapshotting', 'running', 'retrying', 'error', 'finished'))
 );
 COMMENT ON TABLE _cdc_sinks IS 'pg_cdc: one row per destination (cdc_add_sink / cdc_drop_sink); each has its own logical slot';
 COMMENT ON COLUMN _cdc_sinks.slot_name IS 'the logical replication slot this sink reads (pgoutput over the _cdc_publication publication)';
 COMMENT ON COLUMN _cdc_sinks.table_oids IS 'tables this sink is limited to (config.tables); NULL means every captured table';
-COMMENT ON COLUMN _cdc_sinks.state IS 'creating_slot | starting | snapshotting | running | retrying | error, set by the worker (docs/sql-reference.md)';
+COMMENT ON COLUMN _cdc_sinks.state IS 'creating_slot | starting | snapshotting | running | retrying | error | finished, set by the worker (docs/sql-reference.md)';
 COMMENT ON COLUMN _cdc_sinks.last_error IS 'the last error the worker met for this sink (no secrets)';
 
 CREATE TABLE _cdc_offsets (

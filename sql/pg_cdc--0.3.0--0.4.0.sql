@@ -32,11 +32,11 @@ COMMENT ON COLUMN @extschema@._cdc_snapshots.chunk_last_key IS 'key of that chun
 COMMENT ON COLUMN @extschema@._cdc_snapshots.chunk_last IS 'that chunk read fewer rows than a chunk holds: the table is done once it is delivered';
 REVOKE ALL ON @extschema@._cdc_snapshots FROM PUBLIC;
 
--- A sink delivering its snapshot is 'snapshotting'.
+-- A sink delivering its snapshot is 'snapshotting'; an initial_only sink that delivered it is 'finished'.
 ALTER TABLE @extschema@._cdc_sinks DROP CONSTRAINT _cdc_sinks_state_check,
     ADD CONSTRAINT _cdc_sinks_state_check
-        CHECK (state IN ('creating_slot', 'starting', 'snapshotting', 'running', 'retrying', 'error'));
-COMMENT ON COLUMN @extschema@._cdc_sinks.state IS 'creating_slot | starting | snapshotting | running | retrying | error, set by the worker (docs/sql-reference.md)';
+        CHECK (state IN ('creating_slot', 'starting', 'snapshotting', 'running', 'retrying', 'error', 'finished'));
+COMMENT ON COLUMN @extschema@._cdc_sinks.state IS 'creating_slot | starting | snapshotting | running | retrying | error | finished, set by the worker (docs/sql-reference.md)';
 
 -- Snapshots on request (cdc_snapshot) and of tables added to a sink.
 CREATE FUNCTION @extschema@.cdc_snapshot(table_name regclass, sink_name text DEFAULT NULL, wait boolean DEFAULT false)

@@ -81,8 +81,8 @@ SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "format": "xml"}'); 
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "format": "avro"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "format": "debezium"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "schema_registry": "http://127.0.0.1:1"}'); \echo SQLSTATE :SQLSTATE
--- Snapshot modes: initial (the default) and never; initial_only is planned; a chunk holds 1 to 1,000,000 rows.
-SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "snapshot_mode": "initial_only"}'); \echo SQLSTATE :SQLSTATE
+-- Snapshot modes: initial (the default), initial_only and never, spelled so; a chunk holds 1 to 1,000,000 rows.
+SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "snapshot_mode": "Initial_Only"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "snapshot_mode": "always"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "snapshot_chunk_size": 0}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "exactly_once": "yes"}'); \echo SQLSTATE :SQLSTATE

@@ -1,5 +1,4 @@
 //! `cdc_add_sink` and `cdc_drop_sink`: where captured changes go.
-use cdc_core::config::SnapshotMode;
 use cdc_core::state::SinkState;
 use cdc_core::{CdcError, ErrorKind};
 use cdc_sinks::{parse_config, DeliveryMode, SinkConfig};
@@ -55,7 +54,9 @@ fn resolve_table(path: &str, name: &str) -> pg_sys::Oid {
 /// follow (no gap, no overlap). The slot is created right away when this is the first statement
 /// of its transaction that writes (the usual autocommit call); inside a transaction that already
 /// wrote, the worker creates it after COMMIT and the snapshot covers what committed in between,
-/// which is why `snapshot_mode` `never` is refused there (55000).
+/// which is why `snapshot_mode` `never` is refused there (55000). With `initial_only` it delivers
+/// its snapshot (and the changes committed while it is read), then finishes: state `finished`, its
+/// slot dropped, nothing more read.
 ///
 /// ```sql
 /// SELECT cdc_add_sink(sink_name => 'kafka_orders', sink_type => 'kafka',
@@ -147,7 +148,7 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
     // SAFETY: reads the current transaction's top-level xid, set once it has written.
     let wrote = unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId;
     let snapshots = has_snapshots(&schema);
-    let snapshot = snapshots && cfg.common().snapshot_mode == SnapshotMode::Initial;
+    let snapshot = snapshots && cfg.common().snapshot_mode.snapshots();
     if !snapshots {
         pgrx::notice!(
             "this catalog predates snapshots, so sink \"{sink_name}\" delivers only changes made after its slot exists: \

@@ -138,6 +138,25 @@ fn validate(schema: &str, oid: pg_sys::Oid, sink_name: Option<&str>) -> (String,
         Err(e) => raise(CdcError::new(ErrorKind::Internal, e)),
     }
     let sinks = carrying_sinks(schema, oid, sink_name, None);
+    if let (Some(name), true) = (sink_name, sinks.is_empty()) {
+        let finished = catalog::select_one::<bool>(
+            &format!(
+                "SELECT true FROM {schema}._cdc_sinks WHERE sink_name = $1 AND state = 'finished'
+                    AND (table_oids IS NULL OR $2 = ANY (table_oids))"
+            ),
+            &[name.into(), oid.into()],
+        );
+        if finished.is_some() {
+            raise(
+                CdcError::new(
+                    ErrorKind::PrerequisiteState,
+                    format!("sink \"{name}\" finished its initial_only snapshot and reads nothing more"),
+                )
+                .detail("A sink with snapshot_mode initial_only drops its slot once its snapshot is delivered.")
+                .hint("Drop it and add it again for a new copy, or add a sink with snapshot_mode initial."),
+            );
+        }
+    }
     if sinks.is_empty() {
         match sink_name {
             Some(name) => {
@@ -165,14 +184,15 @@ fn validate(schema: &str, oid: pg_sys::Oid, sink_name: Option<&str>) -> (String,
     (table, sinks)
 }
 
-/// The sinks (id, name) that carry a table, all of them or the one named (by name or by id).
+/// The sinks (id, name) that carry a table, all of them or the one named (by name or by id), but
+/// not a finished `initial_only` sink (it reads nothing more).
 fn carrying_sinks(schema: &str, oid: pg_sys::Oid, name: Option<&str>, id: Option<&str>) -> Vec<(String, String)> {
     catalog::json(
         &format!(
             "SELECT coalesce(jsonb_agg(jsonb_build_array(sink_id::text, sink_name) ORDER BY sink_name), '[]')
                FROM {schema}._cdc_sinks
               WHERE ($1::text IS NULL OR sink_name = $1) AND ($3::text IS NULL OR sink_id = $3::uuid)
-                AND (table_oids IS NULL OR $2 = ANY (table_oids))"
+                AND (table_oids IS NULL OR $2 = ANY (table_oids)) AND state <> 'finished'"
         ),
         &[name.into(), oid.into(), id.into()],
     )
@@ -186,6 +206,15 @@ fn request(schema: &str, oid: pg_sys::Oid, table: &str, sinks: &[(String, String
     crate::worker::launcher::catalog_changed();
     let mut ids = Vec::with_capacity(sinks.len());
     for (sink_id, name) in sinks {
+        // An initial_only sink finishing meanwhile (it locks its row, then looks for open
+        // snapshots): after it, the request is left out; before it, the sink sees the request.
+        let finished = catalog::select_one_write::<bool>(
+            &format!("SELECT state = 'finished' FROM {schema}._cdc_sinks WHERE sink_id = $1::uuid FOR KEY SHARE"),
+            &[sink_id.as_str().into()],
+        );
+        if finished != Some(false) {
+            continue;
+        }
         // The sink row first, as the worker's chunk reads do: a drop of the sink waits, or wins.
         let running = catalog::select_one_write::<i64>(
             &format!(
@@ -387,7 +416,7 @@ fn progress_line(table: &str, p: &Progress) -> String {
 }
 
 /// Every sink that carries a table whose capture starts now, and whose `snapshot_mode` is
-/// `initial`, gets a snapshot of it (kind `added`): its rows arrive as READ events as a new sink's
+/// `initial` (or `initial_only`, until it finished), gets a snapshot of it (kind `added`): its rows arrive as READ events as a new sink's
 /// would. Nothing on a catalog that predates snapshots.
 pub(crate) fn snapshot_added_table(schema: &str, oid: pg_sys::Oid) {
     if !super::sinks::has_snapshots(schema) {
@@ -399,10 +428,12 @@ pub(crate) fn snapshot_added_table(schema: &str, oid: pg_sys::Oid) {
             "INSERT INTO {schema}._cdc_snapshots (sink_id, table_oid, kind)
              SELECT k.sink_id, $1, 'added' FROM {schema}._cdc_sinks k
               WHERE (k.table_oids IS NULL OR $1 = ANY (k.table_oids))
-                AND coalesce(k.config ->> 'snapshot_mode', 'initial') = 'initial'
+                AND coalesce(k.config ->> 'snapshot_mode', 'initial') IN ('initial', 'initial_only')
+                AND k.state <> 'finished'
                 AND NOT EXISTS (SELECT 1 FROM {schema}._cdc_snapshots s WHERE s.sink_id = k.sink_id
                                    AND s.table_oid = $1 AND s.state IN ('pending', 'running'))
-              ORDER BY k.sink_name"
+              ORDER BY k.sink_name
+                FOR KEY SHARE OF k"
         ),
         &[oid.into()],
     );

@@ -264,10 +264,13 @@ pub fn older_transaction_open(since: &str) -> bool {
 }
 
 /// Whether a sink row names `slot` (read in the caller's transaction: a sink committed after the
-/// catalog was read, whose slot was created inside its transaction, counts).
+/// catalog was read, whose slot was created inside its transaction, counts), leaving out finished
+/// sinks (their slots are dropped).
 pub fn slot_has_sink(schema: &str, slot: &str) -> bool {
     catalog::json(
-        &format!("SELECT to_jsonb(EXISTS (SELECT 1 FROM {schema}._cdc_sinks WHERE slot_name = $1))"),
+        &format!(
+            "SELECT to_jsonb(EXISTS (SELECT 1 FROM {schema}._cdc_sinks WHERE slot_name = $1 AND state <> 'finished'))"
+        ),
         &[slot.into()],
     ) == Some(Value::Bool(true))
 }
@@ -399,6 +402,27 @@ pub fn set_state(schema: &str, sink_id: &str, state: &str, error: Option<&str>) 
         ),
         &[sink_id.into(), state.into(), error.into()],
     );
+}
+
+/// Marks an `initial_only` sink finished, unless a snapshot of it is still open; returns whether it
+/// did. Its row is locked first: a snapshot requested meanwhile (`cdc_snapshot`, `cdc_enable` of a
+/// table it carries) either committed before, and is seen here, or waits and then sees the sink
+/// finished (those requests lock the row too, and leave finished sinks out).
+pub fn finish_sink(schema: &str, sink_id: &str) -> bool {
+    catalog::json_write(
+        &format!("SELECT to_jsonb(true) FROM {schema}._cdc_sinks WHERE sink_id = $1::uuid FOR UPDATE"),
+        &[sink_id.into()],
+    );
+    catalog::json_write(
+        &format!(
+            "WITH f AS (UPDATE {schema}._cdc_sinks SET state = 'finished', last_error = NULL, state_since = now()
+                         WHERE sink_id = $1::uuid AND NOT EXISTS (SELECT 1 FROM {schema}._cdc_snapshots
+                                 WHERE sink_id = $1::uuid AND state IN ('pending', 'running'))
+                        RETURNING 1)
+             SELECT to_jsonb(count(*) > 0) FROM f"
+        ),
+        &[sink_id.into()],
+    ) == Some(Value::Bool(true))
 }
 
 /// Writes a running-transactions record (PostgreSQL 16's pg_log_standby_snapshot()); returns

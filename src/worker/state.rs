@@ -4,7 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cdc_core::config::{checkpoint_interval, parse_stored_capture_config, CaptureConfig};
+use cdc_core::config::{checkpoint_interval, parse_stored_capture_config, CaptureConfig, SnapshotMode};
 use cdc_core::failpoint::{Armed, Failpoint};
 use cdc_core::pipeline::{Assembler, SinkTables};
 use cdc_core::redact::TokenKey;
@@ -568,7 +568,10 @@ impl Worker {
                 // Counters and latencies of dropped sinks and tables free their shared-memory entries.
                 crate::stats::retain(&cat.sinks.iter().map(|s| s.id.as_str()).collect::<Vec<_>>());
                 crate::stats::retain_tables(&cat.tables.iter().map(|t| t.oid).collect::<Vec<_>>());
-                let sinks: Vec<(String, String)> = cat.sinks.iter().map(|s| (s.id.clone(), s.name.clone())).collect();
+                // A finished (initial_only) sink has no worker.
+                let finished = SinkState::Finished.label();
+                let sinks: Vec<(String, String)> =
+                    cat.sinks.iter().filter(|s| s.state != finished).map(|s| (s.id.clone(), s.name.clone())).collect();
                 self.starter.ensure(&sinks);
                 self.warn_retained_wal(&cat);
                 self.mark_restart_point(&cat);
@@ -577,7 +580,8 @@ impl Worker {
             }
             Role::Sink(id) => id.clone(),
         };
-        cat.sinks.retain(|s| s.id == id);
+        // A finished (initial_only) sink reads nothing more: its worker exits.
+        cat.sinks.retain(|s| s.id == id && s.state != SinkState::Finished.label());
         if cat.sinks.is_empty() {
             self.finished = true;
             return false;
@@ -1007,6 +1011,12 @@ impl Worker {
         if !self.snapshot_step(id, &config) {
             return false;
         }
+        if config.common().snapshot_mode == SnapshotMode::InitialOnly
+            && self.sinks.get(id).is_some_and(|r| r.snapshotting == Some(false) && r.snap.chunk.is_none())
+        {
+            self.finish(id, confirmed);
+            return false;
+        }
 
         // Read and send, inside one transaction (an in-database sink writes its events in it).
         let tables = self.tables_for(&row);
@@ -1267,7 +1277,9 @@ impl Worker {
                 crate::stats::update(id, |c| c.compliance_hold = 0);
             }
         }
-        let snapshotting = self.sinks.get(id).is_some_and(|r| r.snapshotting == Some(true) || r.snap.chunk.is_some());
+        // An initial_only sink delivers nothing but its snapshot (and the changes around it).
+        let snapshotting = config.common().snapshot_mode == SnapshotMode::InitialOnly
+            || self.sinks.get(id).is_some_and(|r| r.snapshotting == Some(true) || r.snap.chunk.is_some());
         self.set_state(id, if snapshotting { SinkState::Snapshotting } else { SinkState::Running }, None);
         if rows > batch::BUFFER_FRAMES as u64 {
             // A big batch filled librdkafka's queue and the buffers; give the freed memory back
@@ -1391,6 +1403,50 @@ impl Worker {
         }
     }
 
+    /// An `initial_only` sink whose snapshots are all delivered: what it handed over is delivered
+    /// and confirmed, the sink is marked finished, its slot dropped (it holds no WAL from now on)
+    /// and its worker exits. A snapshot requested meanwhile keeps it going (it reads that first).
+    fn finish(&mut self, id: &str, confirmed: Lsn) {
+        let Some(schema) = self.schema.clone() else { return };
+        if !self.settle(id, 0) {
+            return;
+        }
+        let Some(run) = self.sinks.get_mut(id) else { return };
+        if let Err(e) = confirm_delivered(Some(&schema), run, confirmed) {
+            let msg = format!("cannot confirm replication slot {}: {e}", run.row.slot);
+            self.fail(id, SinkState::Error, msg);
+            return;
+        }
+        match run_tx(|| source::finish_sink(&schema, id)) {
+            Ok(true) => {}
+            Ok(false) => {
+                // A snapshot was requested since it looked: its next step opens its window.
+                run.snapshotting = None;
+                return;
+            }
+            Err(e) => {
+                self.fail(id, SinkState::Retrying, format!("cannot mark the sink finished: {e}"));
+                return;
+            }
+        }
+        let Some(run) = self.sinks.remove(id) else { return };
+        let (name, slot) = (run.row.name.clone(), run.row.slot.clone());
+        // Its session and destination go first: the slot must be free to be dropped.
+        drop(run);
+        decoding::release_slot();
+        match run_tx(|| source::drop_slot(&slot)) {
+            Ok(()) => pgrx::log!(
+                "pg_cdc sink \"{name}\": finished: its initial_only snapshot is delivered; dropped replication slot {slot}"
+            ),
+            Err(e) => pgrx::warning!(
+                "pg_cdc sink \"{name}\": finished, but its replication slot {slot} could not be dropped ({e}); \
+                 the launcher drops it"
+            ),
+        }
+        self.cached = None;
+        self.finished = true;
+    }
+
     /// Records a delivered unit: counters, latencies, the lookup copies, and the position and
     /// progress the next confirm writes.
     fn delivered_unit(&mut self, id: &str, done: Handed) -> bool {
@@ -1505,7 +1561,8 @@ impl Worker {
     fn drop_orphan_slots(&mut self, cat: &Catalog) {
         let mut still = OrphanSightings::new();
         for slot in &cat.slots {
-            if cat.sinks.iter().any(|s| s.slot == slot.name) {
+            // A finished sink's slot is dropped by its worker; should that fail, here.
+            if cat.sinks.iter().any(|s| s.slot == slot.name && s.state != SinkState::Finished.label()) {
                 continue;
             }
             match self.orphans.get(&slot.name) {

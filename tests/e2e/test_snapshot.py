@@ -219,6 +219,91 @@ def test_a_requested_snapshot_under_concurrent_writes_folds_to_the_table(pg, tsi
     pg.execute("SELECT cdc_disable(%s)", (t,))
 
 
+def sink_state(pg, name):
+    return pg.execute("SELECT state FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0]
+
+
+def test_an_initial_only_sink_delivers_its_snapshot_then_finishes_and_holds_no_wal(pg, tsinks, unique):
+    """snapshot_mode initial_only: the rows as READ events and the changes committed while they are
+    read (a writer changes rows around the chunk in flight for most of the snapshot), folding to the
+    table; then the sink is finished, its slot and worker gone, and later changes are not delivered."""
+    t, ev, name = f"snap_once_{unique}", f"snap_once_ev_{unique}", f"snap_once_{unique}"
+    rows = 20000
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v int NOT NULL)")
+    pg.execute(f"INSERT INTO {t} SELECT g, 0 FROM generate_series(1, {rows}) g")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    stop, stats = threading.Event(), collections.Counter()
+    writer = threading.Thread(target=write_around_the_snapshot, args=(t, name, stop, stats, unique))
+    tsinks(name, ev, tables=[t], snapshot_chunk_size=200, snapshot_mode="initial_only")
+    slot = pg.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0]
+    writer.start()
+    states = set()
+    try:
+        # The writer stops at about two thirds, so the table holds still when the sink finishes.
+        def far_enough():
+            states.add(sink_state(pg, name))
+            r = snapshot_rows(pg, name)
+            return r and r[0][1] > rows * 2 // 3
+        wait_for(far_enough, timeout=300, what="two thirds of the snapshot delivered")
+    finally:
+        stop.set()
+        writer.join(30)
+    wait_for(lambda: states.add(sink_state(pg, name)) or sink_state(pg, name) == "finished", timeout=300,
+             what="sink finished")
+    assert states <= {"creating_slot", "starting", "snapshotting", "finished"}, states
+    events = event_table(pg, ev, t)
+    ops = collections.Counter(e[0] for e in events)
+    assert ops["READ"] > rows // 2 and sum(stats.values()) > 100, (ops, stats)
+    assert fold(events) == table_rows(pg, t), "the fold of the delivered events is the table"
+    assert snapshot_rows(pg, name)[0][0] == "done"
+    # Finished: no slot (no WAL held), no worker, and nothing more delivered.
+    assert pg.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0] == 0
+    status = pg.execute("SELECT state, last_error, slot_name, wal_status FROM cdc_status() WHERE sink_name = %s",
+                        (name,)).fetchone()
+    assert status == ("finished", None, slot, None), status
+    assert worker_pid(pg, name) is None
+    count = len(events)
+    pg.execute(f"INSERT INTO {t} VALUES (-1, -1)")
+    time.sleep(3)
+    assert len(event_table(pg, ev, t)) == count, "a finished sink delivers nothing more"
+    # It takes no new snapshot: asked by name it refuses, and the table's other requests skip it.
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as e:
+        pg.execute("SELECT cdc_snapshot(%s, %s)", (t, name))
+    assert "finished" in e.value.diag.message_primary and "Drop it" in e.value.diag.message_hint
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="no sink carries"):
+        pg.execute("SELECT cdc_snapshot(%s)", (t,))
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+    pg.execute("SELECT cdc_enable(%s)", (t,))  # its capture starts again: no snapshot for a finished sink
+    assert len(snapshot_rows(pg, name)) == 1
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_an_initial_only_sink_finishing_while_a_table_is_added_snapshots_that_table_first(pg, tsinks, unique):
+    """The race at the end of an initial_only sink: a table it carries is captured (its snapshot is
+    requested) in a transaction still open when the sink is about to finish. The sink waits for that
+    transaction, sees the new snapshot, delivers it, and only then finishes."""
+    t1, t2, ev, name = f"snap_fin1_{unique}", f"snap_fin2_{unique}", f"snap_fin_ev_{unique}", f"snap_fin_{unique}"
+    for t in (t1, t2):
+        pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v int NOT NULL)")
+        pg.execute(f"INSERT INTO {t} SELECT g, g FROM generate_series(1, 300) g")
+    pg.execute("SELECT cdc_enable(%s)", (t1,))
+    with connect() as a:
+        a.autocommit = False
+        tsinks(name, ev, tables=[t1, t2], snapshot_mode="initial_only", snapshot_chunk_size=100)
+        a.execute("SELECT cdc_enable(%s)", (t2,))  # uncommitted: its snapshot request locks the sink's row
+        blocked = wait_for(lambda: pg.execute(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE application_name = %s",
+            (f"pg_cdc worker: {name}",)).fetchone() == (True,), timeout=60, what="the sink waiting to finish")
+        assert blocked and sink_state(pg, name) == "snapshotting"
+        a.commit()
+    wait_for(lambda: sink_state(pg, name) == "finished", timeout=120, what="sink finished")
+    assert [r[0] for r in snapshot_rows(pg, name)] == ["done", "done"]
+    for t in (t1, t2):
+        assert fold(event_table(pg, ev, t)) == table_rows(pg, t), t
+    for t in (t1, t2):
+        pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
 def test_cdc_snapshot_with_wait_returns_once_delivered_and_reports_progress(pg, tsinks, unique):
     """wait => true: the request commits on its own (the worker starts on it while the call waits),
     the call returns the snapshot's id once every row is delivered, with NOTICEs on its progress."""
@@ -317,11 +402,12 @@ def test_control_without_the_window_the_oracle_sees_stale_rows(pg, tsinks, uniqu
     pg.execute("SELECT cdc_disable(%s)", (t,))
 
 
-@pytest.mark.parametrize("requested", [False, True], ids=["initial", "requested"])
-def test_a_snapshot_resumes_after_kill_9_exactly_once(pg, sinks, unique, requested):
+@pytest.mark.parametrize("mode", ["initial", "requested", "initial_only"])
+def test_a_snapshot_resumes_after_kill_9_exactly_once(pg, sinks, unique, mode):
     """The worker is SIGKILLed (PostgreSQL crash-restarts) twice in the middle of a snapshot to
-    Kafka, a new sink's or one cdc_snapshot asked of a running sink: every row arrives exactly
-    once, read back read_committed."""
+    Kafka, a new sink's, one cdc_snapshot asked of a running sink, or an initial_only sink's: every
+    row arrives exactly once, read back read_committed (and the initial_only sink then finishes)."""
+    requested = mode == "requested"
     t, topic, name = f"snap_kill_{unique}", f"snap-kill-{unique}", f"snap_kill_{unique}"
     rows = 150000
     pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
@@ -333,7 +419,7 @@ def test_a_snapshot_resumes_after_kill_9_exactly_once(pg, sinks, unique, request
                  == "running", what="sink running")
         pg.execute("SELECT cdc_snapshot(%s)", (t,))
     else:
-        sinks.add(name, topic, tables=[t], snapshot_chunk_size=200)
+        sinks.add(name, topic, tables=[t], snapshot_chunk_size=200, snapshot_mode=mode)
     for _ in range(2):
         with connect() as c:
             before = wait_for(lambda: (r := snapshot_rows(c, name)) and r[0][1] > 0 and r[0][1], timeout=120,
@@ -348,6 +434,10 @@ def test_a_snapshot_resumes_after_kill_9_exactly_once(pg, sinks, unique, request
     with connect() as c:
         wait_for(lambda: snapshot_done(c, name), what="snapshot done")
         assert snapshot_rows(c, name)[0][:2] == ("done", rows)
+        if mode == "initial_only":
+            wait_for(lambda: sink_state(c, name) == "finished", what="sink finished")
+            assert c.execute("SELECT count(*) FROM pg_replication_slots s JOIN _cdc_sinks k USING (slot_name) "
+                             "WHERE k.sink_name = %s", (name,)).fetchone()[0] == 0
         c.execute("SELECT cdc_disable(%s)", (t,))
 
 

@@ -32,17 +32,21 @@ pub enum SinkState {
     Retrying,
     /// A failure an operator must look at (`last_error` says what); still tried again slowly.
     Error,
+    /// A `snapshot_mode` `initial_only` sink that delivered its snapshot (and the changes committed
+    /// while it ran): its slot is dropped, so it holds no WAL, and it reads nothing more.
+    Finished,
 }
 
 impl SinkState {
     /// Every state, in lifecycle order.
-    pub const ALL: [SinkState; 6] = [
+    pub const ALL: [SinkState; 7] = [
         SinkState::CreatingSlot,
         SinkState::Starting,
         SinkState::Snapshotting,
         SinkState::Running,
         SinkState::Retrying,
         SinkState::Error,
+        SinkState::Finished,
     ];
 
     /// The label stored in `_cdc_sinks.state` and shown by every monitoring function.
@@ -54,6 +58,7 @@ impl SinkState {
             SinkState::Running => "running",
             SinkState::Retrying => "retrying",
             SinkState::Error => "error",
+            SinkState::Finished => "finished",
         }
     }
 

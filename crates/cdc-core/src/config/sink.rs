@@ -22,6 +22,9 @@ pub enum SnapshotMode {
     Initial,
     /// Only changes made after its slot exists.
     Never,
+    /// Every row of its tables as a READ event and the changes committed while they are read,
+    /// then nothing more: the sink finishes and drops its slot (a one-off copy).
+    InitialOnly,
 }
 
 impl SnapshotMode {
@@ -30,7 +33,13 @@ impl SnapshotMode {
         match self {
             SnapshotMode::Initial => "initial",
             SnapshotMode::Never => "never",
+            SnapshotMode::InitialOnly => "initial_only",
         }
+    }
+
+    /// Whether a new sink starts with the rows its tables hold.
+    pub fn snapshots(self) -> bool {
+        self != SnapshotMode::Never
     }
 }
 
@@ -106,10 +115,10 @@ pub fn parse_common(o: &Obj<'_>) -> CdcResult<SinkCommon> {
     let snapshot_mode = match o.string("snapshot_mode")?.unwrap_or("initial") {
         "initial" => SnapshotMode::Initial,
         "never" => SnapshotMode::Never,
-        "initial_only" => return Err(planned("config.snapshot_mode", "snapshot_mode \"initial_only\"")),
+        "initial_only" => SnapshotMode::InitialOnly,
         other => {
             return Err(invalid(format!("config.snapshot_mode: unknown mode \"{other}\""))
-                .hint("Valid modes: initial (the default), never."))
+                .hint("Valid modes: initial (the default), initial_only, never."))
         }
     };
     let snapshot_chunk_size =

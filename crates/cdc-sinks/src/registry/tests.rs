@@ -85,15 +85,13 @@ fn snapshot_mode_and_chunk_size_are_common_keys() {
         parse_config("table", &json!({"table": "ev", "snapshot_mode": "never", "snapshot_chunk_size": 10})).unwrap();
     assert_eq!((t.common().snapshot_mode, t.common().snapshot_chunk_size), (SnapshotMode::Never, 10));
     let e = |v| parse_config("kafka", &v).unwrap_err();
-    let only = e(json!({"topic": "t", "snapshot_mode": "initial_only"}));
-    assert_eq!(
-        (only.kind.sqlstate(), only.message.as_str()),
-        ("0A000", "config.snapshot_mode is not supported yet: snapshot_mode \"initial_only\" is planned")
-    );
+    let only = parse_config("kafka", &json!({"topic": "t", "snapshot_mode": "initial_only"})).unwrap();
+    assert_eq!(only.common().snapshot_mode, SnapshotMode::InitialOnly);
+    assert!(only.common().snapshot_mode.snapshots() && !SnapshotMode::Never.snapshots());
     let bad = e(json!({"topic": "t", "snapshot_mode": "always"}));
     assert_eq!(
         (bad.kind.sqlstate(), bad.hint.as_deref()),
-        ("22023", Some("Valid modes: initial (the default), never."))
+        ("22023", Some("Valid modes: initial (the default), initial_only, never."))
     );
     assert_eq!(e(json!({"topic": "t", "snapshot_chunk_size": 0})).kind.sqlstate(), "22023");
     assert_eq!(e(json!({"topic": "t", "snapshot_chunk_size": 1_000_001})).kind.sqlstate(), "22023");
