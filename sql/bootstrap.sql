@@ -117,7 +117,7 @@ CREATE TABLE _cdc_snapshots (
     sink_id          uuid NOT NULL REFERENCES _cdc_sinks ON DELETE CASCADE,
     table_oid        oid NOT NULL,
     kind             text NOT NULL CHECK (kind IN ('initial', 'added', 'requested')),
-    state            text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'running', 'done', 'skipped')),
+    state            text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'running', 'done', 'skipped', 'cancelled')),
     chunk_key        text[],
     last_key         text[],
     rows_done        bigint NOT NULL DEFAULT 0,

@@ -9,6 +9,7 @@ REVOKE EXECUTE ON FUNCTION cdc_filter_metrics(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_preview(regclass, jsonb, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_create_tokenization_key() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_snapshot(regclass, text, boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_cancel_snapshot(regclass, text) FROM PUBLIC;
 
 -- Consumes an in-database sink's events in commit order: returns up to max_events events after
 -- what this consumer consumed, and records them as consumed when the caller's transaction commits

@@ -9,7 +9,7 @@ CREATE TABLE @extschema@._cdc_snapshots (
     sink_id          uuid NOT NULL REFERENCES @extschema@._cdc_sinks ON DELETE CASCADE,
     table_oid        oid NOT NULL,
     kind             text NOT NULL CHECK (kind IN ('initial', 'added', 'requested')),
-    state            text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'running', 'done', 'skipped')),
+    state            text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'running', 'done', 'skipped', 'cancelled')),
     chunk_key        text[],
     last_key         text[],
     rows_done        bigint NOT NULL DEFAULT 0,
@@ -42,6 +42,9 @@ COMMENT ON COLUMN @extschema@._cdc_sinks.state IS 'creating_slot | starting | sn
 CREATE FUNCTION @extschema@.cdc_snapshot(table_name regclass, sink_name text DEFAULT NULL, wait boolean DEFAULT false)
 RETURNS SETOF bigint VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_snapshot_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.cdc_snapshot(regclass, text, boolean) FROM PUBLIC;
+CREATE FUNCTION @extschema@.cdc_cancel_snapshot(table_name regclass, sink_name text DEFAULT NULL)
+RETURNS SETOF bigint VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_cancel_snapshot_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.cdc_cancel_snapshot(regclass, text) FROM PUBLIC;
 
 -- Progress of every snapshot: rows delivered of the table's estimated rows, the rate since it started,
 -- and when it should end at that rate. Monitoring roles may read it (no config in it).

@@ -186,6 +186,14 @@ SET client_min_messages = warning;
 SELECT count(*) AS snapshots FROM cdc_snapshot('orders');
 RESET client_min_messages;
 SELECT sink_name, table_name, kind, state FROM cdc_snapshots ORDER BY sink_name, table_name;
+-- cdc_cancel_snapshot: cancels the table's snapshots under way (all sinks', or one sink's) and
+-- returns their ids; with none under way, a NOTICE and no row.
+SELECT cdc_cancel_snapshot(NULL); \echo SQLSTATE :SQLSTATE
+SELECT cdc_cancel_snapshot('orders', 'no_such_sink'); \echo SQLSTATE :SQLSTATE
+SELECT count(*) AS cancelled FROM cdc_cancel_snapshot('orders');
+SELECT cdc_cancel_snapshot('orders');
+SELECT sink_name, table_name, kind, state, note LIKE 'cancelled by %' AS noted, finished_at IS NOT NULL AS finished
+  FROM cdc_snapshots WHERE table_name = 'orders' ORDER BY sink_name;
 SELECT cdc_drop_sink('regress_other');
 SELECT cdc_disable('keyless');
 

@@ -67,6 +67,80 @@ fn cdc_snapshot(
     SetOfIterator::new(ids)
 }
 
+/// Cancels the snapshots of a table under way (pending or running) for the sinks that carry it, or
+/// for `sink_name` only, and returns their ids. Each becomes `cancelled` in `cdc_snapshots`, with the
+/// rows delivered so far: the chunk in flight (at most `snapshot_chunk_size` rows) is still
+/// delivered, and no chunk is read after it, so the table's rows arrive in part only. The table's
+/// changes go on as before. A NOTICE says when none was under way. A sink with `snapshot_mode`
+/// `initial_only` whose snapshots are all done or cancelled finishes.
+///
+/// ```sql
+/// SELECT cdc_cancel_snapshot('orders');                   -- every sink snapshotting orders
+/// SELECT cdc_cancel_snapshot('orders', 'orders_kafka');   -- one sink
+/// ```
+#[pg_extern(sql = r#"
+CREATE FUNCTION cdc_cancel_snapshot(table_name regclass, sink_name text DEFAULT NULL)
+RETURNS SETOF bigint VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
+"#)]
+fn cdc_cancel_snapshot(table_name: Option<pg_sys::Oid>, sink_name: Option<&str>) -> SetOfIterator<'static, i64> {
+    let oid = required(table_name, "table_name");
+    check_prerequisites();
+    let schema = schema();
+    if !super::sinks::has_snapshots(&schema) {
+        raise(
+            CdcError::new(ErrorKind::PrerequisiteState, "this catalog predates snapshots")
+                .hint("Run ALTER EXTENSION pg_cdc UPDATE."),
+        );
+    }
+    if let Some(name) = sink_name {
+        let exists = catalog::select_one::<bool>(
+            &format!("SELECT true FROM {schema}._cdc_sinks WHERE sink_name = $1"),
+            &[name.into()],
+        );
+        if exists.is_none() {
+            raise(
+                CdcError::new(ErrorKind::UndefinedObject, format!("sink \"{name}\" does not exist"))
+                    .hint("SELECT sink_name FROM _cdc_sinks lists the sinks."),
+            );
+        }
+    }
+    crate::worker::launcher::catalog_changed();
+    // The sink rows first, FOR UPDATE: a worker reading a chunk holds its sink's row (FOR KEY
+    // SHARE) until the chunk is recorded, so the cancel comes after that chunk or before the next.
+    catalog::json_write(
+        &format!(
+            "SELECT to_jsonb(count(*)) FROM (SELECT 1 FROM {schema}._cdc_sinks k
+               WHERE ($1::text IS NULL OR k.sink_name = $1)
+                 AND EXISTS (SELECT 1 FROM {schema}._cdc_snapshots s WHERE s.sink_id = k.sink_id
+                                AND s.table_oid = $2 AND s.state IN ('pending', 'running'))
+               FOR UPDATE OF k) x"
+        ),
+        &[sink_name.into(), oid.into()],
+    );
+    let ids: Vec<i64> = catalog::json_write(
+        &format!(
+            "WITH c AS (UPDATE {schema}._cdc_snapshots s SET state = 'cancelled', finished_at = now(),
+                                note = 'cancelled by ' || current_user
+                          FROM {schema}._cdc_sinks k
+                         WHERE k.sink_id = s.sink_id AND ($1::text IS NULL OR k.sink_name = $1)
+                           AND s.table_oid = $2 AND s.state IN ('pending', 'running')
+                        RETURNING s.snapshot_id)
+             SELECT coalesce(jsonb_agg(snapshot_id ORDER BY snapshot_id), '[]') FROM c"
+        ),
+        &[sink_name.into(), oid.into()],
+    )
+    .and_then(|v| serde_json::from_value(v).ok())
+    .unwrap_or_default();
+    if ids.is_empty() {
+        let table = catalog::select_one::<String>("SELECT $1::regclass::text", &[oid.into()]).unwrap_or_default();
+        pgrx::notice!(
+            "no snapshot of table {table} is under way{}",
+            sink_name.map(|n| format!(" for sink \"{n}\"")).unwrap_or_default()
+        );
+    }
+    SetOfIterator::new(ids)
+}
+
 /// Runs `f` (read-only SPI) under a new snapshot: in READ COMMITTED it sees what other
 /// transactions committed up to now, where the statement's own snapshot is frozen at its start.
 fn fresh<R>(f: impl FnOnce() -> R) -> R {
@@ -361,8 +435,8 @@ fn follow(schema: &str, table: &str, ids: &[i64]) {
         .unwrap_or_default();
         let open: Vec<&Progress> = rows.iter().filter(|p| p.state == "pending" || p.state == "running").collect();
         if open.is_empty() {
-            for p in rows.iter().filter(|p| p.state == "skipped") {
-                pgrx::warning!("snapshot {} of {table} for sink \"{}\" was skipped", p.snapshot_id, p.sink_name);
+            for p in rows.iter().filter(|p| p.state == "skipped" || p.state == "cancelled") {
+                pgrx::warning!("snapshot {} of {table} for sink \"{}\" was {}", p.snapshot_id, p.sink_name, p.state);
             }
             return;
         }

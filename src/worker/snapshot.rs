@@ -123,8 +123,9 @@ fn next_chunk(
              UPDATE {schema}._cdc_snapshots t SET
                     last_key = CASE WHEN s.delivered THEN t.chunk_last_key ELSE t.last_key END,
                     rows_done = t.rows_done + CASE WHEN s.delivered THEN t.chunk_rows ELSE 0 END,
-                    state = CASE WHEN s.delivered AND t.chunk_last THEN 'done' ELSE t.state END,
-                    finished_at = CASE WHEN s.delivered AND t.chunk_last THEN now() END,
+                    state = CASE WHEN s.delivered AND t.chunk_last AND t.state = 'running' THEN 'done' ELSE t.state END,
+                    finished_at = CASE WHEN s.delivered AND t.chunk_last AND t.state = 'running' THEN now()
+                                       ELSE t.finished_at END,
                     chunk_watermark = NULL, chunk_last_key = NULL, chunk_rows = NULL, chunk_last = NULL
                FROM s WHERE t.snapshot_id = s.snapshot_id"
         ),

@@ -304,6 +304,49 @@ def test_an_initial_only_sink_finishing_while_a_table_is_added_snapshots_that_ta
         pg.execute("SELECT cdc_disable(%s)", (t,))
 
 
+@pytest.mark.parametrize("mode", ["initial", "initial_only"])
+def test_a_cancelled_snapshot_stops_after_its_chunk_in_flight_and_changes_flow_on(pg, tsinks, unique, mode):
+    """cdc_cancel_snapshot mid-snapshot: the snapshot is cancelled with the rows delivered so far
+    (its chunk in flight included, counted), no chunk is read after it, and the table's changes are
+    still delivered; an initial_only sink whose only snapshot is cancelled finishes."""
+    t, ev, name = f"snap_cancel_{unique}", f"snap_cancel_ev_{unique}", f"snap_cancel_{unique}"
+    rows = 100000
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v int NOT NULL)")
+    pg.execute(f"INSERT INTO {t} SELECT g, 0 FROM generate_series(1, {rows}) g")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    tsinks(name, ev, tables=[t], snapshot_chunk_size=50, snapshot_mode=mode)
+    wait_for(lambda: (r := snapshot_rows(pg, name)) and r[0][1] > 0, timeout=120, what="chunks delivered")
+    ids = [r[0] for r in pg.execute("SELECT cdc_cancel_snapshot(%s, %s)", (t, name)).fetchall()]
+    assert len(ids) == 1
+    state, done, note = pg.execute("SELECT state, rows_done, note FROM cdc_snapshots WHERE snapshot_id = %s",
+                                   ids).fetchone()
+    assert state == "cancelled" and note.startswith("cancelled by ") and done < rows, (state, done)
+
+    def reads():
+        return pg.execute(f"SELECT count(*) FROM {ev} WHERE operation = 'READ'").fetchone()[0]
+    # The chunk in flight arrives and is counted; nothing after it.
+    wait_for(lambda: reads() == pg.execute("SELECT rows_done FROM cdc_snapshots WHERE snapshot_id = %s",
+                                           ids).fetchone()[0], timeout=60, what="READ events = rows_done")
+    settled = reads()
+    assert settled < rows // 2, settled
+    if mode == "initial_only":
+        wait_for(lambda: sink_state(pg, name) == "finished", timeout=60, what="sink finished")
+    else:
+        wait_for(lambda: sink_state(pg, name) == "running", timeout=60, what="sink running")
+        pg.execute(f"UPDATE {t} SET v = 1 WHERE id = {rows}")
+        wait_for(lambda: pg.execute(f"SELECT count(*) FROM {ev} WHERE operation = 'UPDATE'").fetchone()[0] == 1,
+                 timeout=60, what="the change delivered")
+    time.sleep(2)
+    # Settling the chunk in flight kept the cancel (state, and when).
+    assert reads() == settled and pg.execute("SELECT state, finished_at IS NOT NULL FROM cdc_snapshots "
+                                             "WHERE snapshot_id = %s", ids).fetchone() == ("cancelled", True)
+    notices = []
+    pg.add_notice_handler(lambda d: notices.append(d.message_primary))
+    assert pg.execute("SELECT cdc_cancel_snapshot(%s)", (t,)).fetchall() == []
+    assert notices == [f"no snapshot of table {t} is under way"], notices
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
 def test_cdc_snapshot_with_wait_returns_once_delivered_and_reports_progress(pg, tsinks, unique):
     """wait => true: the request commits on its own (the worker starts on it while the call waits),
     the call returns the snapshot's id once every row is delivered, with NOTICEs on its progress."""
