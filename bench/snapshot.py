@@ -13,7 +13,7 @@ A table of ROWS rows (~200 bytes each) is filled and analyzed; then, one after t
   memory of the JVM (the backend serving its SELECT is not counted; pg_cdc reads in its own process).
   `--no-debezium` leaves it out.
 
-    $PG_CDC_VENV/bin/python bench/snapshot.py [--rows 1000000] [--chunk 4096] [--no-debezium] [--out bench/results]
+    $PG_CDC_VENV/bin/python bench/snapshot.py [--rows 1000000] [--chunk 8192] [--no-debezium] [--out bench/results]
 
 Needs `make up` and a quiet cluster (no other sinks). Writes snapshot.md and prints it."""
 import argparse
@@ -37,7 +37,7 @@ SINK = "snapshot_bench"
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--chunk", type=int, default=4096, help="snapshot_chunk_size")
+    ap.add_argument("--chunk", type=int, default=8192, help="snapshot_chunk_size")
     ap.add_argument("--no-debezium", action="store_true", help="leave Debezium's initial snapshot out")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()

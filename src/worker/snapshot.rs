@@ -177,7 +177,7 @@ fn next_chunk(
         if !reader.tracks(open.table_oid) {
             return Ok(Next::Untracked);
         }
-        let (snapshot, rows) = read_rows(&table, &key, open.last_key.as_deref(), chunk_size)?;
+        let (snapshot, rows, end) = read_rows(&table, &key, open.last_key.as_deref(), chunk_size, CHUNK_BYTES)?;
         if rows.is_empty() {
             catalog::run(
                 &format!(
@@ -235,7 +235,7 @@ fn next_chunk(
                 watermark.to_string().as_str().into(),
                 last.into(),
                 (rows.len() as i64).into(),
-                (rows.len() < chunk_size as usize).into(),
+                end.into(),
             ],
         );
         return Ok(Next::Chunk(Box::new(chunk)));
@@ -357,14 +357,24 @@ fn describe(oid: u32) -> Result<Described, String> {
 /// A row as text, column by column (`None`: NULL).
 type Row = Vec<Option<String>>;
 
-/// The next `limit` rows after `after` by `key`, each column as its type's output function
-/// writes it (what pgoutput sends), and the snapshot the query read them with.
+/// The most row text one chunk holds (at least one row): with wide rows a chunk ends here, before
+/// `snapshot_chunk_size` rows, so the worker's memory stays bounded whatever the rows' width (a
+/// chunk is held as text, then as pgoutput tuples, then as events, until it is delivered).
+pub const CHUNK_BYTES: usize = 8 << 20;
+
+/// Rows fetched at most at once while a chunk is read.
+const FETCH_ROWS: usize = 1024;
+
+/// The next rows after `after` by `key`, at most `limit` of them and about `budget` bytes of text
+/// (the row that crosses it is the last), each column as its type's output function writes it (what
+/// pgoutput sends); the snapshot the query read them with; and whether they are the table's last.
 fn read_rows(
     table: &Described,
     key: &[String],
     after: Option<&[Option<String>]>,
     limit: u32,
-) -> Result<(String, Vec<Row>), String> {
+    budget: usize,
+) -> Result<(String, Vec<Row>, bool), String> {
     let qualified = format!("{}.{}", quote_ident(&table.namespace), quote_ident(&table.name));
     let cols: Vec<String> = table.columns.iter().map(|c| quote_ident(&c.name)).collect();
     let keys: Vec<String> = key.iter().map(|k| quote_ident(k)).collect();
@@ -381,7 +391,7 @@ fn read_rows(
         ),
         None => String::new(),
     };
-    // One statement, so pg_current_snapshot() is the snapshot the rows were read with.
+    // One statement (one cursor), so pg_current_snapshot() is the snapshot the rows were read with.
     let sql = format!(
         "SELECT pg_current_snapshot()::text, {} FROM ONLY {qualified} {filter} ORDER BY {} LIMIT {limit}",
         cols.join(", "),
@@ -389,29 +399,55 @@ fn read_rows(
     );
     let arg: Vec<Option<String>> = after.map(<[_]>::to_vec).unwrap_or_default();
     let width = cols.len();
-    Spi::connect(|client| -> Result<(String, Vec<Row>), pgrx::spi::Error> {
+    let limit = limit.max(1) as usize;
+    Spi::connect(|client| -> Result<(String, Vec<Row>, bool), pgrx::spi::Error> {
         let args = if after.is_some() { vec![arg.clone().into()] } else { vec![] };
-        let t = client.select(&sql, None, &args)?;
-        let n = t.len();
+        let mut cursor = client.try_open_cursor(sql.as_str(), &args)?;
         let mut snapshot = String::new();
-        let mut rows = Vec::with_capacity(n);
-        // SAFETY: SPI_tuptable is the result of the select just run, with `n` rows of `width + 1`
-        // columns; SPI_getvalue returns a palloc'd C string (or NULL) that lives until SPI_finish.
-        unsafe {
-            let tt = pg_sys::SPI_tuptable;
-            for i in 0..n {
-                let tuple = *(*tt).vals.add(i);
-                let text = |col: i32| -> Option<String> {
-                    let p = pg_sys::SPI_getvalue(tuple, (*tt).tupdesc, col);
-                    (!p.is_null()).then(|| CStr::from_ptr(p).to_string_lossy().into_owned())
-                };
-                if i == 0 {
-                    snapshot = text(1).unwrap_or_default();
+        let mut rows: Vec<Row> = Vec::new();
+        let (mut bytes, mut end) = (0usize, false);
+        // The first fetch takes one row, each later one about the rows the budget has room for
+        // at the mean width so far: a chunk of wide rows stops near its budget, not a fetch past it.
+        let mut want = 1usize;
+        while rows.len() < limit && bytes < budget {
+            let asked = want.min(limit - rows.len());
+            let n = cursor.fetch(asked as libc::c_long)?.len();
+            // SAFETY: SPI_tuptable is the result of the fetch just run, with `n` rows of `width + 1`
+            // columns; SPI_getvalue returns a palloc'd C string (or NULL), copied and freed here,
+            // and the fetch's tuple table is freed once its rows are copied (pgrx does not use it
+            // again: its next fetch replaces SPI_tuptable).
+            unsafe {
+                let tt = pg_sys::SPI_tuptable;
+                for i in 0..n {
+                    let tuple = *(*tt).vals.add(i);
+                    let text = |col: i32| -> Option<String> {
+                        let p = pg_sys::SPI_getvalue(tuple, (*tt).tupdesc, col);
+                        (!p.is_null()).then(|| {
+                            let s = CStr::from_ptr(p).to_string_lossy().into_owned();
+                            pg_sys::pfree(p.cast());
+                            s
+                        })
+                    };
+                    if snapshot.is_empty() {
+                        snapshot = text(1).unwrap_or_default();
+                    }
+                    let row: Row = (0..width).map(|c| text(c as i32 + 2)).collect();
+                    bytes += row.iter().map(|v| v.as_ref().map_or(1, String::len)).sum::<usize>();
+                    rows.push(row);
                 }
-                rows.push((0..width).map(|c| text(c as i32 + 2)).collect());
+                if !tt.is_null() {
+                    pg_sys::SPI_freetuptable(tt);
+                    pg_sys::SPI_tuptable = std::ptr::null_mut();
+                }
             }
+            if n < asked {
+                end = true;
+                break;
+            }
+            let mean = (bytes / rows.len().max(1)).max(1);
+            want = (budget.saturating_sub(bytes) / mean).clamp(1, FETCH_ROWS);
         }
-        Ok((snapshot, rows))
+        Ok((snapshot, rows, end))
     })
     .map_err(|e| format!("cannot read the next snapshot chunk of {qualified}: {e}"))
 }

@@ -43,8 +43,10 @@ impl SnapshotMode {
     }
 }
 
-/// Rows one snapshot chunk reads when the config does not say (`snapshot_chunk_size`).
-pub const DEFAULT_SNAPSHOT_CHUNK_SIZE: u32 = 4096;
+/// Rows one snapshot chunk reads when the config does not say (`snapshot_chunk_size`). Measured
+/// (`make bench-snapshot`, 1M rows of about 200 bytes to Kafka, same session): 4096 rows 114-122k
+/// rows/s, 8192 145k, 16384 136-158k with the worker's memory peaking at 18, 28 and 43 MiB.
+pub const DEFAULT_SNAPSHOT_CHUNK_SIZE: u32 = 8192;
 
 /// The keys every sink type takes.
 pub const COMMON_KEYS: &[&str] = &[

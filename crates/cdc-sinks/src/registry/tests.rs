@@ -80,7 +80,7 @@ fn checkpoint_interval_is_a_common_key() {
 fn snapshot_mode_and_chunk_size_are_common_keys() {
     use cdc_core::config::SnapshotMode;
     let s = parse_config("kafka", &json!({"topic": "t"})).unwrap();
-    assert_eq!((s.common().snapshot_mode, s.common().snapshot_chunk_size), (SnapshotMode::Initial, 4096));
+    assert_eq!((s.common().snapshot_mode, s.common().snapshot_chunk_size), (SnapshotMode::Initial, 8192));
     let t =
         parse_config("table", &json!({"table": "ev", "snapshot_mode": "never", "snapshot_chunk_size": 10})).unwrap();
     assert_eq!((t.common().snapshot_mode, t.common().snapshot_chunk_size), (SnapshotMode::Never, 10));
