@@ -7,6 +7,10 @@ A table of ROWS rows (~200 bytes each) is filled and analyzed; then, one after t
 - pg_cdc: cdc_add_sink with the default snapshot_mode initial; elapsed = cdc_add_sink -> the sink's
   snapshot done (`_cdc_snapshots`) and every row delivered (cdc_delivery_status); the sink worker's
   private memory (smaps_rollup, every 0.5 s) and the CPU of every pg_cdc process;
+- writes next to it: a second connection inserts one row per transaction into the table every 10 ms,
+  for 5 s before the sink is added (the baseline) and all through pg_cdc's snapshot; their latency
+  says whether the snapshot blocked or slowed a write (issue 16's goal: no write blocked). The
+  inserted rows are delivered too (as READ or INSERT events) and deleted before Debezium runs;
 - Kafka's own producer (ProducerPerformance) for as many records of the size pg_cdc's events had;
 - Debezium 3.6.1 (the embedded engine harness of bench-e2e, bench/debezium) with snapshot.mode initial:
   elapsed = the JVM started -> every row visible to a read_committed consumer of its topic; CPU and
@@ -27,11 +31,56 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_bench import (BenchError, Counter, Debezium, Sampler, capture_pids, captured_table, cpu_seconds,  # noqa: E402
-                       delivered, drop_captured_tables, drop_sinks, private_kib, producer_alone, quiet_start,
-                       wait_until, write_report)
+                       delivered, drop_captured_tables, drop_sinks, percentile, private_kib, producer_alone,
+                       quiet_start, wait_until, write_report)
 
 TABLE = "snapshot_bench"
 SINK = "snapshot_bench"
+BASELINE_S = 5
+
+
+class Writes:
+    """Inserts one row per transaction into the bench table every 10 ms on a connection of its own
+    (ids above the table's), and keeps each insert's latency in ms, per phase."""
+
+    def __init__(self, env, first_id):
+        self.conn = env.connect()
+        self.pid = self.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        self.next_id = first_id
+        self.phase = "baseline"
+        self.latencies = {"baseline": [], "snapshot": []}
+        self.sampler = Sampler(self.insert, 0.01)
+        # Whether the writer's backend waits for a lock, looked at every 20 ms from another connection.
+        self.watch = env.connect()
+        self.lock_waits = Sampler(lambda: self.watch.execute(
+            "SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = %s",
+            (self.pid,)).fetchone()[0], 0.02)
+
+    def insert(self):
+        t = time.monotonic()
+        self.conn.execute(f"INSERT INTO {TABLE} VALUES (%s, 0, 0, 'write')", (self.next_id,))
+        self.latencies[self.phase].append((time.monotonic() - t) * 1000)
+        self.next_id += 1
+
+    def inserted(self):
+        return sum(len(v) for v in self.latencies.values())
+
+    def start(self):
+        self.sampler.start()
+        self.lock_waits.start()
+
+    def stop(self):
+        """Stops writing; returns (samples that saw the writer waiting for a lock, samples)."""
+        self.sampler.stop()
+        waits = self.lock_waits.stop()
+        self.conn.close()
+        self.watch.close()
+        return sum(waits), len(waits)
+
+    def summary(self, phase):
+        v = sorted(self.latencies[phase])
+        return (f"{len(v):,} inserts, p50 {percentile(v, 50):.1f} ms, p99 {percentile(v, 99):.1f} ms, "
+                f"max {v[-1]:.1f} ms" if v else "no insert")
 
 
 def main():
@@ -56,6 +105,10 @@ def main():
 
         cfg = {"bootstrap_servers": env.bootstrap, "topic": kafka.topic("snapshot"), "tables": [TABLE],
                "exactly_once": True, "snapshot_chunk_size": a.chunk}
+        writes = Writes(env, a.rows + 1)
+        writes.start()
+        time.sleep(BASELINE_S)
+        writes.phase = "snapshot"
         t0 = time.monotonic()
         conn.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)", (SINK, json.dumps(cfg)))
         slot = conn.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (SINK,)).fetchone()[0]
@@ -64,9 +117,13 @@ def main():
         cpu0 = cpu_seconds(pids)
         memory = Sampler(lambda: private_kib(worker), 0.5)
         memory.start()
-        wait_until(lambda: (delivered(conn, SINK) or 0) >= a.rows, 3600, "every row delivered")
+        # Every row, and every insert made so far, delivered (as a READ or an INSERT).
+        wait_until(lambda: (delivered(conn, SINK) or 0) >= a.rows + writes.inserted(), 3600, "every row delivered")
         elapsed, cpu = time.monotonic() - t0, cpu_seconds(pids) - cpu0
         mem = sorted(m / 1024 for m in memory.stop())
+        lock_waits, lock_samples = writes.stop()
+        conn.execute(f"DELETE FROM {TABLE} WHERE id > %s", (a.rows,))
+        conn.execute(f"VACUUM {TABLE}")
         wait_until(lambda: conn.execute("SELECT bool_and(s.state = 'done') FROM _cdc_snapshots s JOIN _cdc_sinks k "
                                         "USING (sink_id) WHERE k.sink_name = %s", (SINK,)).fetchone()[0], 60,
                    "the snapshot done")
@@ -105,6 +162,11 @@ def main():
         f"Limit = min(COPY, producer alone) = {limit:,.0f} rows/s. pg_cdc: {elapsed:.1f} s, {cpu:.1f} CPU s "
         f"({cpu / a.rows * 100_000:.2f} per 100k rows), worker private memory median / max "
         f"{mem[len(mem) // 2]:.1f} / {mem[-1]:.1f} MiB.",
+        "",
+        f"Writes next to it (one-row INSERTs into the same table every 10 ms, own connection): {BASELINE_S} s before "
+        f"the sink, {writes.summary('baseline')}; during pg_cdc's snapshot, {writes.summary('snapshot')}. "
+        f"The writer's backend was seen waiting for a lock in {lock_waits} of {lock_samples:,} samples "
+        "(pg_stat_activity, every 20 ms, from the baseline on).",
     ]
     if isinstance(dbz, dict):
         at = next(i for i, line in enumerate(lines) if line.startswith("| pg_cdc snapshot")) + 1
