@@ -68,6 +68,14 @@ pub(crate) fn required<T>(value: Option<T>, name: &str) -> T {
     value.unwrap_or_else(|| raise(CdcError::new(ErrorKind::NullValue, format!("{name} must not be NULL"))))
 }
 
+/// The error for a sink name that names no sink (42704).
+pub(crate) fn no_such_sink(name: &str) -> ! {
+    raise(
+        CdcError::new(ErrorKind::UndefinedObject, format!("sink \"{name}\" does not exist"))
+            .hint("SELECT sink_name FROM _cdc_sinks lists the sinks."),
+    )
+}
+
 /// The error for a table that is not captured (42704), naming it as `regclass::text` does.
 pub(crate) fn not_captured(oid: pgrx::pg_sys::Oid, hint: &str) -> ! {
     let shown = crate::catalog::select_one::<String>("SELECT $1::regclass::text", &[oid.into()]).unwrap_or_default();

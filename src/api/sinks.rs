@@ -318,10 +318,7 @@ fn cdc_drop_sink(sink_name: Option<&str>) {
         &[sink_name.into()],
     );
     if deleted == Some(serde_json::json!(0)) {
-        raise(
-            CdcError::new(ErrorKind::UndefinedObject, format!("sink \"{sink_name}\" does not exist"))
-                .hint("SELECT sink_name FROM _cdc_sinks lists the sinks."),
-        );
+        super::no_such_sink(sink_name);
     }
     if let Some(table) = event_table.flatten() {
         pgrx::notice!(

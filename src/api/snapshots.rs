@@ -86,23 +86,9 @@ fn cdc_cancel_snapshot(table_name: Option<pg_sys::Oid>, sink_name: Option<&str>)
     let oid = required(table_name, "table_name");
     check_prerequisites();
     let schema = schema();
-    if !super::sinks::has_snapshots(&schema) {
-        raise(
-            CdcError::new(ErrorKind::PrerequisiteState, "this catalog predates snapshots")
-                .hint("Run ALTER EXTENSION pg_cdc UPDATE."),
-        );
-    }
+    require_snapshots_catalog(&schema);
     if let Some(name) = sink_name {
-        let exists = catalog::select_one::<bool>(
-            &format!("SELECT true FROM {schema}._cdc_sinks WHERE sink_name = $1"),
-            &[name.into()],
-        );
-        if exists.is_none() {
-            raise(
-                CdcError::new(ErrorKind::UndefinedObject, format!("sink \"{name}\" does not exist"))
-                    .hint("SELECT sink_name FROM _cdc_sinks lists the sinks."),
-            );
-        }
+        require_sink(&schema, name);
     }
     crate::worker::launcher::catalog_changed();
     // The sink rows first, FOR UPDATE: a worker reading a chunk holds its sink's row (FOR KEY
@@ -183,12 +169,7 @@ fn refuse_waiting_in_a_transaction() {
 /// Checks the table and the sink, and returns the table's name and the sinks (id, name) that get
 /// a snapshot of it.
 fn validate(schema: &str, oid: pg_sys::Oid, sink_name: Option<&str>) -> (String, Vec<(String, String)>) {
-    if !super::sinks::has_snapshots(schema) {
-        raise(
-            CdcError::new(ErrorKind::PrerequisiteState, "this catalog predates snapshots")
-                .hint("Run ALTER EXTENSION pg_cdc UPDATE."),
-        );
-    }
+    require_snapshots_catalog(schema);
     let active = catalog::select_one::<bool>(
         &format!("SELECT true FROM {schema}._cdc_publications WHERE table_oid = $1 AND status = 'active'"),
         &[oid.into()],
@@ -234,16 +215,7 @@ fn validate(schema: &str, oid: pg_sys::Oid, sink_name: Option<&str>) -> (String,
     if sinks.is_empty() {
         match sink_name {
             Some(name) => {
-                let exists = catalog::select_one::<bool>(
-                    &format!("SELECT true FROM {schema}._cdc_sinks WHERE sink_name = $1"),
-                    &[name.into()],
-                );
-                if exists.is_none() {
-                    raise(
-                        CdcError::new(ErrorKind::UndefinedObject, format!("sink \"{name}\" does not exist"))
-                            .hint("SELECT sink_name FROM _cdc_sinks lists the sinks."),
-                    );
-                }
+                require_sink(schema, name);
                 raise(
                     CdcError::new(ErrorKind::InvalidParameter, format!("sink \"{name}\" does not carry table {table}"))
                         .hint("Its config's tables list names the tables it carries."),
@@ -256,6 +228,27 @@ fn validate(schema: &str, oid: pg_sys::Oid, sink_name: Option<&str>) -> (String,
         }
     }
     (table, sinks)
+}
+
+/// Refuses (55000) a catalog from before snapshots (0.4.0).
+fn require_snapshots_catalog(schema: &str) {
+    if !super::sinks::has_snapshots(schema) {
+        raise(
+            CdcError::new(ErrorKind::PrerequisiteState, "this catalog predates snapshots")
+                .hint("Run ALTER EXTENSION pg_cdc UPDATE."),
+        );
+    }
+}
+
+/// Refuses (42704) a sink name that names no sink.
+fn require_sink(schema: &str, name: &str) {
+    let exists = catalog::select_one::<bool>(
+        &format!("SELECT true FROM {schema}._cdc_sinks WHERE sink_name = $1"),
+        &[name.into()],
+    );
+    if exists.is_none() {
+        super::no_such_sink(name);
+    }
 }
 
 /// The sinks (id, name) that carry a table, all of them or the one named (by name or by id), but

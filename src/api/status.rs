@@ -1,13 +1,11 @@
 //! `cdc_delivery_status` and `cdc_filter_metrics`: what a sink delivered and what the filters and
 //! transformations of a table did, from the worker's counters in shared memory.
 use cdc_core::stats::{filter_metrics_json, DeliveryStatus};
-use cdc_core::{CdcError, ErrorKind};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::Value;
 
 use super::{required, schema};
-use crate::errors::raise;
 
 /// How a sink is delivering: its type, delivery mode and state; its delivery transactions open,
 /// committed and aborted (Kafka transactions, or a table sink's database transactions); the WAL position read and the one committed (`offset_tracking`); duplicates the worker
@@ -29,12 +27,7 @@ fn cdc_delivery_status(sink_name: Option<&str>) -> JsonB {
         ),
         &[sink_name.into()],
     )
-    .unwrap_or_else(|| {
-        raise(
-            CdcError::new(ErrorKind::UndefinedObject, format!("sink \"{sink_name}\" does not exist"))
-                .hint("SELECT sink_name FROM _cdc_sinks lists the sinks."),
-        )
-    });
+    .unwrap_or_else(|| super::no_such_sink(sink_name));
     let field = |k: &str| row.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
     let counters_since = counters_since();
     let (id, mode, state, since) = (field("id"), field("delivery_mode"), field("state"), field("since"));
