@@ -76,9 +76,14 @@ pub(crate) fn no_such_sink(name: &str) -> ! {
     )
 }
 
+/// A table's name as `regclass::text` shows it (schema-qualified when not on the search path).
+pub(crate) fn table_display_name(oid: pgrx::pg_sys::Oid) -> String {
+    crate::catalog::select_one::<String>("SELECT $1::regclass::text", &[oid.into()]).unwrap_or_default()
+}
+
 /// The error for a table that is not captured (42704), naming it as `regclass::text` does.
 pub(crate) fn not_captured(oid: pgrx::pg_sys::Oid, hint: &str) -> ! {
-    let shown = crate::catalog::select_one::<String>("SELECT $1::regclass::text", &[oid.into()]).unwrap_or_default();
+    let shown = table_display_name(oid);
     raise(CdcError::new(ErrorKind::UndefinedObject, format!("table {shown} is not captured")).hint(hint))
 }
 

@@ -118,7 +118,7 @@ fn cdc_cancel_snapshot(table_name: Option<pg_sys::Oid>, sink_name: Option<&str>)
     .and_then(|v| serde_json::from_value(v).ok())
     .unwrap_or_default();
     if ids.is_empty() {
-        let table = catalog::select_one::<String>("SELECT $1::regclass::text", &[oid.into()]).unwrap_or_default();
+        let table = super::table_display_name(oid);
         pgrx::notice!(
             "no snapshot of table {table} is under way{}",
             sink_name.map(|n| format!(" for sink \"{n}\"")).unwrap_or_default()
@@ -273,8 +273,9 @@ fn request(schema: &str, oid: pg_sys::Oid, table: &str, sinks: &[(String, String
     crate::worker::launcher::catalog_changed();
     let mut ids = Vec::with_capacity(sinks.len());
     for (sink_id, name) in sinks {
-        // An initial_only sink finishing meanwhile (it locks its row, then looks for open
-        // snapshots): after it, the request is left out; before it, the sink sees the request.
+        // The sink row first, as the worker's chunk reads do: a drop of the sink waits, or wins;
+        // and an initial_only sink finishing meanwhile (it locks its row, then looks for open
+        // snapshots) either comes after this request and sees it, or before and leaves it out.
         let finished = catalog::select_one_write::<bool>(
             &format!("SELECT state = 'finished' FROM {schema}._cdc_sinks WHERE sink_id = $1::uuid FOR KEY SHARE"),
             &[sink_id.as_str().into()],
@@ -282,12 +283,13 @@ fn request(schema: &str, oid: pg_sys::Oid, table: &str, sinks: &[(String, String
         if finished != Some(false) {
             continue;
         }
-        // The sink row first, as the worker's chunk reads do: a drop of the sink waits, or wins.
+        // A statement of its own (writing SPI takes a new snapshot): it sees what committed while
+        // the lock above waited.
         let running = catalog::select_one_write::<i64>(
             &format!(
-                "SELECT s.snapshot_id FROM {schema}._cdc_sinks k JOIN {schema}._cdc_snapshots s USING (sink_id)
-                  WHERE k.sink_id = $1::uuid AND s.table_oid = $2 AND s.state IN ('pending', 'running')
-                  ORDER BY s.snapshot_id LIMIT 1 FOR KEY SHARE OF k"
+                "SELECT snapshot_id FROM {schema}._cdc_snapshots
+                  WHERE sink_id = $1::uuid AND table_oid = $2 AND state IN ('pending', 'running')
+                  ORDER BY snapshot_id LIMIT 1"
             ),
             &[sink_id.as_str().into(), oid.into()],
         );
@@ -483,8 +485,8 @@ fn progress_line(table: &str, p: &Progress) -> String {
 }
 
 /// Every sink that carries a table whose capture starts now, and whose `snapshot_mode` is
-/// `initial` (or `initial_only`, until it finished), gets a snapshot of it (kind `added`): its rows arrive as READ events as a new sink's
-/// would. Nothing on a catalog that predates snapshots.
+/// `initial` (or `initial_only`, until it finished), gets a snapshot of it (kind `added`): its
+/// rows arrive as READ events as a new sink's would. Nothing on a catalog that predates snapshots.
 pub(crate) fn snapshot_added_table(schema: &str, oid: pg_sys::Oid) {
     if !super::sinks::has_snapshots(schema) {
         return;

@@ -132,6 +132,11 @@ impl SinkRow {
     pub fn carries(&self, oid: u32) -> bool {
         self.tables.as_ref().is_none_or(|t| t.contains(&oid))
     }
+
+    /// A finished `initial_only` sink: no worker, no slot, nothing more read.
+    pub fn finished(&self) -> bool {
+        self.state == cdc_core::state::SinkState::Finished.label()
+    }
 }
 
 /// A captured table as the catalog has it.

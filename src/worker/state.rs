@@ -569,9 +569,8 @@ impl Worker {
                 crate::stats::retain(&cat.sinks.iter().map(|s| s.id.as_str()).collect::<Vec<_>>());
                 crate::stats::retain_tables(&cat.tables.iter().map(|t| t.oid).collect::<Vec<_>>());
                 // A finished (initial_only) sink has no worker.
-                let finished = SinkState::Finished.label();
                 let sinks: Vec<(String, String)> =
-                    cat.sinks.iter().filter(|s| s.state != finished).map(|s| (s.id.clone(), s.name.clone())).collect();
+                    cat.sinks.iter().filter(|s| !s.finished()).map(|s| (s.id.clone(), s.name.clone())).collect();
                 self.starter.ensure(&sinks);
                 self.warn_retained_wal(&cat);
                 self.mark_restart_point(&cat);
@@ -581,7 +580,7 @@ impl Worker {
             Role::Sink(id) => id.clone(),
         };
         // A finished (initial_only) sink reads nothing more: its worker exits.
-        cat.sinks.retain(|s| s.id == id && s.state != SinkState::Finished.label());
+        cat.sinks.retain(|s| s.id == id && !s.finished());
         if cat.sinks.is_empty() {
             self.finished = true;
             return false;
@@ -1011,9 +1010,9 @@ impl Worker {
         if !self.snapshot_step(id, &config) {
             return false;
         }
-        if config.common().snapshot_mode == SnapshotMode::InitialOnly
-            && self.sinks.get(id).is_some_and(|r| r.snapshotting == Some(false) && r.snap.chunk.is_none())
-        {
+        // An initial_only sink delivers nothing but its snapshot (and the changes around it).
+        let one_off = config.common().snapshot_mode == SnapshotMode::InitialOnly;
+        if one_off && self.sinks.get(id).is_some_and(|r| r.snapshotting == Some(false) && r.snap.chunk.is_none()) {
             self.finish(id, confirmed);
             return false;
         }
@@ -1277,9 +1276,8 @@ impl Worker {
                 crate::stats::update(id, |c| c.compliance_hold = 0);
             }
         }
-        // An initial_only sink delivers nothing but its snapshot (and the changes around it).
-        let snapshotting = config.common().snapshot_mode == SnapshotMode::InitialOnly
-            || self.sinks.get(id).is_some_and(|r| r.snapshotting == Some(true) || r.snap.chunk.is_some());
+        let snapshotting =
+            one_off || self.sinks.get(id).is_some_and(|r| r.snapshotting == Some(true) || r.snap.chunk.is_some());
         self.set_state(id, if snapshotting { SinkState::Snapshotting } else { SinkState::Running }, None);
         if rows > batch::BUFFER_FRAMES as u64 {
             // A big batch filled librdkafka's queue and the buffers; give the freed memory back
@@ -1562,7 +1560,7 @@ impl Worker {
         let mut still = OrphanSightings::new();
         for slot in &cat.slots {
             // A finished sink's slot is dropped by its worker; should that fail, here.
-            if cat.sinks.iter().any(|s| s.slot == slot.name && s.state != SinkState::Finished.label()) {
+            if cat.sinks.iter().any(|s| s.slot == slot.name && !s.finished()) {
                 continue;
             }
             match self.orphans.get(&slot.name) {
