@@ -139,10 +139,38 @@ COMMENT ON COLUMN _cdc_snapshots.chunk_watermark IS 'the chunk read and not know
 COMMENT ON COLUMN _cdc_snapshots.chunk_last_key IS 'key of that chunk''s last row';
 COMMENT ON COLUMN _cdc_snapshots.chunk_last IS 'that chunk read fewer rows than a chunk holds: the table is done once it is delivered';
 
+CREATE TABLE _cdc_schema_versions (
+    table_oid        oid NOT NULL,
+    version          integer NOT NULL CHECK (version > 0),
+    recorded_at      timestamptz NOT NULL DEFAULT now(),
+    lsn              pg_lsn NOT NULL,
+    fields           jsonb NOT NULL,
+    changes          jsonb NOT NULL DEFAULT '[]',
+    compatibility    text CHECK (compatibility IN ('FULL', 'BACKWARD', 'FORWARD', 'NONE')),
+    mode             text NOT NULL CHECK (mode IN ('backward', 'forward', 'full', 'none')),
+    forced           boolean NOT NULL DEFAULT false,
+    recorded_by      name NOT NULL DEFAULT current_user,
+    PRIMARY KEY (table_oid, version)
+);
+COMMENT ON TABLE _cdc_schema_versions IS 'pg_cdc: the schema history of each captured table: version 1 at cdc_enable, one more for each DDL that changes its columns';
+COMMENT ON COLUMN _cdc_schema_versions.lsn IS 'the WAL insert position when the version was recorded (before the DDL commits)';
+COMMENT ON COLUMN _cdc_schema_versions.fields IS 'the columns (attnum, name, type, type_oid, typmod, not_null, default, missing)';
+COMMENT ON COLUMN _cdc_schema_versions.changes IS 'what changed from the version before (ADD_FIELD, DROP_FIELD, RENAME_FIELD, CHANGE_TYPE, SET_REQUIRED, SET_OPTIONAL, CHANGE_DEFAULT)';
+COMMENT ON COLUMN _cdc_schema_versions.compatibility IS 'FULL, BACKWARD, FORWARD or NONE against the version before (NULL for version 1)';
+COMMENT ON COLUMN _cdc_schema_versions.mode IS 'the table''s compatibility_mode when the version was recorded';
+COMMENT ON COLUMN _cdc_schema_versions.forced IS 'a change the mode forbids, let through by cdc_force_schema_break';
+
+CREATE TABLE _cdc_schema_breaks (
+    table_oid        oid PRIMARY KEY,
+    allowed_by       name NOT NULL DEFAULT current_user,
+    allowed_at       timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE _cdc_schema_breaks IS 'pg_cdc: tables whose next change that breaks their compatibility_mode is let through (cdc_force_schema_break)';
+
 -- Catalog rows hold sink configs that may carry credentials, and copies of lookup tables: nobody
 -- but the owner reads them.
 REVOKE ALL ON _cdc_publications, _cdc_sinks, _cdc_offsets, _cdc_lookups, _cdc_lookup_rows, _cdc_table_sinks,
-    _cdc_consumers, _cdc_snapshots FROM PUBLIC;
+    _cdc_consumers, _cdc_snapshots, _cdc_schema_versions, _cdc_schema_breaks FROM PUBLIC;
 
 -- The publication every sink's slot reads. It must exist before any slot is created, because
 -- pgoutput looks it up as of the WAL position being decoded. A leftover from an earlier install is

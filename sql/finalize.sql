@@ -10,6 +10,9 @@ REVOKE EXECUTE ON FUNCTION cdc_preview(regclass, jsonb, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_create_tokenization_key() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_snapshot(regclass, text, boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_cancel_snapshot(regclass, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_schema_history(regclass) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_force_schema_break(regclass) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION _cdc_schema_changed(oid[]) FROM PUBLIC;
 
 -- Consumes an in-database sink's events in commit order: returns up to max_events events after
 -- what this consumer consumed, and records them as consumed when the caller's transaction commits
@@ -100,11 +103,56 @@ BEGIN
     -- Copies of a dropped lookup table, and of the lookups of a dropped captured table.
     DELETE FROM @extschema@._cdc_lookups l USING pg_event_trigger_dropped_objects() d
      WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid IN (l.table_oid, l.lookup_oid);
+    DELETE FROM @extschema@._cdc_schema_versions v USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = v.table_oid;
+    DELETE FROM @extschema@._cdc_schema_breaks b USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = b.table_oid;
     DELETE FROM @extschema@._cdc_publications p USING pg_event_trigger_dropped_objects() d
      WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = p.table_oid;
 END $$;
 REVOKE EXECUTE ON FUNCTION _cdc_forget_dropped_tables() FROM PUBLIC;
 CREATE EVENT TRIGGER _cdc_forget_dropped_tables ON sql_drop EXECUTE FUNCTION _cdc_forget_dropped_tables();
+
+-- Schema history (cdc_core::schema): the columns of a table as a version records them. Generated
+-- columns are left out (PostgreSQL 15 does not publish them). "missing" is the value rows older
+-- than an ADD COLUMN ... DEFAULT read (attmissingval).
+CREATE FUNCTION _cdc_table_fields(table_oid oid) RETURNS jsonb
+LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
+    SELECT coalesce(jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+               'attnum', a.attnum, 'name', a.attname, 'type', format_type(a.atttypid, a.atttypmod),
+               'type_oid', a.atttypid::bigint, 'typmod', a.atttypmod, 'not_null', a.attnotnull,
+               'default', pg_get_expr(d.adbin, d.adrelid),
+               'missing', CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END))
+           ORDER BY a.attnum), '[]')
+      FROM pg_attribute a
+      LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+     WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+$$;
+REVOKE EXECUTE ON FUNCTION _cdc_table_fields(oid) FROM PUBLIC;
+
+-- Every ALTER TABLE of a captured table: a new schema version when its columns changed, checked
+-- against the table's compatibility_mode (a WARNING, or with "enforce" an ERROR that rolls the DDL
+-- back). SECURITY DEFINER: the table's owner needs no right on the catalog. Local only: no
+-- network call while the DDL holds its lock.
+CREATE FUNCTION _cdc_schema_changes() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+DECLARE
+    oids oid[];
+BEGIN
+    IF to_regclass('@extschema@._cdc_schema_versions') IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(DISTINCT c.objid ORDER BY c.objid) INTO oids
+      FROM pg_event_trigger_ddl_commands() c
+      JOIN @extschema@._cdc_publications p ON p.table_oid = c.objid
+     WHERE c.classid = 'pg_class'::regclass;
+    IF oids IS NOT NULL THEN
+        PERFORM @extschema@._cdc_schema_changed(oids);
+    END IF;
+END $$;
+REVOKE EXECUTE ON FUNCTION _cdc_schema_changes() FROM PUBLIC;
+CREATE EVENT TRIGGER _cdc_schema_changes ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
+    EXECUTE FUNCTION _cdc_schema_changes();
 
 -- One overview row per sink (pipeline): state, slot health, lag, delivery and end-to-end latency.
 -- SECURITY DEFINER, and granted to pg_monitor: monitoring roles see figures and states, never the

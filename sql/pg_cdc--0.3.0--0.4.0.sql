@@ -64,3 +64,112 @@ SELECT s.snapshot_id, k.sink_name, coalesce(p.table_name, s.table_oid::regclass:
                             AS rows_per_second) r
  ORDER BY s.snapshot_id;
 GRANT SELECT ON @extschema@.cdc_snapshots TO pg_monitor;
+
+-- Schema history (issue 15): versions of each captured table, and cdc_force_schema_break's permits.
+
+CREATE TABLE @extschema@._cdc_schema_versions (
+    table_oid        oid NOT NULL,
+    version          integer NOT NULL CHECK (version > 0),
+    recorded_at      timestamptz NOT NULL DEFAULT now(),
+    lsn              pg_lsn NOT NULL,
+    fields           jsonb NOT NULL,
+    changes          jsonb NOT NULL DEFAULT '[]',
+    compatibility    text CHECK (compatibility IN ('FULL', 'BACKWARD', 'FORWARD', 'NONE')),
+    mode             text NOT NULL CHECK (mode IN ('backward', 'forward', 'full', 'none')),
+    forced           boolean NOT NULL DEFAULT false,
+    recorded_by      name NOT NULL DEFAULT current_user,
+    PRIMARY KEY (table_oid, version)
+);
+COMMENT ON TABLE @extschema@._cdc_schema_versions IS 'pg_cdc: the schema history of each captured table: version 1 at cdc_enable, one more for each DDL that changes its columns';
+COMMENT ON COLUMN @extschema@._cdc_schema_versions.lsn IS 'the WAL insert position when the version was recorded (before the DDL commits)';
+COMMENT ON COLUMN @extschema@._cdc_schema_versions.fields IS 'the columns (attnum, name, type, type_oid, typmod, not_null, default, missing)';
+COMMENT ON COLUMN @extschema@._cdc_schema_versions.changes IS 'what changed from the version before (ADD_FIELD, DROP_FIELD, RENAME_FIELD, CHANGE_TYPE, SET_REQUIRED, SET_OPTIONAL, CHANGE_DEFAULT)';
+COMMENT ON COLUMN @extschema@._cdc_schema_versions.compatibility IS 'FULL, BACKWARD, FORWARD or NONE against the version before (NULL for version 1)';
+COMMENT ON COLUMN @extschema@._cdc_schema_versions.mode IS 'the table''s compatibility_mode when the version was recorded';
+COMMENT ON COLUMN @extschema@._cdc_schema_versions.forced IS 'a change the mode forbids, let through by cdc_force_schema_break';
+
+CREATE TABLE @extschema@._cdc_schema_breaks (
+    table_oid        oid PRIMARY KEY,
+    allowed_by       name NOT NULL DEFAULT current_user,
+    allowed_at       timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE @extschema@._cdc_schema_breaks IS 'pg_cdc: tables whose next change that breaks their compatibility_mode is let through (cdc_force_schema_break)';
+REVOKE ALL ON @extschema@._cdc_schema_versions, @extschema@._cdc_schema_breaks FROM PUBLIC;
+
+-- Schema history (cdc_core::schema): the columns of a table as a version records them. Generated
+-- columns are left out (PostgreSQL 15 does not publish them). "missing" is the value rows older
+-- than an ADD COLUMN ... DEFAULT read (attmissingval).
+CREATE FUNCTION @extschema@._cdc_table_fields(table_oid oid) RETURNS jsonb
+LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
+    SELECT coalesce(jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+               'attnum', a.attnum, 'name', a.attname, 'type', format_type(a.atttypid, a.atttypmod),
+               'type_oid', a.atttypid::bigint, 'typmod', a.atttypmod, 'not_null', a.attnotnull,
+               'default', pg_get_expr(d.adbin, d.adrelid),
+               'missing', CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END))
+           ORDER BY a.attnum), '[]')
+      FROM pg_attribute a
+      LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+     WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+$$;
+REVOKE EXECUTE ON FUNCTION @extschema@._cdc_table_fields(oid) FROM PUBLIC;
+
+-- Every ALTER TABLE of a captured table: a new schema version when its columns changed, checked
+-- against the table's compatibility_mode (a WARNING, or with "enforce" an ERROR that rolls the DDL
+-- back). SECURITY DEFINER: the table's owner needs no right on the catalog. Local only: no
+-- network call while the DDL holds its lock.
+CREATE FUNCTION @extschema@._cdc_schema_changes() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+DECLARE
+    oids oid[];
+BEGIN
+    IF to_regclass('@extschema@._cdc_schema_versions') IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(DISTINCT c.objid ORDER BY c.objid) INTO oids
+      FROM pg_event_trigger_ddl_commands() c
+      JOIN @extschema@._cdc_publications p ON p.table_oid = c.objid
+     WHERE c.classid = 'pg_class'::regclass;
+    IF oids IS NOT NULL THEN
+        PERFORM @extschema@._cdc_schema_changed(oids);
+    END IF;
+END $$;
+REVOKE EXECUTE ON FUNCTION @extschema@._cdc_schema_changes() FROM PUBLIC;
+CREATE EVENT TRIGGER _cdc_schema_changes ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
+    EXECUTE FUNCTION @extschema@._cdc_schema_changes();
+
+CREATE FUNCTION @extschema@._cdc_schema_changed(table_oids oid[]) RETURNS void
+VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', '_cdc_schema_changed_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@._cdc_schema_changed(oid[]) FROM PUBLIC;
+CREATE FUNCTION @extschema@.cdc_schema_history(table_name regclass) RETURNS jsonb
+VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_schema_history_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.cdc_schema_history(regclass) FROM PUBLIC;
+CREATE FUNCTION @extschema@.cdc_force_schema_break(table_name regclass) RETURNS jsonb
+VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_force_schema_break_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.cdc_force_schema_break(regclass) FROM PUBLIC;
+
+-- A dropped table's history goes with it.
+CREATE OR REPLACE FUNCTION @extschema@._cdc_forget_dropped_tables() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+BEGIN
+    IF to_regclass('@extschema@._cdc_publications') IS NULL THEN
+        RETURN;
+    END IF;
+    DELETE FROM @extschema@._cdc_offsets o USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = o.table_oid;
+    -- Copies of a dropped lookup table, and of the lookups of a dropped captured table.
+    DELETE FROM @extschema@._cdc_lookups l USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid IN (l.table_oid, l.lookup_oid);
+    DELETE FROM @extschema@._cdc_schema_versions v USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = v.table_oid;
+    DELETE FROM @extschema@._cdc_schema_breaks b USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = b.table_oid;
+    DELETE FROM @extschema@._cdc_publications p USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = p.table_oid;
+END $$;
+
+-- Version 1 of every table captured before the upgrade: its columns now.
+INSERT INTO @extschema@._cdc_schema_versions (table_oid, version, lsn, fields, mode)
+SELECT p.table_oid, 1, pg_current_wal_insert_lsn(), @extschema@._cdc_table_fields(p.table_oid),
+       CASE WHEN p.config #>> '{schema_evolution,enabled}' = 'false' THEN 'none'
+            ELSE coalesce(p.config #>> '{schema_evolution,compatibility_mode}', 'backward') END
+  FROM @extschema@._cdc_publications p;

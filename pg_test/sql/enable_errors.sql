@@ -74,9 +74,9 @@ SELECT cdc_enable('orders', '{"before_image": true, "include_before_image": true
 SELECT cdc_enable('orders', '{"before_image": false, "include_before_image": true}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('orders', '{"filter": "amount > 0", "filter_expression": "amount > 0"}'); \echo SQLSTATE :SQLSTATE
 
--- Planned features: 0A000 (feature_not_supported) rather than silently doing less.
-SELECT cdc_enable('orders', '{"schema_evolution": {"enabled": true}}'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_enable('orders', '{"schema_evolution": {"compatibility_mode": "full"}}'); \echo SQLSTATE :SQLSTATE
+-- schema_evolution: one of Avro's four modes, and nothing to enforce without one.
+SELECT cdc_enable('orders', '{"schema_evolution": {"compatibility_mode": "transitive"}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('orders', '{"schema_evolution": {"compatibility_mode": "none", "enforce": true}}'); \echo SQLSTATE :SQLSTATE
 
 -- Enrichment: the lookup table must exist, be keyed by the lookup column (its replica identity),
 -- have the added columns, and match the source column's type; the name is never spliced into SQL.

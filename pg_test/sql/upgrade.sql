@@ -100,6 +100,9 @@ SELECT s.sink_id = b.sink_id AS same_sink, s.slot_name = b.slot_name AS same_slo
        EXISTS (SELECT 1 FROM pg_replication_slots r WHERE r.slot_name = s.slot_name) AS slot_kept,
        (SELECT sum(events_published) FROM _cdc_offsets o WHERE o.sink_name = s.sink_name) = b.published AS offsets_kept
   FROM _cdc_sinks s JOIN before_update b USING (sink_id);
+-- A table captured before the update has its schema history from it: version 1, its columns.
+SELECT v->'version' AS version, v->'fields' AS fields
+  FROM jsonb_array_elements(cdc_schema_history('upgrade_orders')->'schema_versions') v;
 INSERT INTO upgrade_orders SELECT g, 'after the update' FROM generate_series(6, 10) g;
 SELECT pg_temp.wait_published(10) AS delivered;
 SELECT sink_name, state, last_error FROM _cdc_sinks;

@@ -189,6 +189,7 @@ fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
     )
     .unwrap_or_else(|e| pgrx::error!("pg_cdc: cannot record the captured table: {e}"))
     .unwrap_or_else(|| pgrx::error!("pg_cdc: INSERT returned no row"));
+    super::schema::record_first_version(&schema, oid, cfg.schema_evolution.mode);
     if existing.is_none() {
         // The sinks that carry it from now on deliver the rows it holds too.
         super::snapshots::snapshot_added_table(&schema, oid);
@@ -480,6 +481,7 @@ fn cdc_disable(table_name: Option<pg_sys::Oid>) {
     }
     catalog::run(&format!("DELETE FROM {schema}._cdc_offsets WHERE table_oid = $1"), &[oid.into()]);
     catalog::run(&format!("DELETE FROM {schema}._cdc_lookups WHERE table_oid = $1"), &[oid.into()]);
+    super::schema::forget(&schema, oid);
     for l in previous_lookups {
         sync_lookup_publication(&schema, l);
     }

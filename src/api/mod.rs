@@ -4,6 +4,7 @@ pub mod capture;
 pub mod context;
 pub mod monitor;
 pub mod preview;
+pub mod schema;
 pub mod sinks;
 pub mod snapshots;
 pub mod status;

@@ -263,7 +263,7 @@ fn has_table_sinks(schema: &str) -> bool {
 
 /// Whether pg_cdc's catalog in `schema` has `table` (a catalog older than the library lacks the
 /// tables later versions added, until `ALTER EXTENSION pg_cdc UPDATE`).
-fn catalog_has(schema: &str, table: &str) -> bool {
+pub(crate) fn catalog_has(schema: &str, table: &str) -> bool {
     let name = format!("{schema}.{table}");
     catalog::select_one::<bool>("SELECT to_regclass($1) IS NOT NULL", &[name.as_str().into()]).unwrap_or(false)
 }

@@ -12,7 +12,7 @@ use serde_json::Value;
 pub mod object;
 pub mod sink;
 
-use self::object::{invalid, planned, wrong_type, Obj};
+use self::object::{invalid, wrong_type, Obj};
 pub use self::sink::{checkpoint_interval, is_qualified_name, SnapshotMode};
 use crate::error::{did_you_mean, CdcError, CdcResult, ErrorKind};
 use crate::expr::{self, ColumnInfo};
@@ -105,6 +105,33 @@ pub struct CaptureConfig {
     /// `exactly_once.enabled: true`: the table asks for exactly-once delivery (`cdc_enable` and
     /// `cdc_add_sink` warn about sinks that deliver it at least once).
     pub exactly_once_required: bool,
+    /// `schema_evolution`: how DDL on the table is checked (see [`crate::schema`]).
+    pub schema_evolution: SchemaEvolution,
+}
+
+/// The validated `schema_evolution` block. Without one, a breaking DDL is checked against
+/// `backward` and warned about; `"enabled": false` turns the check off (the history is kept).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaEvolution {
+    /// `compatibility_mode` (`none` when `enabled` is false).
+    pub mode: crate::schema::Mode,
+    /// `enforce`: a breaking DDL raises an ERROR (rolled back) instead of a WARNING.
+    pub enforce: bool,
+    /// `schema_registry`: the registry URL for this table's Avro events.
+    pub schema_registry: Option<String>,
+    /// `auto_register` (default true): the worker registers new schema versions.
+    pub auto_register: bool,
+}
+
+impl Default for SchemaEvolution {
+    fn default() -> Self {
+        SchemaEvolution {
+            mode: crate::schema::Mode::Backward,
+            enforce: false,
+            schema_registry: None,
+            auto_register: true,
+        }
+    }
 }
 
 /// One `enrich` transformation: columns added to the event from the row of a lookup table whose
@@ -180,6 +207,7 @@ impl CaptureConfig {
             enrich: vec![],
             checkpoint_interval_ms: None,
             exactly_once_required: false,
+            schema_evolution: SchemaEvolution::default(),
         }
     }
 
@@ -523,17 +551,7 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
             None => {}
         }
     }
-    if let Some(s) = o.object("schema_evolution")? {
-        s.check_keys(&["enabled", "compatibility_mode", "schema_registry", "auto_register"])?;
-        // Off when "enabled" is false, or when the object is empty.
-        let on = match s.bool("enabled")? {
-            Some(enabled) => enabled,
-            None => !s.map.is_empty(),
-        };
-        if on {
-            return Err(planned("config.schema_evolution", "schema evolution"));
-        }
-    }
+    let schema_evolution = parse_schema_evolution(o.object("schema_evolution")?)?;
     let mut computed: Vec<(String, String)> = Vec::new();
     let mut computed_at = Vec::new();
     let mut enrich: Vec<Enrich> = Vec::new();
@@ -674,7 +692,57 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         enrich,
         checkpoint_interval_ms,
         exactly_once_required,
+        schema_evolution,
     })
+}
+
+/// The `schema_evolution` block of a capture config (already validated by `cdc_enable`, or not:
+/// errors say what is wrong), as the DDL check and the history read it.
+pub fn schema_evolution_of(config: &Value) -> CdcResult<SchemaEvolution> {
+    let o = Obj::root("config", config)?;
+    parse_schema_evolution(o.object("schema_evolution")?)
+}
+
+fn parse_schema_evolution(s: Option<Obj<'_>>) -> CdcResult<SchemaEvolution> {
+    let mut schema_evolution = SchemaEvolution::default();
+    let Some(s) = s else { return Ok(schema_evolution) };
+    s.check_keys(&["enabled", "compatibility_mode", "enforce", "schema_registry", "auto_register"])?;
+    if let Some(m) = s.string("compatibility_mode")? {
+        schema_evolution.mode = crate::schema::Mode::parse(m).ok_or_else(|| {
+            invalid(format!(
+                "{} must be backward, forward, full or none, not \"{m}\"",
+                s.child_path("compatibility_mode")
+            ))
+        })?;
+    }
+    schema_evolution.enforce = s.bool("enforce")?.unwrap_or(false);
+    if let Some(url) = s.string("schema_registry")? {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(invalid(format!(
+                "{} must be an http:// or https:// URL, not \"{url}\"",
+                s.child_path("schema_registry")
+            )));
+        }
+        schema_evolution.schema_registry = Some(url.trim_end_matches('/').to_string());
+    }
+    schema_evolution.auto_register = s.bool("auto_register")?.unwrap_or(true);
+    if s.bool("enabled")? == Some(false) {
+        if schema_evolution.enforce {
+            return Err(invalid(format!(
+                "{} is true but {} is false",
+                s.child_path("enforce"),
+                s.child_path("enabled")
+            )));
+        }
+        schema_evolution.mode = crate::schema::Mode::None;
+    }
+    if schema_evolution.enforce && schema_evolution.mode == crate::schema::Mode::None {
+        return Err(invalid(format!(
+            "{} is true but compatibility_mode is none: nothing to enforce",
+            s.child_path("enforce")
+        )));
+    }
+    Ok(schema_evolution)
 }
 
 /// Checks a parsed expression against the table (columns exist, types fit) and refuses columns

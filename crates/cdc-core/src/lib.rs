@@ -24,6 +24,7 @@ pub mod lsn;
 pub mod metrics;
 pub mod pipeline;
 pub mod redact;
+pub mod schema;
 pub mod snapshot;
 pub mod state;
 pub mod stats;

@@ -174,17 +174,50 @@ fn enrich_is_checked_against_the_table_and_the_lookup() {
 }
 
 #[test]
-fn planned_features_say_so() {
-    for cfg in
-        [json!({"schema_evolution": {"enabled": true}}), json!({"schema_evolution": {"compatibility_mode": "full"}})]
-    {
-        assert_eq!(err(cfg.clone()).kind.sqlstate(), "0A000", "{cfg}");
-    }
-    // Their "off" values are accepted.
+fn off_values_are_accepted() {
     let ok = json!({"include_query_text": false, "include_user_context": false, "transformations": [],
                     "compliance": {"redact_pii": false}, "schema_evolution": {}});
     assert!(parse_capture_config(&ok, &shape()).is_ok());
     assert_eq!(err(json!({"capture_mode": "everything"})).kind.sqlstate(), "22023");
+}
+
+#[test]
+fn schema_evolution() {
+    use crate::schema::Mode;
+    // The product description's block.
+    let c = parse_capture_config(
+        &json!({"schema_evolution": {"enabled": true, "compatibility_mode": "full",
+                                     "schema_registry": "http://schema-registry:8081/", "auto_register": true}}),
+        &shape(),
+    )
+    .unwrap();
+    assert_eq!(
+        c.schema_evolution,
+        SchemaEvolution {
+            mode: Mode::Full,
+            enforce: false,
+            schema_registry: Some("http://schema-registry:8081".into()),
+            auto_register: true
+        }
+    );
+    // Without the block: backward, warned about.
+    assert_eq!(parse_capture_config(&json!({}), &shape()).unwrap().schema_evolution, SchemaEvolution::default());
+    let off = parse_capture_config(&json!({"schema_evolution": {"enabled": false}}), &shape()).unwrap();
+    assert_eq!(off.schema_evolution.mode, Mode::None);
+    let enforced = parse_capture_config(&json!({"schema_evolution": {"enforce": true}}), &shape()).unwrap();
+    assert!(enforced.schema_evolution.enforce);
+    assert_eq!(enforced.schema_evolution.mode, Mode::Backward);
+    for bad in [
+        json!({"schema_evolution": {"compatibility_mode": "FULL"}}),
+        json!({"schema_evolution": {"compatibility_mode": "transitive"}}),
+        json!({"schema_evolution": {"schema_registry": "schema-registry:8081"}}),
+        json!({"schema_evolution": {"enabled": false, "enforce": true}}),
+        json!({"schema_evolution": {"compatibility_mode": "none", "enforce": true}}),
+        json!({"schema_evolution": {"enforce": "yes"}}),
+        json!({"schema_evolution": {"compatability_mode": "full"}}),
+    ] {
+        assert_eq!(err(bad.clone()).kind.sqlstate(), "22023", "{bad}");
+    }
 }
 
 #[test]

@@ -1,0 +1,525 @@
+//! Schema history and compatibility (issue 15): what a DDL on a captured table changed, and
+//! whether consumers of its events can follow, by the rules of Avro's schema resolution.
+//!
+//! ```text
+//!  version n fields ─┐
+//!                    ├─ diff ─▶ changes (ADD_FIELD, DROP_FIELD, RENAME_FIELD, CHANGE_TYPE, ...)
+//!  table's columns ──┘                     │
+//!                                          ▼
+//!                                 issues: backward (a reader of the new schema, data of the old)
+//!                                         forward  (a reader of the old schema, data of the new)
+//!                                          │
+//!                        compatibility: FULL | BACKWARD | FORWARD | NONE; a mode's violations
+//! ```
+//!
+//! A column is identified by its attribute number, so a rename is a rename, not a drop and an
+//! add. How a column maps to an Avro field decides the rules: a nullable column is a union with
+//! null and the default null; a NOT NULL column is its type alone, with a default only when the
+//! column has a constant one (the value PostgreSQL gives the rows that existed before an
+//! `ADD COLUMN ... DEFAULT`, or a literal default). The rules, field by field:
+//!
+//! | change | backward (new reads old) | forward (old reads new) |
+//! |---|---|---|
+//! | add a column | needs a default (nullable, or a constant default) | yes |
+//! | drop a column | yes | needs the old field to have had a default |
+//! | rename | yes (the old name is an alias) | no (an old reader loses the value) |
+//! | widen a type (int4 → int8, float4 → float8, varchar(n) longer or text) | yes | no for numbers (Avro promotes one way); yes for text |
+//! | narrow a type (the reverse) | no | yes |
+//! | change the encoding (text → integer, numeric's scale, timestamp ↔ timestamptz) | no | no |
+//! | SET NOT NULL | no (old data may hold nulls) | yes |
+//! | DROP NOT NULL | yes | no (an old reader gets nulls it cannot hold) |
+//! | change a default | yes | yes |
+use serde_json::{json, Value};
+
+/// One column of a captured table, as the schema history records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Field {
+    /// `pg_attribute.attnum`: the column's identity across renames.
+    pub attnum: i16,
+    /// Its name.
+    pub name: String,
+    /// Its type as `format_type` prints it (`character varying(50)`).
+    pub type_sql: String,
+    /// The type's OID.
+    pub type_oid: u32,
+    /// The type modifier (`atttypmod`, -1 when none).
+    pub typmod: i32,
+    /// NOT NULL.
+    pub not_null: bool,
+    /// The default expression, as `pg_get_expr` prints it.
+    pub default: Option<String>,
+    /// The value the rows that existed before an `ADD COLUMN ... DEFAULT` read (`attmissingval`).
+    pub missing: Option<String>,
+}
+
+impl Field {
+    /// Reads a field as [`Field::to_json`] writes it (the history's `fields` array).
+    pub fn from_json(v: &Value) -> Option<Field> {
+        let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+        Some(Field {
+            attnum: i16::try_from(v.get("attnum")?.as_i64()?).ok()?,
+            name: s("name")?,
+            type_sql: s("type")?,
+            type_oid: u32::try_from(v.get("type_oid")?.as_i64()?).ok()?,
+            typmod: i32::try_from(v.get("typmod")?.as_i64()?).ok()?,
+            not_null: v.get("not_null")?.as_bool()?,
+            default: s("default"),
+            missing: s("missing"),
+        })
+    }
+
+    /// The field as the history stores it.
+    pub fn to_json(&self) -> Value {
+        let mut v = json!({"attnum": self.attnum, "name": self.name, "type": self.type_sql,
+                           "type_oid": self.type_oid, "typmod": self.typmod, "not_null": self.not_null});
+        if let Some(d) = &self.default {
+            v["default"] = Value::String(d.clone());
+        }
+        if let Some(m) = &self.missing {
+            v["missing"] = Value::String(m.clone());
+        }
+        v
+    }
+
+    /// The constant the field's Avro schema would carry as its default, if any: the value of
+    /// the rows older than the column, else a literal default expression (`'standard'::text`).
+    pub fn default_value(&self) -> Option<String> {
+        if let Some(m) = &self.missing {
+            return Some(m.clone());
+        }
+        self.default.as_deref().and_then(literal)
+    }
+
+    /// Whether a reader that lacks the field's value in the data can fill it in: nullable
+    /// columns default to null, others need a constant default.
+    pub fn has_default(&self) -> bool {
+        !self.not_null || self.default_value().is_some()
+    }
+}
+
+/// The value of a literal default expression as `pg_get_expr` prints it: `'text'::type`,
+/// a number, `true`/`false`; `None` for anything computed (`now()`, `nextval(...)`).
+fn literal(expr: &str) -> Option<String> {
+    let e = expr.trim();
+    // Strip one trailing cast (`::character varying`, `::numeric`), then parentheses.
+    let e = match e.rfind("::") {
+        Some(i) if e.starts_with('\'') || e.starts_with('(') || e[..i].parse::<f64>().is_ok() => &e[..i],
+        _ => e,
+    };
+    let e = e.trim_start_matches('(').trim_end_matches(')');
+    if let Some(body) = e.strip_prefix('\'').and_then(|b| b.strip_suffix('\'')) {
+        // A quote inside is doubled; any other lone quote means this was not one literal.
+        let mut out = String::with_capacity(body.len());
+        let mut chars = body.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c == '\'' && chars.next() != Some('\'') {
+                return None;
+            }
+            out.push(c);
+        }
+        return Some(out);
+    }
+    if e == "true" || e == "false" || e.parse::<f64>().is_ok() {
+        return Some(e.to_string());
+    }
+    None
+}
+
+/// One difference between two versions of a table's columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A column added.
+    AddField {
+        /// The column.
+        field: Field,
+    },
+    /// A column dropped.
+    DropField {
+        /// The column as it was.
+        field: Field,
+    },
+    /// A column renamed.
+    RenameField {
+        /// The column before.
+        from: Field,
+        /// After.
+        to: Field,
+    },
+    /// A column's type changed.
+    ChangeType {
+        /// The column before.
+        from: Field,
+        /// After.
+        to: Field,
+    },
+    /// NOT NULL set.
+    SetRequired {
+        /// The column after.
+        field: Field,
+    },
+    /// NOT NULL dropped.
+    SetOptional {
+        /// The column after.
+        field: Field,
+    },
+    /// The default changed (set, dropped or replaced).
+    ChangeDefault {
+        /// The column before.
+        from: Field,
+        /// After.
+        to: Field,
+    },
+}
+
+impl Change {
+    /// The change as `cdc_schema_history` shows it.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Change::AddField { field } => {
+                let mut v = json!({"type": "ADD_FIELD", "field": field.name, "field_type": field.type_sql,
+                                   "required": field.not_null});
+                if let Some(d) = field.default_value().or_else(|| field.default.clone()) {
+                    v["default"] = Value::String(d);
+                }
+                v
+            }
+            Change::DropField { field } => json!({"type": "DROP_FIELD", "field": field.name}),
+            Change::RenameField { from, to } => json!({"type": "RENAME_FIELD", "field": to.name, "from": from.name}),
+            Change::ChangeType { from, to } => {
+                json!({"type": "CHANGE_TYPE", "field": to.name, "from": from.type_sql, "to": to.type_sql})
+            }
+            Change::SetRequired { field } => json!({"type": "SET_REQUIRED", "field": field.name}),
+            Change::SetOptional { field } => json!({"type": "SET_OPTIONAL", "field": field.name}),
+            Change::ChangeDefault { from, to } => {
+                json!({"type": "CHANGE_DEFAULT", "field": to.name, "from": from.default, "to": to.default})
+            }
+        }
+    }
+}
+
+/// The changes from `old` to `new` (columns matched by attribute number), in column order:
+/// drops first, then the columns that are in both, then additions.
+pub fn diff(old: &[Field], new: &[Field]) -> Vec<Change> {
+    let mut out = Vec::new();
+    for o in old {
+        if !new.iter().any(|n| n.attnum == o.attnum) {
+            out.push(Change::DropField { field: o.clone() });
+        }
+    }
+    for n in new {
+        let Some(o) = old.iter().find(|o| o.attnum == n.attnum) else { continue };
+        if o.name != n.name {
+            out.push(Change::RenameField { from: o.clone(), to: n.clone() });
+        }
+        if o.type_oid != n.type_oid || o.typmod != n.typmod {
+            out.push(Change::ChangeType { from: o.clone(), to: n.clone() });
+        }
+        if !o.not_null && n.not_null {
+            out.push(Change::SetRequired { field: n.clone() });
+        }
+        if o.not_null && !n.not_null {
+            out.push(Change::SetOptional { field: n.clone() });
+        }
+        if o.default != n.default {
+            out.push(Change::ChangeDefault { from: o.clone(), to: n.clone() });
+        }
+    }
+    for n in new {
+        if !old.iter().any(|o| o.attnum == n.attnum) {
+            out.push(Change::AddField { field: n.clone() });
+        }
+    }
+    out
+}
+
+/// Which readers an issue breaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// A consumer on the new schema reading events written with the old one.
+    Backward,
+    /// A consumer still on the old schema reading events written with the new one.
+    Forward,
+}
+
+/// One reason a change is not compatible in one direction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Issue {
+    /// Which readers it breaks.
+    pub direction: Direction,
+    /// The column (its new name, or its old one when dropped).
+    pub field: String,
+    /// A short title, e.g. "Required field without default".
+    pub title: &'static str,
+    /// The sentence a WARNING shows: "Field 'x' is required but has no default".
+    pub detail: String,
+    /// How to avoid it.
+    pub fix: String,
+}
+
+/// How a type's values are encoded for a consumer: types in one family share an encoding and
+/// may only widen or narrow within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    /// int2 < int4 < int8 < float4 < float8: Avro's int, long, float, double promotions.
+    Number(u8),
+    /// text, varchar, bpchar: Avro string; the rank is the length limit (`u32::MAX` = none).
+    Text(u32),
+    /// numeric(p, s): Avro decimal with that scale; `None` when unconstrained.
+    Decimal { precision: Option<u16>, scale: Option<u16> },
+    /// Anything else: only the very same type is compatible.
+    Other(u32, i32),
+}
+
+fn family(type_oid: u32, typmod: i32) -> Family {
+    match type_oid {
+        21 => Family::Number(1),
+        23 => Family::Number(2),
+        20 => Family::Number(3),
+        700 => Family::Number(4),
+        701 => Family::Number(5),
+        25 => Family::Text(u32::MAX),
+        1043 | 1042 => Family::Text(if typmod >= 4 { (typmod - 4) as u32 } else { u32::MAX }),
+        1700 if typmod >= 4 => {
+            let t = typmod - 4;
+            Family::Decimal { precision: Some(((t >> 16) & 0xffff) as u16), scale: Some((t & 0xffff) as u16) }
+        }
+        1700 => Family::Decimal { precision: None, scale: None },
+        _ => Family::Other(type_oid, typmod),
+    }
+}
+
+/// How a type change moves values: within an encoding, wider or narrower; else a new encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TypeMove {
+    /// Every old value fits the new type, and readers of either decode both (text lengths,
+    /// decimal precision at the same scale).
+    Relaxed,
+    /// Every old value fits the new type; an old reader cannot decode new values (numbers).
+    Widened,
+    /// New values fit the old type; old values may not fit the new one.
+    Narrowed,
+    /// The encoding changes.
+    Incompatible,
+}
+
+fn type_move(from: &Field, to: &Field) -> TypeMove {
+    match (family(from.type_oid, from.typmod), family(to.type_oid, to.typmod)) {
+        (Family::Number(a), Family::Number(b)) => match a.cmp(&b) {
+            std::cmp::Ordering::Less => TypeMove::Widened,
+            std::cmp::Ordering::Greater => TypeMove::Narrowed,
+            std::cmp::Ordering::Equal => TypeMove::Relaxed,
+        },
+        (Family::Text(a), Family::Text(b)) => {
+            if b >= a {
+                TypeMove::Relaxed
+            } else {
+                TypeMove::Narrowed
+            }
+        }
+        (Family::Decimal { precision: pa, scale: sa }, Family::Decimal { precision: pb, scale: sb }) if sa == sb => {
+            if pb >= pa {
+                TypeMove::Relaxed
+            } else {
+                TypeMove::Narrowed
+            }
+        }
+        (a, b) if a == b => TypeMove::Relaxed,
+        _ => TypeMove::Incompatible,
+    }
+}
+
+/// A placeholder default for a type in a suggested statement.
+fn sample_default(f: &Field) -> &'static str {
+    match family(f.type_oid, f.typmod) {
+        Family::Number(_) | Family::Decimal { .. } => "0",
+        Family::Text(_) => "'unknown'",
+        Family::Other(16, _) => "false",
+        Family::Other(..) => "...",
+    }
+}
+
+/// Every compatibility issue of `changes` (from [`diff`]) on the table `table`.
+pub fn issues(table: &str, changes: &[Change]) -> Vec<Issue> {
+    let mut out = Vec::new();
+    let mut push = |direction, field: &str, title, detail: String, fix: String| {
+        out.push(Issue { direction, field: field.to_string(), title, detail, fix })
+    };
+    for c in changes {
+        match c {
+            Change::AddField { field } if !field.has_default() => push(
+                Direction::Backward,
+                &field.name,
+                "Required field without default",
+                format!("Field '{}' is required but has no default", field.name),
+                format!(
+                    "Add default value: ALTER TABLE {table} ADD COLUMN {} {} DEFAULT {}",
+                    field.name,
+                    field.type_sql,
+                    sample_default(field)
+                ),
+            ),
+            Change::DropField { field } if !field.has_default() => push(
+                Direction::Forward,
+                &field.name,
+                "Required field removed",
+                format!("Field '{}' is removed but is required and has no default", field.name),
+                format!(
+                    "Make it optional first (ALTER TABLE {table} ALTER COLUMN {} DROP NOT NULL) and let consumers move on",
+                    field.name
+                ),
+            ),
+            Change::RenameField { from, to } => push(
+                Direction::Forward,
+                &to.name,
+                "Field renamed",
+                format!("Field '{}' is renamed to '{}': consumers on the old schema lose its value", from.name, to.name),
+                format!("Add a column '{}' and keep '{}' until consumers have moved", to.name, from.name),
+            ),
+            Change::ChangeType { from, to } => match type_move(from, to) {
+                TypeMove::Relaxed => {}
+                TypeMove::Widened => push(
+                    Direction::Forward,
+                    &to.name,
+                    "Type widened",
+                    format!(
+                        "Field '{}' changes from {} to {}: consumers on the old schema cannot read the new values",
+                        to.name, from.type_sql, to.type_sql
+                    ),
+                    "Upgrade consumers to the new schema before producers write wider values".to_string(),
+                ),
+                TypeMove::Narrowed => push(
+                    Direction::Backward,
+                    &to.name,
+                    "Type narrowed",
+                    format!(
+                        "Field '{}' narrows from {} to {}: events already written may not fit it",
+                        to.name, from.type_sql, to.type_sql
+                    ),
+                    format!("Keep the type {}", from.type_sql),
+                ),
+                TypeMove::Incompatible => {
+                    for direction in [Direction::Backward, Direction::Forward] {
+                        push(
+                            direction,
+                            &to.name,
+                            "Type changed",
+                            format!(
+                                "Field '{}' changes from {} to {}: its encoding changes",
+                                to.name, from.type_sql, to.type_sql
+                            ),
+                            format!("Add a new column of type {} instead of changing '{}'", to.type_sql, to.name),
+                        )
+                    }
+                }
+            },
+            Change::SetRequired { field } => push(
+                Direction::Backward,
+                &field.name,
+                "Field made required",
+                format!("Field '{}' becomes required: events already written may hold null", field.name),
+                format!("Keep '{}' nullable", field.name),
+            ),
+            Change::SetOptional { field } => push(
+                Direction::Forward,
+                &field.name,
+                "Field made optional",
+                format!("Field '{}' becomes optional: consumers on the old schema cannot read null", field.name),
+                "Upgrade consumers to the new schema first".to_string(),
+            ),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// `schema_evolution.compatibility_mode`: which readers a change must not break.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Consumers on a new schema read events of the previous one (Avro's and Confluent's default).
+    #[default]
+    Backward,
+    /// Consumers on the previous schema read events of the new one.
+    Forward,
+    /// Both.
+    Full,
+    /// No check.
+    None,
+}
+
+impl Mode {
+    /// Parses the config word.
+    pub fn parse(s: &str) -> Option<Mode> {
+        Some(match s {
+            "backward" => Mode::Backward,
+            "forward" => Mode::Forward,
+            "full" => Mode::Full,
+            "none" => Mode::None,
+            _ => return None,
+        })
+    }
+
+    /// The config word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Backward => "backward",
+            Mode::Forward => "forward",
+            Mode::Full => "full",
+            Mode::None => "none",
+        }
+    }
+
+    /// Whether the mode forbids issues in `d`.
+    pub fn forbids(self, d: Direction) -> bool {
+        matches!(
+            (self, d),
+            (Mode::Full, _) | (Mode::Backward, Direction::Backward) | (Mode::Forward, Direction::Forward)
+        )
+    }
+}
+
+/// The compatibility a set of issues leaves: `FULL` (none), `BACKWARD` (only forward issues),
+/// `FORWARD` (only backward issues), `NONE`.
+pub fn compatibility(issues: &[Issue]) -> &'static str {
+    let back = issues.iter().any(|i| i.direction == Direction::Backward);
+    let fwd = issues.iter().any(|i| i.direction == Direction::Forward);
+    match (back, fwd) {
+        (false, false) => "FULL",
+        (false, true) => "BACKWARD",
+        (true, false) => "FORWARD",
+        (true, true) => "NONE",
+    }
+}
+
+/// The issues a mode forbids.
+pub fn violations(mode: Mode, issues: &[Issue]) -> Vec<&Issue> {
+    issues.iter().filter(|i| mode.forbids(i.direction)).collect()
+}
+
+/// The message, detail and hint of the WARNING (or, enforced, the ERROR) for a change that
+/// breaks `mode`, in the shape of the product description: the issues, who fails, and the ways out.
+pub fn break_report(table: &str, version: i32, violated: &[&Issue]) -> (String, String, String) {
+    let back = violated.iter().any(|i| i.direction == Direction::Backward);
+    let fwd = violated.iter().any(|i| i.direction == Direction::Forward);
+    let which = match (back, fwd) {
+        (true, true) => "backward or forward",
+        (true, false) => "backward",
+        _ => "forward",
+    };
+    let message = format!("Schema change is not {which} compatible");
+    let mut detail: Vec<String> = Vec::new();
+    for i in violated {
+        let line = format!("- {}", i.detail);
+        if !detail.contains(&line) {
+            detail.push(line);
+        }
+    }
+    detail.push(format!("- Existing consumers using schema v{version} will fail"));
+    let mut hint = vec!["Options:".to_string()];
+    let fix = violated.first().map(|i| i.fix.clone()).unwrap_or_default();
+    hint.push(format!("1. {fix}"));
+    hint.push(format!("2. Force break: SELECT cdc_force_schema_break('{table}')"));
+    (message, detail.join("\n"), hint.join("\n"))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,95 @@
+-- schema_history: the versions of a captured table (cdc_schema_history), the compatibility check
+-- of each ALTER TABLE (a WARNING, or with "enforce" an ERROR that rolls the DDL back), and
+-- cdc_force_schema_break. The product description's example 3, then the other kinds of change.
+\set SHOW_CONTEXT never
+CREATE SCHEMA cdc_schema;
+SET search_path = cdc_schema, public;
+-- History rows without the times and positions that change from run to run.
+CREATE FUNCTION history(t regclass) RETURNS TABLE (version int, fields jsonb, changes jsonb, compatibility text,
+                                                   checked_against text, forced boolean)
+LANGUAGE sql AS $$
+    SELECT (v->>'version')::int, v->'fields', v->'changes', v->>'compatibility', v->>'checked_against',
+           (v->>'forced')::boolean
+      FROM jsonb_array_elements(cdc_schema_history(t)->'schema_versions') v
+$$;
+
+CREATE TABLE orders (
+    order_id VARCHAR(50) PRIMARY KEY,
+    customer_id VARCHAR(50),
+    total DECIMAL(10,2),
+    status VARCHAR(20)
+);
+SELECT cdc_enable('orders', '{
+    "schema_evolution": {
+        "enabled": true,
+        "compatibility_mode": "full",
+        "schema_registry": "http://schema-registry:8081",
+        "auto_register": true
+    }
+}'::jsonb) IS NOT NULL AS enabled;
+
+-- Backward compatible (and forward: an old reader ignores the new field).
+ALTER TABLE orders ADD COLUMN shipping_method VARCHAR(50) DEFAULT 'standard';
+SELECT * FROM history('orders');
+SELECT cdc_schema_history('orders') - 'schema_versions' AS rest;
+
+-- A breaking change: a WARNING with the ways out, and the DDL commits.
+ALTER TABLE orders ADD COLUMN required_field VARCHAR(50) NOT NULL;
+SELECT version, changes, compatibility FROM history('orders') WHERE version = 3;
+
+-- Under enforcement the same kind of change is an ERROR and rolls back: no column, no version.
+SELECT cdc_enable('orders', '{"schema_evolution": {"compatibility_mode": "full", "enforce": true}}') IS NOT NULL AS enabled;
+ALTER TABLE orders ADD COLUMN priority VARCHAR(10) NOT NULL; \echo SQLSTATE :SQLSTATE
+SELECT count(*) AS priority_columns FROM pg_attribute WHERE attrelid = 'orders'::regclass AND attname = 'priority';
+SELECT max(version) AS versions FROM history('orders');
+-- A type that widens breaks forward; one that narrows, backward; a new encoding, both.
+ALTER TABLE orders ALTER COLUMN total TYPE numeric(10,3); \echo SQLSTATE :SQLSTATE
+ALTER TABLE orders ALTER COLUMN status TYPE varchar(10); \echo SQLSTATE :SQLSTATE
+-- Compatible both ways: a longer varchar, a default changed, a nullable column dropped.
+ALTER TABLE orders ALTER COLUMN status TYPE varchar(40);
+ALTER TABLE orders ALTER COLUMN status SET DEFAULT 'new';
+ALTER TABLE orders DROP COLUMN shipping_method;
+-- Statements that change no column leave no version.
+ALTER TABLE orders ADD CONSTRAINT total_positive CHECK (total >= 0);
+ALTER TABLE orders SET (fillfactor = 90);
+SELECT version, changes, compatibility FROM history('orders') WHERE version > 3;
+
+-- cdc_force_schema_break lets the next breaking change through once, and the version says so.
+SELECT cdc_force_schema_break('orders') -> 'next_break_allowed' AS allowed;
+ALTER TABLE orders RENAME COLUMN status TO state;
+SELECT version, changes, compatibility, forced FROM history('orders') WHERE version = 7;
+ALTER TABLE orders RENAME COLUMN state TO status; \echo SQLSTATE :SQLSTATE
+SELECT cdc_schema_history('orders') ? 'next_break_allowed' AS still_allowed;
+
+-- A column the events never carry does not concern consumers.
+SELECT cdc_enable('orders', '{"exclude_columns": ["customer_id"], "schema_evolution": {"compatibility_mode": "full", "enforce": true}}') IS NOT NULL AS enabled;
+ALTER TABLE orders ALTER COLUMN customer_id TYPE integer USING 0;
+SELECT version, changes, compatibility FROM history('orders') WHERE version = 8;
+
+-- "enabled": false: the history is kept, nothing is checked.
+SELECT cdc_enable('orders', '{"schema_evolution": {"enabled": false}}') IS NOT NULL AS enabled;
+ALTER TABLE orders ADD COLUMN quantity integer NOT NULL;
+SELECT version, compatibility, checked_against FROM history('orders') WHERE version = 9;
+
+-- Without a schema_evolution block: backward, warned about.
+CREATE TABLE items (id int PRIMARY KEY, sku text NOT NULL, qty int);
+SELECT cdc_enable('items') IS NOT NULL AS enabled;
+ALTER TABLE items ALTER COLUMN qty SET NOT NULL;
+ALTER TABLE items ALTER COLUMN qty TYPE bigint;
+SELECT version, changes, compatibility, checked_against FROM history('items');
+
+-- Errors.
+SELECT cdc_schema_history(NULL); \echo SQLSTATE :SQLSTATE
+CREATE TABLE not_captured (id int PRIMARY KEY);
+SELECT cdc_schema_history('not_captured'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_force_schema_break('not_captured'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('items', '{"schema_evolution": {"compatibility_mode": "FULL"}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('items', '{"schema_evolution": {"enabled": false, "enforce": true}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_enable('items', '{"schema_evolution": {"schema_registry": "registry:8081"}}'); \echo SQLSTATE :SQLSTATE
+
+-- cdc_disable and DROP TABLE forget the history.
+SELECT cdc_disable('items');
+SELECT count(*) AS item_versions FROM _cdc_schema_versions WHERE table_oid = 'items'::regclass;
+DROP TABLE orders;
+SELECT count(*) AS versions_left FROM _cdc_schema_versions;
+DROP SCHEMA cdc_schema CASCADE;

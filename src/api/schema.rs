@@ -1,0 +1,298 @@
+//! Schema history (issue 15): `_cdc_schema_versions` kept by `cdc_enable` (version 1) and the
+//! `_cdc_schema_changes` event trigger (one version per DDL that changes a captured table's
+//! columns), `cdc_schema_history` and `cdc_force_schema_break`. The rules are
+//! [`cdc_core::schema`]'s; the check is local (our history and the table's mode), so a DDL never
+//! waits on the network while it holds its lock.
+use cdc_core::schema::{self as rules, Field, Mode};
+use cdc_core::{CdcError, ErrorKind};
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+use pgrx::{JsonB, PgLogLevel, PgSqlErrorCode};
+use serde_json::{json, Value};
+
+use super::{required, schema, table_display_name};
+use crate::catalog;
+use crate::errors::{raise, OrRaise};
+
+/// The table's columns now, as a version records them.
+fn current_fields(schema: &str, oid: pg_sys::Oid) -> Vec<Field> {
+    let v = catalog::json(&format!("SELECT {schema}._cdc_table_fields($1)"), &[oid.into()]).unwrap_or(Value::Null);
+    fields_of(&v)
+}
+
+fn fields_of(v: &Value) -> Vec<Field> {
+    v.as_array().map(|a| a.iter().filter_map(Field::from_json).collect()).unwrap_or_default()
+}
+
+/// The table's `schema_evolution` settings, from its capture config.
+fn evolution(schema: &str, oid: pg_sys::Oid) -> Option<cdc_core::config::SchemaEvolution> {
+    let config =
+        catalog::json(&format!("SELECT config FROM {schema}._cdc_publications WHERE table_oid = $1"), &[oid.into()])?;
+    Some(cdc_core::config::schema_evolution_of(&config).or_raise())
+}
+
+/// Whether the catalog has the schema history: not before `ALTER EXTENSION pg_cdc UPDATE` brought
+/// an older catalog to 0.4.0 (the library is new as soon as it is installed; `cdc_enable` and
+/// `cdc_disable` work on the older catalog meanwhile, without a history).
+fn has_history(schema: &str) -> bool {
+    super::sinks::catalog_has(schema, "_cdc_schema_versions")
+}
+
+/// Refuses (55000) the history functions on an older catalog.
+fn require_history(schema: &str) {
+    if !has_history(schema) {
+        raise(
+            CdcError::new(ErrorKind::PrerequisiteState, "this catalog predates the schema history")
+                .hint("Run ALTER EXTENSION pg_cdc UPDATE."),
+        );
+    }
+}
+
+/// Records version 1 of a table that has none (`cdc_enable`).
+pub(crate) fn record_first_version(schema: &str, oid: pg_sys::Oid, mode: Mode) {
+    if !has_history(schema) {
+        return;
+    }
+    catalog::run(
+        &format!(
+            "INSERT INTO {schema}._cdc_schema_versions (table_oid, version, lsn, fields, mode)
+             SELECT $1, 1, pg_current_wal_insert_lsn(), {schema}._cdc_table_fields($1), $2
+              WHERE NOT EXISTS (SELECT 1 FROM {schema}._cdc_schema_versions WHERE table_oid = $1)"
+        ),
+        &[oid.into(), mode.as_str().into()],
+    );
+}
+
+/// Forgets a table's history (`cdc_disable`).
+pub(crate) fn forget(schema: &str, oid: pg_sys::Oid) {
+    if !has_history(schema) {
+        return;
+    }
+    catalog::run(&format!("DELETE FROM {schema}._cdc_schema_versions WHERE table_oid = $1"), &[oid.into()]);
+    catalog::run(&format!("DELETE FROM {schema}._cdc_schema_breaks WHERE table_oid = $1"), &[oid.into()]);
+}
+
+/// Called by the `_cdc_schema_changes` event trigger after an ALTER TABLE of captured tables:
+/// records a version for each whose columns changed, and warns about (or, enforced, refuses) a
+/// change its compatibility mode forbids.
+#[pg_extern(sql = r#"
+CREATE FUNCTION _cdc_schema_changed(table_oids oid[]) RETURNS void
+VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
+"#)]
+fn _cdc_schema_changed(table_oids: Option<Vec<Option<pg_sys::Oid>>>) {
+    let schema = schema();
+    for oid in table_oids.unwrap_or_default().into_iter().flatten() {
+        record_change(&schema, oid);
+    }
+}
+
+fn record_change(schema: &str, oid: pg_sys::Oid) {
+    let Some(evolution) = evolution(schema, oid) else { return };
+    // Lock the table's history: two DDLs on one table are serialized by the table lock already;
+    // this keeps the version numbers dense whatever happens.
+    let last = catalog::json_write(
+        &format!(
+            "SELECT jsonb_build_object('version', version, 'fields', fields) FROM {schema}._cdc_schema_versions
+              WHERE table_oid = $1 ORDER BY version DESC LIMIT 1 FOR UPDATE"
+        ),
+        &[oid.into()],
+    );
+    let new = current_fields(schema, oid);
+    let Some(last) = last else {
+        record_first_version(schema, oid, evolution.mode);
+        return;
+    };
+    let version = last["version"].as_i64().unwrap_or(1) as i32;
+    let old = fields_of(&last["fields"]);
+    let changes = rules::diff(&old, &new);
+    if changes.is_empty() {
+        return;
+    }
+    // The name as the DBA's session prints it (the catalog's; this runs with search_path pg_catalog).
+    let row = catalog::json(
+        &format!("SELECT jsonb_build_object('name', table_name, 'config', config) FROM {schema}._cdc_publications WHERE table_oid = $1"),
+        &[oid.into()],
+    )
+    .unwrap_or(Value::Null);
+    let table = catalog::str_field(&row, "name").to_string();
+    // Columns the events never carry do not concern consumers.
+    let config = row.get("config").cloned().unwrap_or(Value::Null);
+    let excluded = catalog::strings_field(&config, "exclude_columns");
+    let included = config.get("include_columns").map(|_| catalog::strings_field(&config, "include_columns"));
+    let carried = |name: &str| {
+        !excluded.iter().any(|c| c == name) && included.as_ref().is_none_or(|i| i.iter().any(|c| c == name))
+    };
+    let found: Vec<rules::Issue> = rules::issues(&table, &changes)
+        .into_iter()
+        .filter(|i| carried(&i.field) || changes.iter().any(|c| renamed_from(c, &i.field).is_some_and(&carried)))
+        .collect();
+    let violated = rules::violations(evolution.mode, &found);
+    let mut forced = false;
+    if !violated.is_empty() {
+        let permit = catalog::select_one_write::<bool>(
+            &format!("DELETE FROM {schema}._cdc_schema_breaks WHERE table_oid = $1 RETURNING true"),
+            &[oid.into()],
+        )
+        .unwrap_or(false);
+        let (message, detail, hint) = rules::break_report(&table, version, &violated);
+        if permit {
+            forced = true;
+            pgrx::notice!("pg_cdc: {message} ({}); let through by cdc_force_schema_break", evolution.mode.as_str());
+        } else if evolution.enforce {
+            raise(
+                CdcError::new(
+                    ErrorKind::PrerequisiteState,
+                    format!("{message}: table {table} has compatibility_mode {}, enforced", evolution.mode.as_str()),
+                )
+                .detail(detail)
+                .hint(hint),
+            );
+        } else {
+            ErrorReport::new(PgSqlErrorCode::ERRCODE_WARNING, message, "")
+                .set_detail(detail)
+                .set_hint(hint)
+                .report(PgLogLevel::WARNING);
+        }
+    }
+    catalog::run(
+        &format!(
+            "INSERT INTO {schema}._cdc_schema_versions (table_oid, version, lsn, fields, changes, compatibility, mode, forced)
+             VALUES ($1, $2, pg_current_wal_insert_lsn(), $3, $4, $5, $6, $7)"
+        ),
+        &[
+            oid.into(),
+            (version + 1).into(),
+            JsonB(Value::Array(new.iter().map(Field::to_json).collect())).into(),
+            JsonB(Value::Array(changes.iter().map(rules::Change::to_json).collect())).into(),
+            rules::compatibility(&found).into(),
+            evolution.mode.as_str().into(),
+            forced.into(),
+        ],
+    );
+}
+
+/// The old name of a renamed column, when `c` renames to `name`.
+fn renamed_from<'a>(c: &'a rules::Change, name: &str) -> Option<&'a str> {
+    match c {
+        rules::Change::RenameField { from, to } if to.name == name => Some(&from.name),
+        _ => None,
+    }
+}
+
+/// The schema history of a captured table: each version with its time, fields, the changes
+/// from the version before and their compatibility, in the shape of the product description.
+///
+/// ```sql
+/// SELECT cdc_schema_history('orders');
+/// ```
+#[pg_extern(sql = r#"
+CREATE FUNCTION cdc_schema_history(table_name regclass) RETURNS jsonb
+VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
+"#)]
+fn cdc_schema_history(table_name: Option<pg_sys::Oid>) -> JsonB {
+    let oid = required(table_name, "table_name");
+    let schema = schema();
+    require_history(&schema);
+    let Some(evolution) = evolution(&schema, oid) else {
+        raise(
+            CdcError::new(ErrorKind::PrerequisiteState, format!("table {} is not captured", table_display_name(oid)))
+                .hint("Enable capture with cdc_enable; its history starts then."),
+        )
+    };
+    let versions = catalog::json(
+        &format!(
+            "SELECT coalesce(jsonb_agg(jsonb_build_object(
+                        'version', version, 'timestamp', recorded_at, 'lsn', lsn::text, 'fields', fields,
+                        'changes', changes, 'compatibility', compatibility, 'mode', mode, 'forced', forced,
+                        'recorded_by', recorded_by) ORDER BY version), '[]')
+               FROM {schema}._cdc_schema_versions WHERE table_oid = $1"
+        ),
+        &[oid.into()],
+    )
+    .unwrap_or(json!([]));
+    let versions: Vec<Value> = versions
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| {
+            let fields = fields_of(&v["fields"]);
+            let mut out = json!({
+                "version": v["version"],
+                "timestamp": v["timestamp"],
+                "lsn": v["lsn"],
+                "fields": fields.iter().map(|f| f.name.clone()).collect::<Vec<_>>(),
+                "columns": fields.iter().map(|f| {
+                    let mut c = json!({"name": f.name, "type": f.type_sql, "nullable": !f.not_null});
+                    if let Some(d) = &f.default { c["default"] = json!(d); }
+                    c
+                }).collect::<Vec<_>>(),
+                "recorded_by": v["recorded_by"],
+            });
+            if v["version"].as_i64() != Some(1) {
+                out["changes"] = v["changes"].clone();
+                out["compatibility"] = v["compatibility"].clone();
+                out["checked_against"] = v["mode"].clone();
+                if v["forced"].as_bool() == Some(true) {
+                    out["forced"] = json!(true);
+                }
+            }
+            out
+        })
+        .collect();
+    let pending_break = catalog::select_one::<bool>(
+        &format!("SELECT true FROM {schema}._cdc_schema_breaks WHERE table_oid = $1"),
+        &[oid.into()],
+    )
+    .unwrap_or(false);
+    let mut out = json!({
+        "table": table_display_name(oid),
+        "compatibility_mode": evolution.mode.as_str(),
+        "enforce": evolution.enforce,
+        "schema_versions": versions,
+        // Who reads which version needs the consumers' own positions (e.g. a Kafka group's
+        // committed offsets): not known yet, so nothing is claimed.
+        "consumers": {},
+    });
+    if pending_break {
+        out["next_break_allowed"] = json!(true);
+    }
+    JsonB(out)
+}
+
+/// Lets the next change of the table that breaks its `compatibility_mode` through (a DDL under
+/// `"enforce": true` then commits, with a NOTICE, and its version is marked `forced`). Returns
+/// the table's history as `cdc_schema_history` does, with `next_break_allowed`.
+///
+/// ```sql
+/// SELECT cdc_force_schema_break('orders');
+/// ALTER TABLE orders ADD COLUMN required_field varchar(50) NOT NULL;  -- let through once
+/// ```
+#[pg_extern(sql = r#"
+CREATE FUNCTION cdc_force_schema_break(table_name regclass) RETURNS jsonb
+VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
+"#)]
+fn cdc_force_schema_break(table_name: Option<pg_sys::Oid>) -> JsonB {
+    let oid = required(table_name, "table_name");
+    let schema = schema();
+    require_history(&schema);
+    let Some(evolution) = evolution(&schema, oid) else {
+        raise(
+            CdcError::new(ErrorKind::PrerequisiteState, format!("table {} is not captured", table_display_name(oid)))
+                .hint("Only captured tables have a compatibility mode to break."),
+        )
+    };
+    if evolution.mode == Mode::None {
+        pgrx::notice!(
+            "table {} has compatibility_mode none: no change is checked, so there is nothing to let through",
+            table_display_name(oid)
+        );
+    }
+    catalog::run(
+        &format!(
+            "INSERT INTO {schema}._cdc_schema_breaks (table_oid) VALUES ($1)
+             ON CONFLICT (table_oid) DO UPDATE SET allowed_by = current_user, allowed_at = now()"
+        ),
+        &[oid.into()],
+    );
+    cdc_schema_history(Some(oid))
+}
