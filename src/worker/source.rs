@@ -150,6 +150,10 @@ pub struct TableRow {
     pub key_columns: Vec<String>,
     /// The table as `_cdc_publications.table_name` has it.
     pub name: String,
+    /// Its schema history: `[{"lsn": "0/16B3748", "fields": [...]}, ...]` (absent on a catalog
+    /// older than 0.4.0).
+    #[serde(default)]
+    pub history: Option<Value>,
 }
 
 /// A replication slot of this database.
@@ -199,6 +203,22 @@ pub struct Catalog {
     pub publications: Vec<String>,
 }
 
+/// A table's schema history as the catalog query returns it (see [`TableRow::history`]).
+pub fn history(v: &Value) -> cdc_core::schema::History {
+    let versions = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|version| {
+            let lsn: cdc_core::Lsn = version.get("lsn")?.as_str()?.parse().ok()?;
+            let fields =
+                version.get("fields")?.as_array()?.iter().filter_map(cdc_core::schema::Field::from_json).collect();
+            Some((lsn, fields))
+        })
+        .collect();
+    cdc_core::schema::History::new(versions)
+}
+
 /// Reads the catalog; `None` when the extension is not installed in this database.
 pub fn load_catalog() -> Catalog {
     let Some(schema) = catalog::extension_schema() else {
@@ -208,6 +228,20 @@ pub fn load_catalog() -> Catalog {
             "SELECT jsonb_build_object('installed', false, 'database', current_database(), 'now', clock_timestamp()::text, \
              'wal_insert_lsn', pg_current_wal_insert_lsn()::text, 'sinks', '[]'::jsonb, 'tables', '[]'::jsonb, 'slots', {SLOTS_SQL})"
         ));
+    };
+    // The schema history, once the catalog has it (ALTER EXTENSION pg_cdc UPDATE to 0.4.0).
+    let history = if catalog::select_one::<bool>(
+        "SELECT to_regclass($1) IS NOT NULL",
+        &[format!("{schema}._cdc_schema_versions").as_str().into()],
+    )
+    .unwrap_or(false)
+    {
+        format!(
+            "(SELECT jsonb_agg(jsonb_build_object('lsn', v.lsn::text, 'fields', v.fields) ORDER BY v.version)
+                FROM {schema}._cdc_schema_versions v WHERE v.table_oid = p.table_oid)"
+        )
+    } else {
+        "NULL::jsonb".to_string()
     };
     let mut cat = load(&format!(
         r#"SELECT jsonb_build_object(
@@ -221,8 +255,9 @@ pub fn load_catalog() -> Catalog {
                 'id', sink_id, 'name', sink_name, 'type', sink_type, 'config', config, 'slot', slot_name,
                 'tables', table_oids::bigint[], 'state', state, 'last_error', last_error) ORDER BY created_at), '[]')
               FROM {schema}._cdc_sinks),
-  'tables', (SELECT coalesce(jsonb_agg(jsonb_build_object('oid', table_oid::bigint, 'config', config, 'key_columns', key_columns, 'name', table_name)), '[]')
-               FROM {schema}._cdc_publications WHERE status = 'active'),
+  'tables', (SELECT coalesce(jsonb_agg(jsonb_build_object('oid', table_oid::bigint, 'config', config, 'key_columns', key_columns,
+                                                         'name', table_name, 'history', {history})), '[]')
+               FROM {schema}._cdc_publications p WHERE status = 'active'),
   'slots', {SLOTS_SQL},
   'publications', (SELECT coalesce(jsonb_agg(pubname::text), '[]') FROM pg_publication
                    WHERE pubname = ANY (string_to_array('{PUBLICATION_NAMES}', ',')))

@@ -646,11 +646,15 @@ impl Worker {
         let mut next = HashMap::new();
         let mut unreadable = HashMap::new();
         for t in &cat.tables {
-            let text = t.config.to_string() + &t.key_columns.join("\u{1}");
+            let history = t.history.as_ref().map(ToString::to_string).unwrap_or_default();
+            let text = t.config.to_string() + &t.key_columns.join("\u{1}") + "\u{2}" + &history;
             let parsed = match self.configs.remove(&t.oid) {
                 Some((old_text, cfg)) if old_text == text => cfg,
                 _ => match parse_stored_capture_config(&t.config, t.key_columns.clone()) {
-                    Ok(cfg) => Arc::new(cfg),
+                    Ok(mut cfg) => {
+                        cfg.history = t.history.as_ref().map(|h| Arc::new(source::history(h)));
+                        Arc::new(cfg)
+                    }
                     Err(e) => {
                         unreadable.insert(t.oid, e.to_string());
                         continue;

@@ -7,6 +7,8 @@
 //! are 22023 with a "did you mean" hint; wrong types name the JSON path (`config.operations[1]`).
 //! Validation needs no database: the caller passes what it knows about the table in [`TableShape`].
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 pub mod object;
@@ -107,6 +109,9 @@ pub struct CaptureConfig {
     pub exactly_once_required: bool,
     /// `schema_evolution`: how DDL on the table is checked (see [`crate::schema`]).
     pub schema_evolution: SchemaEvolution,
+    /// The table's schema history, when the worker read one: the config's column names are those
+    /// of its latest version, and a relation of an earlier version finds them through it.
+    pub history: Option<Arc<crate::schema::History>>,
 }
 
 /// The validated `schema_evolution` block. Without one, a breaking DDL is checked against
@@ -208,6 +213,7 @@ impl CaptureConfig {
             checkpoint_interval_ms: None,
             exactly_once_required: false,
             schema_evolution: SchemaEvolution::default(),
+            history: None,
         }
     }
 
@@ -693,6 +699,7 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         checkpoint_interval_ms,
         exactly_once_required,
         schema_evolution,
+        history: None,
     })
 }
 

@@ -57,6 +57,9 @@ impl Op {
 pub struct RelationPlan {
     /// The relation as described by the WAL at this point.
     pub relation: Relation,
+    /// Each column's name as the capture config knows it: the name it has now (see
+    /// [`RelationPlan::with_aliases`]), which is the relation's own unless it was renamed since.
+    names: Vec<String>,
     /// The table's capture config.
     pub config: Arc<CaptureConfig>,
     /// Indexes of the columns in the images, in table order.
@@ -101,8 +104,32 @@ impl RelationPlan {
         types: &TypeRegistry,
         transformations: bool,
     ) -> Result<Self, CdcError> {
-        let cols: Vec<ColumnInfo> =
-            relation.columns.iter().map(|c| ColumnInfo::new(c.name.clone(), types.kind(c.type_oid))).collect();
+        Self::with_aliases(relation, config, types, transformations, Vec::new())
+    }
+
+    /// [`RelationPlan::new`] for a relation of an earlier version of the table: `aliases` gives,
+    /// per column, the name it has now when it had another then (see
+    /// [`crate::schema::History::aliases`]). The config names columns as they are now, so it is
+    /// matched through these; the events keep the names of their version.
+    pub fn with_aliases(
+        relation: Relation,
+        config: Arc<CaptureConfig>,
+        types: &TypeRegistry,
+        transformations: bool,
+        aliases: Vec<Option<String>>,
+    ) -> Result<Self, CdcError> {
+        let names: Vec<String> = relation
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| aliases.get(i).cloned().flatten().unwrap_or_else(|| c.name.clone()))
+            .collect();
+        let cols: Vec<ColumnInfo> = relation
+            .columns
+            .iter()
+            .zip(&names)
+            .map(|(c, name)| ColumnInfo::new(name.clone(), types.kind(c.type_oid)))
+            .collect();
         let (filter, branches) = match &config.filter {
             Some(text) => {
                 let parsed = expr::parse(text)?;
@@ -120,12 +147,12 @@ impl RelationPlan {
         } else {
             Vec::new()
         };
-        let index = |name: &str| relation.columns.iter().position(|c| c.name == name);
-        let included = (0..relation.columns.len()).filter(|&i| config.includes(&relation.columns[i].name)).collect();
+        let index = |name: &str| names.iter().position(|c| c == name);
+        let included = (0..relation.columns.len()).filter(|&i| config.includes(&names[i])).collect();
         let key = config.key_columns.iter().filter_map(|k| index(k)).collect();
         let partition = config.partition_key.as_deref().and_then(index);
         let partition_key = config.partition_key.clone();
-        let redact: Vec<Option<Method>> = relation.columns.iter().map(|c| config.redaction(&c.name)).collect();
+        let redact: Vec<Option<Method>> = names.iter().map(|c| config.redaction(c)).collect();
         let compliance = config.compliance.as_ref().map(|_| {
             let mut out = Vec::new();
             for (field, method) in [
@@ -166,6 +193,7 @@ impl RelationPlan {
         let (schema, table) = (Arc::from(relation.namespace.as_str()), Arc::from(relation.name.as_str()));
         Ok(RelationPlan {
             relation,
+            names,
             config,
             included,
             key,
@@ -196,7 +224,7 @@ impl RelationPlan {
     /// the events must not show in their keys, and one hidden with `remove` or `redact` would give
     /// every row the same key.
     pub fn override_partition_key(&mut self, column: &str) {
-        if let Some(i) = self.relation.columns.iter().position(|c| c.name == column) {
+        if let Some(i) = self.names.iter().position(|c| c == column) {
             if self.included.contains(&i) && !matches!(self.redact[i], Some(Method::Remove | Method::Redact)) {
                 self.partition = Some(i);
                 self.partition_key = Some(column.to_string());
@@ -250,7 +278,7 @@ impl RelationPlan {
                     k
                 })
                 .collect();
-            let source = self.relation.columns.iter().position(|c| c.name == e.source_column);
+            let source = self.names.iter().position(|c| *c == e.source_column);
             plans.push(EnrichPlan { id, source, keys, types: b.add_types.clone() });
         }
         self.partition_enriched = match (&self.partition_key, self.partition) {

@@ -101,6 +101,17 @@ pub enum PipelineError {
         /// What is missing.
         reason: String,
     },
+    /// A relation names a column the table's schema history, as the worker read it, does not have
+    /// at that position: a DDL committed after the history was read. The sink reads the catalog
+    /// again and retries; nothing is published with a config it cannot match.
+    SchemaBehind {
+        /// The table, `schema.name`.
+        table: String,
+        /// LSN of the relation.
+        lsn: Lsn,
+        /// The column.
+        column: String,
+    },
 }
 
 impl std::fmt::Display for PipelineError {
@@ -108,6 +119,10 @@ impl std::fmt::Display for PipelineError {
         match self {
             PipelineError::Decode { lsn, error } => write!(f, "at LSN {lsn}: {error}"),
             PipelineError::Protocol { lsn, reason } => write!(f, "at LSN {lsn}: {reason}"),
+            PipelineError::SchemaBehind { table, lsn, column } => write!(
+                f,
+                "table {table}: column \"{column}\" at LSN {lsn} is not in the schema history read so far; reading it again"
+            ),
             PipelineError::Config { table, reason } | PipelineError::Compliance { table, reason } => {
                 write!(f, "table {table}: {reason}")
             }
@@ -715,11 +730,21 @@ impl Assembler {
                 self.lookups.relation(&rel);
                 if let Some(cfg) = tables.get(&rel.oid) {
                     let table = format!("{}.{}", rel.namespace, rel.name);
-                    let mut plan = RelationPlan::new(rel, cfg.clone(), types, self.transformations).map_err(|e| {
-                        PipelineError::Config {
-                            table: table.clone(),
-                            reason: format!("its capture config no longer fits it: {e}"),
+                    let aliases = match &cfg.history {
+                        Some(h) => {
+                            let names: Vec<&str> = rel.columns.iter().map(|c| c.name.as_str()).collect();
+                            h.aliases(lsn, &names).map_err(|b| PipelineError::SchemaBehind {
+                                table: table.clone(),
+                                lsn,
+                                column: b.column,
+                            })?
                         }
+                        None => Vec::new(),
+                    };
+                    let mut plan = RelationPlan::with_aliases(rel, cfg.clone(), types, self.transformations, aliases)
+                        .map_err(|e| PipelineError::Config {
+                        table: table.clone(),
+                        reason: format!("its capture config no longer fits it: {e}"),
                     })?;
                     if let Some(column) = &self.partition_key {
                         plan.override_partition_key(column);

@@ -63,6 +63,7 @@ impl Failure {
     fn pipeline(e: PipelineError) -> Failure {
         match e {
             PipelineError::Config { .. } => Failure::new(SinkState::Error, e.to_string()),
+            PipelineError::SchemaBehind { .. } => Failure::new(SinkState::Retrying, e.to_string()),
             PipelineError::Compliance { .. } => {
                 Failure { compliance: true, ..Failure::new(SinkState::Error, e.to_string()) }
             }

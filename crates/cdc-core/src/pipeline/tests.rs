@@ -812,3 +812,70 @@ fn a_snapshot_chunk_is_one_transaction_of_read_events_through_the_same_stages() 
     let stream = Assembler::new("golden").process(&fr, &sink, &types).unwrap();
     assert_eq!(events(&out.transactions[..out.transactions.len() - 1]), events(&stream.transactions));
 }
+
+/// A column renamed after its changes were written (issue 15, "renames never leak"): the config
+/// names it as it is now, the stream's relation as it was; the history matches the two by
+/// attribute number, so the old name is redacted and included as the new one says, and the
+/// events keep the name of their version.
+#[test]
+fn a_config_follows_a_renamed_column_through_the_history() {
+    use crate::redact::{hash, Method};
+    use crate::schema::{Field, History};
+    let fr = frames("basic");
+    let oids = relation_oids(&fr);
+    let orders = fr
+        .iter()
+        .find_map(|f| match decode(&f.data) {
+            Ok(Message::Relation(r)) if r.name == "orders" => Some(r),
+            _ => None,
+        })
+        .unwrap();
+    let then: Vec<Field> = orders
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Field {
+            attnum: i as i16 + 1,
+            name: c.name.clone(),
+            type_sql: String::new(),
+            type_oid: c.type_oid,
+            typmod: c.type_mod,
+            not_null: false,
+            default: None,
+            missing: None,
+        })
+        .collect();
+    let mut now = then.clone();
+    now.iter_mut().find(|c| c.name == "customer_id").unwrap().name = "client_id".into();
+    // The capture config after the rename: it names client_id.
+    let renamed_config = || {
+        let mut c = orders_config();
+        c.include_columns = None;
+        c.exclude_columns = vec!["internal_notes".into()];
+        c.redactions = vec![("client_id".into(), Method::Hash)];
+        c
+    };
+    let run_with = |history: Option<History>| {
+        let mut c = renamed_config();
+        c.history = history.map(Arc::new);
+        let sink: SinkTables = [(oids["orders"], Arc::new(c))].into_iter().collect();
+        events(&Assembler::new("golden").process(&fr, &sink, &types("basic")).unwrap().transactions)
+    };
+    // Version 1 before every frame of the capture, version 2 (the rename) after them.
+    let history = History::new(vec![(Lsn(1), then.clone()), (Lsn(u64::MAX), now)]);
+    let ev = run_with(Some(history));
+    assert_eq!(ev[0].1["after"]["customer_id"], json!(hash(b"CUST-789")), "redacted under its old name");
+    assert!(ev[0].1["after"].get("client_id").is_none(), "the event has the columns of its version");
+    // Negative control: without the history the old name matches nothing in the config and the
+    // value goes out in the clear, which is what a rename did before.
+    let ev = run_with(None);
+    assert_eq!(ev[0].1["after"]["customer_id"], json!("CUST-789"));
+    // A history that lacks the relation's column at its position (a DDL read later): the sink
+    // retries rather than guess.
+    let behind = History::new(vec![(Lsn(1), vec![then[0].clone()])]);
+    let mut c = renamed_config();
+    c.history = Some(Arc::new(behind));
+    let sink: SinkTables = [(oids["orders"], Arc::new(c))].into_iter().collect();
+    let err = Assembler::new("golden").process(&fr, &sink, &types("basic")).unwrap_err();
+    assert!(matches!(err, PipelineError::SchemaBehind { .. }), "{err}");
+}

@@ -1,0 +1,102 @@
+"""Schema evolution end to end (issue 15): a RENAME COLUMN never lets a column the capture config
+hides, excludes or filters on out under its new name — neither the changes written after the
+rename nor those written before it and decoded after (the same transaction, so the worker reads them
+with the config that already names the new column).
+
+The oracle is the capture config's intent and the values the test wrote: no value of a redacted or
+excluded column may appear in any event, under any name."""
+import json
+
+import pytest
+
+from conftest import wait_for
+
+
+@pytest.fixture
+def table_sink(pg):
+    added = []
+
+    def add(name, table, tables):
+        pg.execute("SELECT cdc_add_sink(%s, 'table', %s::jsonb)",
+                   (name, json.dumps({"table": table, "tables": tables, "snapshot_mode": "never"})))
+        added.append((name, table))
+        return table
+
+    yield add
+    for name, table in added:
+        pg.execute("SELECT cdc_drop_sink(%s) FROM _cdc_sinks WHERE sink_name = %s", (name, name))
+        pg.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def events(pg, table, n):
+    wait_for(lambda: pg.execute(f"SELECT count(*) FROM {table}").fetchone()[0] >= n, timeout=60,
+             what=f"{n} events in {table}")
+    return [r[0] for r in pg.execute(f"SELECT event FROM {table} ORDER BY event_id").fetchall()]
+
+
+def test_a_renamed_column_keeps_its_redaction_exclusion_and_filter(pg, table_sink, unique):
+    t = f"ren_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, email text, secret text, status text)")
+    pg.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, json.dumps({
+        "compliance": {"redact_pii": True, "pii_columns": ["email"], "redaction_method": "redact"},
+        "exclude_columns": ["secret"],
+        "filter": "status <> 'draft'",
+    })))
+    sink_table = table_sink(f"ren_{unique}", f"ren_events_{unique}", [t])
+
+    # Before, in the renaming transaction on both sides of the DDL, and after.
+    pg.execute(f"INSERT INTO {t} VALUES (1, 'one@example.com', 'secret-1', 'open')")
+    with pg.transaction():
+        pg.execute(f"INSERT INTO {t} VALUES (2, 'two@example.com', 'secret-2', 'open')")
+        pg.execute(f"INSERT INTO {t} VALUES (20, 'draft@example.com', 'secret-20', 'draft')")
+        pg.execute(f"ALTER TABLE {t} RENAME COLUMN email TO mail")
+        pg.execute(f"ALTER TABLE {t} RENAME COLUMN secret TO hidden")
+        pg.execute(f"ALTER TABLE {t} RENAME COLUMN status TO state")
+        pg.execute(f"INSERT INTO {t} VALUES (3, 'three@example.com', 'secret-3', 'open')")
+        pg.execute(f"INSERT INTO {t} VALUES (30, 'draft3@example.com', 'secret-30', 'draft')")
+    pg.execute(f"INSERT INTO {t} VALUES (4, 'four@example.com', 'secret-4', 'open')")
+    pg.execute(f"UPDATE {t} SET mail = 'four-new@example.com', state = 'closed' WHERE id = 4")
+
+    evs = events(pg, sink_table, 5)
+    text = json.dumps(evs)
+    for leaked in ["example.com", "secret-"]:
+        assert leaked not in text, f"{leaked!r} published: {text}"
+    afters = [(e["after"]["id"], e["after"]) for e in evs]
+    assert [i for i, _ in afters] == [1, 2, 3, 4, 4], "drafts are filtered out before and after the rename"
+    # Each event has the columns of its version: the old names before the DDL, the new ones after.
+    assert afters[0][1] == {"id": 1, "email": "[REDACTED]", "status": "open"}
+    assert afters[1][1] == {"id": 2, "email": "[REDACTED]", "status": "open"}
+    assert afters[2][1] == {"id": 3, "mail": "[REDACTED]", "state": "open"}
+    assert afters[4][1] == {"id": 4, "mail": "[REDACTED]", "state": "closed"}
+    assert evs[1]["compliance"]["pii_redacted"] == ["email"]
+    assert evs[2]["compliance"]["pii_redacted"] == ["mail"]
+
+    # The config followed the renames, and the history has them.
+    cfg = pg.execute("SELECT config FROM _cdc_publications WHERE table_oid = %s::regclass", (t,)).fetchone()[0]
+    assert cfg["compliance"]["pii_columns"] == ["mail"]
+    assert cfg["exclude_columns"] == ["hidden"]
+    assert cfg["filter"] == "state <> 'draft'"
+    history = pg.execute("SELECT cdc_schema_history(%s)", (t,)).fetchone()[0]
+    renames = [c for v in history["schema_versions"] for c in v.get("changes", [])]
+    assert renames == [{"type": "RENAME_FIELD", "from": "email", "field": "mail"},
+                       {"type": "RENAME_FIELD", "from": "secret", "field": "hidden"},
+                       {"type": "RENAME_FIELD", "from": "status", "field": "state"}]
+    state = pg.execute("SELECT state FROM _cdc_sinks WHERE sink_name = %s", (f"ren_{unique}",)).fetchone()[0]
+    assert state == "running"
+
+
+def test_a_renamed_key_column_keeps_keying_the_events(pg, table_sink, unique):
+    t = f"renkey_{unique}"
+    pg.execute(f"CREATE TABLE {t} (code text PRIMARY KEY, v int)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    sink_table = table_sink(f"renkey_{unique}", f"renkey_events_{unique}", [t])
+    with pg.transaction():
+        pg.execute(f"INSERT INTO {t} VALUES ('a', 1)")
+        pg.execute(f"ALTER TABLE {t} RENAME COLUMN code TO sku")
+        pg.execute(f"INSERT INTO {t} VALUES ('b', 2)")
+    pg.execute(f"DELETE FROM {t} WHERE sku = 'a'")
+    events(pg, sink_table, 3)
+    keys = [r[0] for r in pg.execute(f"SELECT event_key FROM {sink_table} ORDER BY event_id").fetchall()]
+    assert keys == [{"code": "a"}, {"sku": "b"}, {"sku": "a"}]
+    assert pg.execute("SELECT key_columns FROM _cdc_publications WHERE table_oid = %s::regclass",
+                      (t,)).fetchone()[0] == ["sku"]
