@@ -18,13 +18,16 @@ deps:
 install: deps
 	@scripts/install-ext.sh
 
-## up: start PostgreSQL 15 (pg_cdc preloaded), a single-node Kafka and a local Kinesis server; restarts PostgreSQL when the extension changed
+## up: start PostgreSQL 15 (pg_cdc preloaded), a single-node Kafka, a local Kinesis server and the schema
+## registry stand-in; restarts PostgreSQL when the extension changed
 up: install
 	@scripts/pg.sh start-fresh
 	@scripts/kafka.sh start
 	@scripts/kinesis.sh start
+	@scripts/schema-registry.sh start
 
 down:
+	@scripts/schema-registry.sh stop
 	@scripts/kinesis.sh stop
 	@scripts/kafka.sh stop
 	@scripts/pg.sh stop

@@ -114,12 +114,7 @@ kafka_tool() {
 # The pid of the running broker, if the pid file names a live kafka.Kafka process.
 # Checking the command line guards against a stale pid file whose pid was reused.
 service_pid() {
-  [ -f "$pid_file" ] || return 1
-  local pid
-  pid="$(cat "$pid_file" 2>/dev/null)" || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q ' kafka\.Kafka ' || return 1
-  echo "$pid"
+  pid_matching ' kafka\.Kafka '
 }
 
 # True when the broker answers a metadata request and lists itself. Uses the Python client when

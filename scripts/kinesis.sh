@@ -132,12 +132,7 @@ write_settings() {  # file
 # The pid of the running server, if the pid file names a live `node .../kinesis-local/main.js`.
 # Checking the command line guards against a stale pid file whose pid was reused.
 service_pid() {
-  [ -f "$pid_file" ] || return 1
-  local pid
-  pid="$(cat "$pid_file" 2>/dev/null)" || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kinesis-local/main\.js' || return 1
-  echo "$pid"
+  pid_matching 'kinesis-local/main\.js'
 }
 
 # True when the plain port answers a real, (dummy-)signed ListStreams with 200 and a stream list.

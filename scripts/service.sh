@@ -20,6 +20,18 @@ set_run_as_prefix() {  # user
   fi
 }
 
+# Prints the pid in $pid_file if that process is alive and its command line matches the extended
+# regular expression $1: checking the command line guards against a stale pid file whose pid was
+# reused by another program.
+pid_matching() {  # cmdline-pattern
+  [ -f "$pid_file" ] || return 1
+  local pid
+  pid="$(cat "$pid_file" 2>/dev/null)" || return 1
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qE "$1" || return 1
+  echo "$pid"
+}
+
 port_open() {  # host port
   (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
 }

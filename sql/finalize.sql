@@ -12,6 +12,7 @@ REVOKE EXECUTE ON FUNCTION cdc_snapshot(regclass, text, boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_cancel_snapshot(regclass, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_schema_history(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_force_schema_break(regclass) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_check_compatibility(regclass, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION _cdc_schema_changed(oid[]) FROM PUBLIC;
 
 -- Consumes an in-database sink's events in commit order: returns up to max_events events after

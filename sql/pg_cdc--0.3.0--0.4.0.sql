@@ -146,6 +146,9 @@ REVOKE EXECUTE ON FUNCTION @extschema@.cdc_schema_history(regclass) FROM PUBLIC;
 CREATE FUNCTION @extschema@.cdc_force_schema_break(table_name regclass) RETURNS jsonb
 VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_force_schema_break_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.cdc_force_schema_break(regclass) FROM PUBLIC;
+CREATE FUNCTION @extschema@.cdc_check_compatibility(table_name regclass, proposed_change text) RETURNS jsonb
+VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_check_compatibility_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.cdc_check_compatibility(regclass, text) FROM PUBLIC;
 
 -- A dropped table's history goes with it.
 CREATE OR REPLACE FUNCTION @extschema@._cdc_forget_dropped_tables() RETURNS event_trigger

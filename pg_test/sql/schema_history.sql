@@ -78,6 +78,24 @@ ALTER TABLE items ALTER COLUMN qty SET NOT NULL;
 ALTER TABLE items ALTER COLUMN qty TYPE bigint;
 SELECT version, changes, compatibility, checked_against FROM history('items');
 
+-- cdc_check_compatibility: the product description's check, then one that passes and several at
+-- once; nothing changes.
+SELECT jsonb_pretty(cdc_check_compatibility(table_name => 'orders', proposed_change => 'ADD COLUMN priority VARCHAR(10) NOT NULL'));
+SELECT cdc_enable('orders', '{"schema_evolution": {"compatibility_mode": "full"}}') IS NOT NULL AS enabled;
+SELECT jsonb_pretty(cdc_check_compatibility('orders', 'ADD COLUMN priority VARCHAR(10) NOT NULL'));
+SELECT c->'compatibility_check' AS check, c->'compatibility' AS compatibility, c->'recommendation' AS recommendation
+  FROM cdc_check_compatibility('orders', 'ADD COLUMN priority VARCHAR(10) DEFAULT ''normal''') c;
+SELECT c->'compatibility_check' AS check, jsonb_path_query_array(c, '$.changes[*].type') AS changes,
+       jsonb_path_query_array(c, '$.issues[*].issue') AS issues
+  FROM cdc_check_compatibility('orders', 'DROP COLUMN total, RENAME COLUMN state TO status, ALTER COLUMN quantity TYPE bigint') c;
+SELECT max(version) AS versions_unchanged FROM history('orders');
+SELECT cdc_check_compatibility('orders', 'ADD CONSTRAINT c CHECK (total > 0)'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_check_compatibility('orders', 'ADD COLUMN x int; DROP TABLE orders'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_check_compatibility('orders', 'ADD COLUM x int'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_check_compatibility('orders', 'DROP COLUMN nope'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_check_compatibility('orders', 'ADD COLUMN x widget'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_check_compatibility('orders', NULL); \echo SQLSTATE :SQLSTATE
+
 -- Errors.
 SELECT cdc_schema_history(NULL); \echo SQLSTATE :SQLSTATE
 CREATE TABLE not_captured (id int PRIMARY KEY);

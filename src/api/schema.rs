@@ -24,11 +24,14 @@ fn fields_of(v: &Value) -> Vec<Field> {
     v.as_array().map(|a| a.iter().filter_map(Field::from_json).collect()).unwrap_or_default()
 }
 
+/// The table's capture config; `None` when it is not captured.
+fn config_of(schema: &str, oid: pg_sys::Oid) -> Option<Value> {
+    catalog::json(&format!("SELECT config FROM {schema}._cdc_publications WHERE table_oid = $1"), &[oid.into()])
+}
+
 /// The table's `schema_evolution` settings, from its capture config.
 fn evolution(schema: &str, oid: pg_sys::Oid) -> Option<cdc_core::config::SchemaEvolution> {
-    let config =
-        catalog::json(&format!("SELECT config FROM {schema}._cdc_publications WHERE table_oid = $1"), &[oid.into()])?;
-    Some(cdc_core::config::schema_evolution_of(&config).or_raise())
+    Some(cdc_core::config::schema_evolution_of(&config_of(schema, oid)?).or_raise())
 }
 
 /// Whether the catalog has the schema history: not before `ALTER EXTENSION pg_cdc UPDATE` brought
@@ -117,15 +120,7 @@ fn record_change(schema: &str, oid: pg_sys::Oid) {
     let table = catalog::str_field(&row, "name").to_string();
     // Columns the events never carry do not concern consumers.
     let config = row.get("config").cloned().unwrap_or(Value::Null);
-    let excluded = catalog::strings_field(&config, "exclude_columns");
-    let included = config.get("include_columns").map(|_| catalog::strings_field(&config, "include_columns"));
-    let carried = |name: &str| {
-        !excluded.iter().any(|c| c == name) && included.as_ref().is_none_or(|i| i.iter().any(|c| c == name))
-    };
-    let found: Vec<rules::Issue> = rules::issues(&table, &changes)
-        .into_iter()
-        .filter(|i| carried(&i.field) || changes.iter().any(|c| renamed_from(c, &i.field).is_some_and(&carried)))
-        .collect();
+    let found = relevant_issues(&config, &changes, rules::issues(&table, &changes));
     let violated = rules::violations(evolution.mode, &found);
     let mut forced = false;
     if !violated.is_empty() {
@@ -154,6 +149,8 @@ fn record_change(schema: &str, oid: pg_sys::Oid) {
                 .report(PgLogLevel::WARNING);
         }
     }
+    carry_config_along(schema, oid, &table, &config, &changes);
+    crate::worker::launcher::catalog_changed();
     catalog::run(
         &format!(
             "INSERT INTO {schema}._cdc_schema_versions (table_oid, version, lsn, fields, changes, compatibility, mode, forced)
@@ -169,6 +166,55 @@ fn record_change(schema: &str, oid: pg_sys::Oid) {
             forced.into(),
         ],
     );
+}
+
+/// A RENAME COLUMN of a column the capture config names: the config (and the resolved key)
+/// follows it to the new name, in the DDL's transaction. The worker matches the config with the
+/// columns of every version by attribute number through the history, so changes written before
+/// the rename (named the old way) are redacted, excluded and keyed as the config says too.
+fn carry_config_along(schema: &str, oid: pg_sys::Oid, table: &str, config: &Value, changes: &[rules::Change]) {
+    let mut config = config.clone();
+    let mut moved = Vec::new();
+    for c in changes {
+        if let rules::Change::RenameField { from, to } = c {
+            if let Some(next) = rules::rename_in_config(&config, &from.name, &to.name) {
+                config = next;
+                moved.push(format!("{} to {}", from.name, to.name));
+            }
+            catalog::run(
+                &format!(
+                    "UPDATE {schema}._cdc_publications SET key_columns = array_replace(key_columns, $2, $3)
+                      WHERE table_oid = $1 AND $2 = ANY (key_columns)"
+                ),
+                &[oid.into(), from.name.as_str().into(), to.name.as_str().into()],
+            );
+        }
+    }
+    if moved.is_empty() {
+        return;
+    }
+    catalog::run(
+        &format!("UPDATE {schema}._cdc_publications SET config = $2 WHERE table_oid = $1"),
+        &[oid.into(), JsonB(config).into()],
+    );
+    pgrx::notice!("pg_cdc: the capture config of {table} follows the rename of {}", moved.join(", "));
+}
+
+/// The issues that concern consumers: those of columns the events carry (not in
+/// `exclude_columns`, and in `include_columns` when it is set), by the name the consumers knew.
+fn relevant_issues(config: &Value, changes: &[rules::Change], issues: Vec<rules::Issue>) -> Vec<rules::Issue> {
+    let excluded = catalog::strings_field(config, "exclude_columns");
+    let included = config.get("include_columns").map(|_| catalog::strings_field(config, "include_columns"));
+    let carried = |name: &str| {
+        !excluded.iter().any(|c| c == name) && included.as_ref().is_none_or(|i| i.iter().any(|c| c == name))
+    };
+    issues
+        .into_iter()
+        .filter(|i| {
+            let then = changes.iter().find_map(|c| renamed_from(c, &i.field)).unwrap_or(&i.field);
+            carried(then)
+        })
+        .collect()
 }
 
 /// The old name of a renamed column, when `c` renames to `name`.
@@ -193,12 +239,8 @@ fn cdc_schema_history(table_name: Option<pg_sys::Oid>) -> JsonB {
     let oid = required(table_name, "table_name");
     let schema = schema();
     require_history(&schema);
-    let Some(evolution) = evolution(&schema, oid) else {
-        raise(
-            CdcError::new(ErrorKind::PrerequisiteState, format!("table {} is not captured", table_display_name(oid)))
-                .hint("Enable capture with cdc_enable; its history starts then."),
-        )
-    };
+    let evolution = evolution(&schema, oid)
+        .unwrap_or_else(|| super::not_captured(oid, "Enable capture with cdc_enable; its history starts then."));
     let versions = catalog::json(
         &format!(
             "SELECT coalesce(jsonb_agg(jsonb_build_object(
@@ -275,12 +317,8 @@ fn cdc_force_schema_break(table_name: Option<pg_sys::Oid>) -> JsonB {
     let oid = required(table_name, "table_name");
     let schema = schema();
     require_history(&schema);
-    let Some(evolution) = evolution(&schema, oid) else {
-        raise(
-            CdcError::new(ErrorKind::PrerequisiteState, format!("table {} is not captured", table_display_name(oid)))
-                .hint("Only captured tables have a compatibility mode to break."),
-        )
-    };
+    let evolution = evolution(&schema, oid)
+        .unwrap_or_else(|| super::not_captured(oid, "Only captured tables have a compatibility mode to break."));
     if evolution.mode == Mode::None {
         pgrx::notice!(
             "table {} has compatibility_mode none: no change is checked, so there is nothing to let through",
@@ -295,4 +333,79 @@ fn cdc_force_schema_break(table_name: Option<pg_sys::Oid>) -> JsonB {
         &[oid.into()],
     );
     cdc_schema_history(Some(oid))
+}
+
+/// Resolves a type as SQL writes it with PostgreSQL's own parser: (OID, typmod, format_type).
+fn resolve_type(text: &str) -> Option<(u32, i32, String)> {
+    let c = std::ffi::CString::new(text).ok()?;
+    let mut oid = pg_sys::InvalidOid;
+    let mut typmod: i32 = -1;
+    // SAFETY: a NUL-terminated string and two out-parameters; missing_ok, so an unknown type
+    // gives InvalidOid (a malformed one raises PostgreSQL's syntax error, which is the answer).
+    unsafe { pg_sys::parseTypeString(c.as_ptr(), &mut oid, &mut typmod, true) };
+    if oid == pg_sys::InvalidOid {
+        return None;
+    }
+    let name = catalog::select_one::<String>("SELECT format_type($1, $2)", &[oid.into(), typmod.into()])?;
+    Some((oid.to_u32(), typmod, name))
+}
+
+/// Checks a proposed column change against a captured table's schema history and its
+/// `compatibility_mode`, and changes nothing: whether it would pass, the changes it makes, the
+/// issues with what breaks and how to avoid it, and a recommendation. `proposed_change` is the
+/// column part of an ALTER TABLE (several separated by commas), parsed with the SQL parser
+/// pg_cdc's filters use; it is never run.
+///
+/// ```sql
+/// SELECT cdc_check_compatibility('orders', 'ADD COLUMN priority VARCHAR(10) NOT NULL');
+/// ```
+#[pg_extern(sql = r#"
+CREATE FUNCTION cdc_check_compatibility(table_name regclass, proposed_change text) RETURNS jsonb
+VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
+"#)]
+fn cdc_check_compatibility(table_name: Option<pg_sys::Oid>, proposed_change: Option<&str>) -> JsonB {
+    let oid = required(table_name, "table_name");
+    let proposed = required(proposed_change, "proposed_change");
+    let schema = schema();
+    require_history(&schema);
+    let evolution = evolution(&schema, oid)
+        .unwrap_or_else(|| super::not_captured(oid, "Only captured tables have consumers to keep compatible."));
+    let table = table_display_name(oid);
+    let version = catalog::select_one::<i32>(
+        &format!("SELECT max(version) FROM {schema}._cdc_schema_versions WHERE table_oid = $1"),
+        &[oid.into()],
+    );
+    let now = current_fields(&schema, oid);
+    let after = rules::propose(&now, proposed, &resolve_type).or_raise();
+    let changes = rules::diff(&now, &after);
+    let config = config_of(&schema, oid).unwrap_or(Value::Null);
+    let found = relevant_issues(&config, &changes, rules::issues(&table, &changes));
+    let violated = rules::violations(evolution.mode, &found);
+    let issues: Vec<Value> = violated
+        .iter()
+        .map(|i| {
+            json!({
+                "issue": i.title,
+                "detail": i.detail,
+                "breaks": match i.direction { rules::Direction::Backward => "backward", rules::Direction::Forward => "forward" },
+                // Which consumers read which version is not known yet (see cdc_schema_history): none
+                // is named rather than any invented.
+                "affected_consumers": [],
+                "fix": i.fix,
+            })
+        })
+        .collect();
+    let recommendation = violated.iter().find_map(|i| i.statement.clone());
+    JsonB(json!({
+        "compatibility_check": if violated.is_empty() { "PASSED" } else { "FAILED" },
+        "proposed_change": proposed,
+        "table": table,
+        "compatibility_mode": evolution.mode.as_str(),
+        "enforce": evolution.enforce,
+        "current_version": version,
+        "changes": changes.iter().map(rules::Change::to_json).collect::<Vec<_>>(),
+        "compatibility": rules::compatibility(&found),
+        "issues": issues,
+        "recommendation": recommendation,
+    }))
 }

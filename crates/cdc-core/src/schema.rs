@@ -30,6 +30,11 @@
 //! | DROP NOT NULL | yes | no (an old reader gets nulls it cannot hold) |
 //! | change a default | yes | yes |
 use serde_json::{json, Value};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::keywords::Keyword;
+use sqlparser::tokenizer::{Token, Tokenizer};
+
+use crate::{CdcError, CdcResult, ErrorKind, Lsn};
 
 /// One column of a captured table, as the schema history records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -254,6 +259,8 @@ pub struct Issue {
     pub detail: String,
     /// How to avoid it.
     pub fix: String,
+    /// The statement that avoids it, when one does.
+    pub statement: Option<String>,
 }
 
 /// How a type's values are encoded for a consumer: types in one family share an encoding and
@@ -342,7 +349,9 @@ fn sample_default(f: &Field) -> &'static str {
 pub fn issues(table: &str, changes: &[Change]) -> Vec<Issue> {
     let mut out = Vec::new();
     let mut push = |direction, field: &str, title, detail: String, fix: String| {
-        out.push(Issue { direction, field: field.to_string(), title, detail, fix })
+        // A fix that is a statement: "<what>: ALTER TABLE ...".
+        let statement = fix.find("ALTER TABLE").map(|i| fix[i..].to_string());
+        out.push(Issue { direction, field: field.to_string(), title, detail, fix, statement })
     };
     for c in changes {
         match c {
@@ -364,7 +373,7 @@ pub fn issues(table: &str, changes: &[Change]) -> Vec<Issue> {
                 "Required field removed",
                 format!("Field '{}' is removed but is required and has no default", field.name),
                 format!(
-                    "Make it optional first (ALTER TABLE {table} ALTER COLUMN {} DROP NOT NULL) and let consumers move on",
+                    "Make it optional first and let consumers move on: ALTER TABLE {table} ALTER COLUMN {} DROP NOT NULL",
                     field.name
                 ),
             ),
@@ -519,6 +528,305 @@ pub fn break_report(table: &str, version: i32, violated: &[&Issue]) -> (String, 
     hint.push(format!("1. {fix}"));
     hint.push(format!("2. Force break: SELECT cdc_force_schema_break('{table}')"));
     (message, detail.join("\n"), hint.join("\n"))
+}
+
+/// A table's schema history as the worker reads it: each version's columns from the WAL
+/// position it was recorded at. It lets the capture config, which names columns as the table has
+/// them now, find them in a relation of any earlier version (by attribute number), so a column
+/// renamed after its change was written is still redacted, excluded or keyed as the config says.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct History {
+    /// (recorded at, columns), ascending.
+    versions: Vec<(Lsn, Vec<Field>)>,
+}
+
+/// A relation whose columns the history does not know at its position: a version recorded
+/// after the history was read (read it again), or a history that does not fit the stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Behind {
+    /// The column the history lacks.
+    pub column: String,
+}
+
+impl History {
+    /// A history from its versions, in any order.
+    pub fn new(mut versions: Vec<(Lsn, Vec<Field>)>) -> History {
+        versions.sort_by_key(|(lsn, _)| *lsn);
+        History { versions }
+    }
+
+    /// The number of versions.
+    pub fn len(&self) -> usize {
+        self.versions.len()
+    }
+
+    /// Whether it has no version.
+    pub fn is_empty(&self) -> bool {
+        self.versions.is_empty()
+    }
+
+    /// For each column of a relation pgoutput sent at `lsn` (a change of a transaction), the
+    /// name the column has now, when it had another one then; empty when no column was renamed
+    /// since. A relation older than the history (its backlog from before the upgrade that added
+    /// it) is taken as it is.
+    pub fn aliases(&self, lsn: Lsn, columns: &[&str]) -> Result<Vec<Option<String>>, Behind> {
+        let Some((_, latest)) = self.versions.last() else { return Ok(Vec::new()) };
+        // The version in force: the last one recorded before the change (a DDL records its
+        // version before it commits, holding the table's lock, so no change of another
+        // transaction falls between the two).
+        let Some((_, then)) = self.versions.iter().rev().find(|(at, _)| *at < lsn) else { return Ok(Vec::new()) };
+        let mut out = Vec::with_capacity(columns.len());
+        let mut renamed = false;
+        for &name in columns {
+            let Some(field) = then.iter().find(|f| f.name == name) else {
+                return Err(Behind { column: name.to_string() });
+            };
+            let now = latest.iter().find(|f| f.attnum == field.attnum).map(|f| &f.name);
+            match now {
+                Some(n) if n != name => {
+                    renamed = true;
+                    out.push(Some(n.clone()));
+                }
+                _ => out.push(None),
+            }
+        }
+        Ok(if renamed { out } else { Vec::new() })
+    }
+}
+
+/// `name` as an identifier in an expression: bare when PostgreSQL would read it back unchanged.
+fn quote_ident(name: &str) -> String {
+    let simple = name.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    let keyword = Tokenizer::new(&PostgreSqlDialect {}, name)
+        .tokenize()
+        .ok()
+        .and_then(|t| t.into_iter().next())
+        .is_some_and(|t| matches!(t, Token::Word(w) if w.keyword != Keyword::NoKeyword));
+    if simple && !keyword {
+        name.to_string()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
+}
+
+/// A filter or computed-column expression with the column `from` renamed to `to`: every
+/// identifier that names it (unquoted ones fold to lower case, as PostgreSQL reads them), not a
+/// function's name; the rest of the text stays as the user wrote it. `None` when it does not
+/// name the column (or does not tokenize: it was validated when stored, so that does not happen).
+pub fn rename_in_expression(text: &str, from: &str, to: &str) -> Option<String> {
+    let tokens = Tokenizer::new(&PostgreSqlDialect {}, text).tokenize_with_location().ok()?;
+    // Byte offset of each line's start (locations are 1-based lines and characters).
+    let starts: Vec<usize> =
+        std::iter::once(0).chain(text.char_indices().filter(|(_, c)| *c == '\n').map(|(i, _)| i + 1)).collect();
+    let offset = |line: u64, column: u64| -> Option<usize> {
+        let start = *starts.get(usize::try_from(line).ok()?.checked_sub(1)?)?;
+        let col = usize::try_from(column).ok()?.checked_sub(1)?;
+        Some(text[start..].char_indices().nth(col).map_or(text.len(), |(i, _)| start + i))
+    };
+    let significant = |i: usize, step: isize| {
+        let mut j = i as isize + step;
+        while j >= 0 && (j as usize) < tokens.len() {
+            if !matches!(tokens[j as usize].token, Token::Whitespace(_)) {
+                return Some(&tokens[j as usize].token);
+            }
+            j += step;
+        }
+        None
+    };
+    let mut spans = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        let Token::Word(w) = &t.token else { continue };
+        let names_it = match w.quote_style {
+            Some('"') => w.value == from,
+            None => w.value.to_lowercase() == from,
+            Some(_) => false,
+        };
+        if !names_it
+            || matches!(significant(i, 1), Some(Token::LParen))
+            || matches!(significant(i, -1), Some(Token::Period))
+        {
+            continue;
+        }
+        spans.push((offset(t.span.start.line, t.span.start.column)?, offset(t.span.end.line, t.span.end.column)?));
+    }
+    if spans.is_empty() {
+        return None;
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut at = 0;
+    for (a, b) in spans {
+        out.push_str(&text[at..a]);
+        out.push_str(&quote_ident(to));
+        at = b;
+    }
+    out.push_str(&text[at..]);
+    Some(out)
+}
+
+/// A capture config (as `cdc_enable` stored it) with the column `from` renamed to `to` wherever
+/// it names it: the column lists, `key_columns`, `partition_key`, `pii_columns`, each
+/// transformation's column and source column, the filter and the computed columns' expressions.
+/// `None` when it names the column nowhere.
+pub fn rename_in_config(config: &Value, from: &str, to: &str) -> Option<Value> {
+    let mut out = config.clone();
+    let mut changed = false;
+    let mut rename_list = |v: Option<&mut Value>| {
+        if let Some(Value::Array(items)) = v {
+            for item in items.iter_mut() {
+                if item.as_str() == Some(from) {
+                    *item = Value::String(to.to_string());
+                    changed = true;
+                }
+            }
+        }
+    };
+    rename_list(out.get_mut("include_columns"));
+    rename_list(out.get_mut("exclude_columns"));
+    rename_list(out.get_mut("key_columns"));
+    rename_list(out.pointer_mut("/compliance/pii_columns"));
+    let mut rename_str = |v: Option<&mut Value>| {
+        if let Some(v) = v.filter(|v| v.as_str() == Some(from)) {
+            *v = Value::String(to.to_string());
+            changed = true;
+        }
+    };
+    rename_str(out.get_mut("partition_key"));
+    if let Some(Value::Array(ts)) = out.get_mut("transformations") {
+        for t in ts.iter_mut() {
+            rename_str(t.get_mut("column"));
+            rename_str(t.get_mut("source_column"));
+        }
+    }
+    let mut rename_expr = |v: Option<&mut Value>| {
+        if let Some(v) = v {
+            if let Some(new) = v.as_str().and_then(|t| rename_in_expression(t, from, to)) {
+                *v = Value::String(new);
+                changed = true;
+            }
+        }
+    };
+    rename_expr(out.get_mut("filter"));
+    rename_expr(out.get_mut("filter_expression"));
+    if let Some(Value::Array(ts)) = out.get_mut("transformations") {
+        for t in ts.iter_mut() {
+            rename_expr(t.get_mut("expression"));
+        }
+    }
+    changed.then_some(out)
+}
+
+/// Resolves a type as SQL writes it (`VARCHAR(10)`) to its OID, type modifier and the name
+/// `format_type` prints: PostgreSQL's own parser, which the caller has.
+pub type ResolveType<'a> = dyn Fn(&str) -> Option<(u32, i32, String)> + 'a;
+
+/// The columns a table would have after `change`, the column part of an ALTER TABLE
+/// (`ADD COLUMN priority varchar(10) NOT NULL`, several separated by commas), applied to its
+/// columns now. Parses with the SQL parser the filters use; runs nothing. Refuses what is not a
+/// column change (22023), a column that does not exist (42703), a type that does not (42704).
+pub fn propose(current: &[Field], change: &str, resolve: &ResolveType) -> CdcResult<Vec<Field>> {
+    use sqlparser::ast::{AlterColumnOperation, AlterTableOperation, ColumnOption, Ident, Statement};
+    use sqlparser::parser::Parser;
+
+    let not_a_column_change = |what: &str| {
+        CdcError::new(ErrorKind::InvalidParameter, format!("proposed_change is not a column change: {what}")).hint(
+            "Give the column part of an ALTER TABLE: ADD COLUMN, DROP COLUMN, RENAME COLUMN, or ALTER COLUMN with \
+             TYPE, SET NOT NULL, DROP NOT NULL, SET DEFAULT or DROP DEFAULT; several separated by commas.",
+        )
+    };
+    let statements = Parser::parse_sql(&PostgreSqlDialect {}, &format!("ALTER TABLE pg_cdc_proposed {change}"))
+        .map_err(|e| {
+            // Its position is in the statement wrapped around the change: leave it out.
+            let e = e.to_string();
+            let e = e.split(" at Line: ").next().unwrap_or(&e).trim_start_matches("sql parser error: ");
+            CdcError::new(ErrorKind::SyntaxError, format!("proposed_change does not parse: {e}"))
+        })?;
+    let [Statement::AlterTable(alter)] = statements.as_slice() else {
+        return Err(not_a_column_change("it is more than one statement"));
+    };
+    // Unquoted names fold to lower case, as PostgreSQL reads them.
+    let name = |i: &Ident| if i.quote_style.is_some() { i.value.clone() } else { i.value.to_lowercase() };
+    let mut fields = current.to_vec();
+    // A new column gets the next attribute number, never a dropped one's.
+    let mut next_attnum = current.iter().map(|f| f.attnum).max().unwrap_or(0).saturating_add(1);
+    let find = |fields: &[Field], column: &str| {
+        fields
+            .iter()
+            .position(|f| f.name == column)
+            .ok_or_else(|| CdcError::new(ErrorKind::UndefinedColumn, format!("column \"{column}\" does not exist")))
+    };
+    let type_of = |data_type: &str| {
+        resolve(data_type)
+            .ok_or_else(|| CdcError::new(ErrorKind::UndefinedObject, format!("type \"{data_type}\" does not exist")))
+    };
+    for op in &alter.operations {
+        match op {
+            AlterTableOperation::AddColumn { column_def, .. } => {
+                let column = name(&column_def.name);
+                if fields.iter().any(|f| f.name == column) {
+                    return Err(CdcError::new(
+                        ErrorKind::InvalidParameter,
+                        format!("column \"{column}\" exists already"),
+                    ));
+                }
+                let (type_oid, typmod, type_sql) = type_of(&column_def.data_type.to_string())?;
+                let mut field = Field {
+                    attnum: next_attnum,
+                    name: column,
+                    type_sql,
+                    type_oid,
+                    typmod,
+                    not_null: false,
+                    default: None,
+                    missing: None,
+                };
+                for o in &column_def.options {
+                    match &o.option {
+                        ColumnOption::NotNull | ColumnOption::PrimaryKey(_) => field.not_null = true,
+                        ColumnOption::Null => field.not_null = false,
+                        ColumnOption::Default(e) => {
+                            let text = e.to_string();
+                            field.missing = literal(&text);
+                            field.default = Some(text);
+                        }
+                        ColumnOption::Generated { .. } => {
+                            return Err(not_a_column_change("a generated column is not published"))
+                        }
+                        _ => {}
+                    }
+                }
+                fields.push(field);
+                next_attnum = next_attnum.saturating_add(1);
+            }
+            AlterTableOperation::DropColumn { column_names, .. } => {
+                for c in column_names {
+                    let i = find(&fields, &name(c))?;
+                    fields.remove(i);
+                }
+            }
+            AlterTableOperation::RenameColumn { old_column_name, new_column_name } => {
+                let i = find(&fields, &name(old_column_name))?;
+                fields[i].name = name(new_column_name);
+            }
+            AlterTableOperation::AlterColumn { column_name, op } => {
+                let i = find(&fields, &name(column_name))?;
+                let f = &mut fields[i];
+                match op {
+                    AlterColumnOperation::SetNotNull => f.not_null = true,
+                    AlterColumnOperation::DropNotNull => f.not_null = false,
+                    AlterColumnOperation::SetDefault { value } => f.default = Some(value.to_string()),
+                    AlterColumnOperation::DropDefault => f.default = None,
+                    AlterColumnOperation::SetDataType { data_type, .. } => {
+                        let (type_oid, typmod, type_sql) = type_of(&data_type.to_string())?;
+                        (f.type_oid, f.typmod, f.type_sql) = (type_oid, typmod, type_sql);
+                    }
+                    other => return Err(not_a_column_change(&other.to_string())),
+                }
+            }
+            other => return Err(not_a_column_change(&other.to_string())),
+        }
+    }
+    Ok(fields)
 }
 
 #[cfg(test)]

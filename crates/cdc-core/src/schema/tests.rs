@@ -181,3 +181,146 @@ fn fields_round_trip_through_json() {
     }
     assert_eq!(Field::from_json(&json!({"name": "x"})), None);
 }
+
+#[test]
+fn expressions_follow_a_rename() {
+    for (text, want) in [
+        ("status != 'draft'", Some("state != 'draft'")),
+        ("STATUS = 'x' AND Status <> 'y'", Some("state = 'x' AND state <> 'y'")),
+        ("\"status\" = 'status'", Some("state = 'status'")),
+        ("lower(status) = 'a'\n  OR status IS NULL", Some("lower(state) = 'a'\n  OR state IS NULL")),
+        // A function of that name, a quoted other spelling, and a qualified name are not the column.
+        ("status(1) > 0", None),
+        ("\"Status\" = 1", None),
+        ("t.status = 1", None),
+        ("amount > 10", None),
+    ] {
+        assert_eq!(rename_in_expression(text, "status", "state").as_deref(), want, "{text}");
+    }
+    // The new name is quoted when it must be.
+    assert_eq!(rename_in_expression("status = 1", "status", "Order State").as_deref(), Some("\"Order State\" = 1"));
+    assert_eq!(rename_in_expression("status = 1", "status", "order").as_deref(), Some("\"order\" = 1"));
+    assert_eq!(rename_in_expression("total * 2", "total", "total_v2").as_deref(), Some("total_v2 * 2"));
+}
+
+#[test]
+fn configs_follow_a_rename() {
+    let config = json!({
+        "include_columns": ["id", "email", "status"],
+        "key_columns": ["id"],
+        "partition_key": "email",
+        "compliance": {"redact_pii": true, "pii_columns": ["email"]},
+        "filter": "email IS NOT NULL",
+        "transformations": [{"type": "mask", "column": "email", "method": "hash"},
+                            {"type": "compute", "name": "domain", "expression": "split_part(email, '@', 2)"},
+                            {"type": "enrich", "source_column": "email", "lookup_table": "people",
+                             "lookup_column": "email", "add_columns": ["email_verified"]}]
+    });
+    let renamed = rename_in_config(&config, "email", "mail").unwrap();
+    assert_eq!(
+        renamed,
+        json!({
+            "include_columns": ["id", "mail", "status"],
+            "key_columns": ["id"],
+            "partition_key": "mail",
+            "compliance": {"redact_pii": true, "pii_columns": ["mail"]},
+            "filter": "mail IS NOT NULL",
+            "transformations": [{"type": "mask", "column": "mail", "method": "hash"},
+                                {"type": "compute", "name": "domain", "expression": "split_part(mail, '@', 2)"},
+                                // The lookup table's columns are another table's: unchanged.
+                                {"type": "enrich", "source_column": "mail", "lookup_table": "people",
+                                 "lookup_column": "email", "add_columns": ["email_verified"]}]
+        })
+    );
+    assert_eq!(rename_in_config(&config, "amount", "total"), None);
+}
+
+fn lsn(n: u64) -> crate::Lsn {
+    crate::Lsn(n)
+}
+
+#[test]
+fn a_relation_of_any_version_finds_the_names_of_now() {
+    let v1 = vec![f(1, "id", "integer", 23, -1, true), f(2, "email", "text", 25, -1, false)];
+    let mut v2 = v1.clone();
+    v2[1].name = "mail".into();
+    let mut v3 = v2.clone();
+    v3.push(f(3, "note", "text", 25, -1, false));
+    let h = History::new(vec![(lsn(300), v3), (lsn(100), v1), (lsn(200), v2)]);
+    // A change written under version 1 (after it, before the rename) names "email": it is "mail" now.
+    assert_eq!(h.aliases(lsn(150), &["id", "email"]), Ok(vec![None, Some("mail".into())]));
+    // Under version 2 and 3 the names are those of now.
+    assert_eq!(h.aliases(lsn(250), &["id", "mail"]), Ok(vec![]));
+    assert_eq!(h.aliases(lsn(350), &["id", "mail", "note"]), Ok(vec![]));
+    // Older than the history: taken as it is.
+    assert_eq!(h.aliases(lsn(50), &["id", "whatever"]), Ok(vec![]));
+    // A column the version in force lacks: the history is behind the stream (read it again).
+    assert_eq!(h.aliases(lsn(350), &["id", "mail", "note", "extra"]), Err(Behind { column: "extra".into() }));
+    assert_eq!(h.aliases(lsn(150), &["id", "mail"]), Err(Behind { column: "mail".into() }));
+    // A column dropped since keeps its name.
+    let mut v4 = h.versions.last().unwrap().1.clone();
+    v4.retain(|c| c.name != "mail");
+    let mut versions = h.versions.clone();
+    versions.push((lsn(400), v4));
+    let h = History::new(versions);
+    assert_eq!(h.aliases(lsn(150), &["id", "email"]), Ok(vec![]));
+    assert!(History::default().aliases(lsn(1), &["x"]).unwrap().is_empty());
+}
+
+fn resolve(t: &str) -> Option<(u32, i32, String)> {
+    match t.to_lowercase().as_str() {
+        "varchar(10)" => Some((1043, 14, "character varying(10)".into())),
+        "varchar(50)" => Some((1043, 54, "character varying(50)".into())),
+        "int" | "integer" => Some((23, -1, "integer".into())),
+        "bigint" => Some((20, -1, "bigint".into())),
+        "text" => Some((25, -1, "text".into())),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_proposed_change_is_applied_to_the_columns_of_now() {
+    let now = orders();
+    // The product description's check: a required field without default.
+    let after = propose(&now, "ADD COLUMN priority VARCHAR(10) NOT NULL", &resolve).unwrap();
+    let changes = diff(&now, &after);
+    assert_eq!(
+        changes[0].to_json(),
+        json!({"type": "ADD_FIELD", "field": "priority", "field_type": "character varying(10)", "required": true})
+    );
+    let found = issues("orders", &changes);
+    assert_eq!(found[0].title, "Required field without default");
+    assert_eq!(
+        found[0].fix,
+        "Add default value: ALTER TABLE orders ADD COLUMN priority character varying(10) DEFAULT 'unknown'"
+    );
+    // With a default it passes.
+    let after = propose(&now, "ADD COLUMN priority VARCHAR(10) DEFAULT 'normal' NOT NULL", &resolve).unwrap();
+    assert!(issues("orders", &diff(&now, &after)).is_empty());
+    assert_eq!(after[4].default_value().as_deref(), Some("normal"));
+    // Several at once, every kind.
+    let after = propose(
+        &now,
+        "DROP COLUMN customer_id, RENAME COLUMN status TO state, ALTER COLUMN total SET NOT NULL, \
+         ALTER COLUMN \"order_id\" TYPE text, ADD COLUMN n int",
+        &resolve,
+    )
+    .unwrap();
+    let kinds: Vec<Value> = diff(&now, &after).iter().map(|c| c.to_json()["type"].clone()).collect();
+    assert_eq!(kinds, ["DROP_FIELD", "CHANGE_TYPE", "SET_REQUIRED", "RENAME_FIELD", "ADD_FIELD"]);
+    assert_eq!(after.last().unwrap().attnum, 5, "a new column's attnum follows the last one");
+}
+
+#[test]
+fn a_proposed_change_that_is_not_a_column_change_is_refused() {
+    let now = orders();
+    let state = |change: &str| propose(&now, change, &resolve).unwrap_err().kind.sqlstate();
+    assert_eq!(state("ADD CONSTRAINT c CHECK (total > 0)"), "22023");
+    assert_eq!(state("RENAME TO other"), "22023");
+    assert_eq!(state("ADD COLUMN x int; DROP TABLE orders"), "22023");
+    assert_eq!(state("ADD COLUMN g int GENERATED ALWAYS AS (1) STORED"), "22023");
+    assert_eq!(state("ADD COLUM x int"), "42601");
+    assert_eq!(state("DROP COLUMN nope"), "42703");
+    assert_eq!(state("ADD COLUMN x widget"), "42704");
+    assert_eq!(state("ADD COLUMN status text"), "22023");
+}
