@@ -143,16 +143,28 @@ BEGIN
     IF to_regclass('@extschema@._cdc_schema_versions') IS NULL THEN
         RETURN;
     END IF;
-    SELECT array_agg(DISTINCT c.objid ORDER BY c.objid) INTO oids
-      FROM pg_event_trigger_ddl_commands() c
-      JOIN @extschema@._cdc_publications p ON p.table_oid = c.objid
-     WHERE c.classid = 'pg_class'::regclass;
+    -- The tables the statement names, the tables of a composite type it alters (CREATE TABLE ...
+    -- OF type), and their inheritance children and partitions: an ALTER TABLE of a parent changes
+    -- their columns too, and reports only the parent.
+    WITH RECURSIVE altered(oid) AS (
+        SELECT c.objid FROM pg_event_trigger_ddl_commands() c WHERE c.classid = 'pg_class'::regclass
+        UNION
+        SELECT r.oid FROM pg_event_trigger_ddl_commands() c
+          JOIN pg_class r ON r.reloftype = CASE WHEN c.classid = 'pg_type'::regclass THEN c.objid
+                                                ELSE (SELECT t.reltype FROM pg_class t WHERE t.oid = c.objid) END
+         WHERE c.classid IN ('pg_type'::regclass, 'pg_class'::regclass)
+        UNION
+        SELECT i.inhrelid FROM pg_inherits i JOIN altered a ON i.inhparent = a.oid
+    )
+    SELECT array_agg(DISTINCT a.oid ORDER BY a.oid) INTO oids
+      FROM altered a
+      JOIN @extschema@._cdc_publications p ON p.table_oid = a.oid;
     IF oids IS NOT NULL THEN
         PERFORM @extschema@._cdc_schema_changed(oids);
     END IF;
 END $$;
 REVOKE EXECUTE ON FUNCTION _cdc_schema_changes() FROM PUBLIC;
-CREATE EVENT TRIGGER _cdc_schema_changes ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
+CREATE EVENT TRIGGER _cdc_schema_changes ON ddl_command_end WHEN TAG IN ('ALTER TABLE', 'ALTER TYPE')
     EXECUTE FUNCTION _cdc_schema_changes();
 
 -- One overview row per sink (pipeline): state, slot health, lag, delivery and end-to-end latency.

@@ -96,6 +96,33 @@ SELECT cdc_check_compatibility('orders', 'DROP COLUMN nope'); \echo SQLSTATE :SQ
 SELECT cdc_check_compatibility('orders', 'ADD COLUMN x widget'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_check_compatibility('orders', NULL); \echo SQLSTATE :SQLSTATE
 
+-- An ALTER TABLE of a parent changes its inheritance children and partitions too, and reports
+-- only the parent: each captured child gets its version all the same. So do the tables of a
+-- composite type altered with ALTER TYPE.
+CREATE TABLE parent (id int, note text);
+CREATE TABLE child (extra int) INHERITS (parent);
+ALTER TABLE child ADD PRIMARY KEY (id);
+SELECT cdc_enable('child') IS NOT NULL AS enabled;
+ALTER TABLE parent RENAME COLUMN note TO remark;
+ALTER TABLE parent ADD COLUMN flag boolean DEFAULT false;
+SELECT version, changes FROM history('child');
+CREATE TABLE measurements (id int, at date, v int) PARTITION BY RANGE (at);
+CREATE TABLE measurements_2026 PARTITION OF measurements FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+ALTER TABLE measurements_2026 ADD PRIMARY KEY (id, at);
+SELECT cdc_enable('measurements_2026') IS NOT NULL AS enabled;
+ALTER TABLE measurements ADD COLUMN unit text;
+SELECT version, changes FROM history('measurements_2026');
+DROP TABLE parent CASCADE;
+DROP TABLE measurements;
+CREATE TYPE reading AS (id int, value numeric);
+CREATE TABLE readings OF reading (PRIMARY KEY (id));
+SELECT cdc_enable('readings') IS NOT NULL AS enabled;
+ALTER TYPE reading RENAME ATTRIBUTE value TO amount CASCADE;
+ALTER TYPE reading ADD ATTRIBUTE unit text CASCADE;
+SELECT version, changes FROM history('readings');
+DROP TABLE readings;
+DROP TYPE reading;
+
 -- Errors.
 SELECT cdc_schema_history(NULL); \echo SQLSTATE :SQLSTATE
 CREATE TABLE not_captured (id int PRIMARY KEY);
