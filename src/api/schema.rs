@@ -29,9 +29,18 @@ fn config_of(schema: &str, oid: pg_sys::Oid) -> Option<Value> {
     catalog::json(&format!("SELECT config FROM {schema}._cdc_publications WHERE table_oid = $1"), &[oid.into()])
 }
 
-/// The table's `schema_evolution` settings, from its capture config.
-fn evolution(schema: &str, oid: pg_sys::Oid) -> Option<cdc_core::config::SchemaEvolution> {
-    Some(cdc_core::config::schema_evolution_of(&config_of(schema, oid)?).or_raise())
+/// The `schema_evolution` settings of a capture config.
+fn evolution(config: &Value) -> cdc_core::config::SchemaEvolution {
+    cdc_core::config::schema_evolution_of(config).or_raise()
+}
+
+/// The capture config of a table the history functions were called for, and its
+/// `schema_evolution` settings; the "not captured" error (42704, with `hint`) otherwise.
+fn captured(schema: &str, oid: pg_sys::Oid, hint: &str) -> (Value, cdc_core::config::SchemaEvolution) {
+    require_history(schema);
+    let config = config_of(schema, oid).unwrap_or_else(|| super::not_captured(oid, hint));
+    let evolution = evolution(&config);
+    (config, evolution)
 }
 
 /// Whether the catalog has the schema history: not before `ALTER EXTENSION pg_cdc UPDATE` brought
@@ -90,7 +99,15 @@ fn _cdc_schema_changed(table_oids: Option<Vec<Option<pg_sys::Oid>>>) {
 }
 
 fn record_change(schema: &str, oid: pg_sys::Oid) {
-    let Some(evolution) = evolution(schema, oid) else { return };
+    // The name as the DBA's session prints it (the catalog's; this runs with search_path pg_catalog).
+    let Some(row) = catalog::json(
+        &format!("SELECT jsonb_build_object('name', table_name, 'config', config) FROM {schema}._cdc_publications WHERE table_oid = $1"),
+        &[oid.into()],
+    ) else {
+        return;
+    };
+    let config = row.get("config").cloned().unwrap_or(Value::Null);
+    let evolution = evolution(&config);
     // Lock the table's history: two DDLs on one table are serialized by the table lock already;
     // this keeps the version numbers dense whatever happens.
     let last = catalog::json_write(
@@ -111,15 +128,8 @@ fn record_change(schema: &str, oid: pg_sys::Oid) {
     if changes.is_empty() {
         return;
     }
-    // The name as the DBA's session prints it (the catalog's; this runs with search_path pg_catalog).
-    let row = catalog::json(
-        &format!("SELECT jsonb_build_object('name', table_name, 'config', config) FROM {schema}._cdc_publications WHERE table_oid = $1"),
-        &[oid.into()],
-    )
-    .unwrap_or(Value::Null);
     let table = catalog::str_field(&row, "name").to_string();
     // Columns the events never carry do not concern consumers.
-    let config = row.get("config").cloned().unwrap_or(Value::Null);
     let found = relevant_issues(&config, &changes, rules::issues(&table, &changes));
     let violated = rules::violations(evolution.mode, &found);
     let mut forced = false;
@@ -238,9 +248,7 @@ VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 fn cdc_schema_history(table_name: Option<pg_sys::Oid>) -> JsonB {
     let oid = required(table_name, "table_name");
     let schema = schema();
-    require_history(&schema);
-    let evolution = evolution(&schema, oid)
-        .unwrap_or_else(|| super::not_captured(oid, "Enable capture with cdc_enable; its history starts then."));
+    let (_, evolution) = captured(&schema, oid, "Enable capture with cdc_enable; its history starts then.");
     let versions = catalog::json(
         &format!(
             "SELECT coalesce(jsonb_agg(jsonb_build_object(
@@ -316,9 +324,7 @@ VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 fn cdc_force_schema_break(table_name: Option<pg_sys::Oid>) -> JsonB {
     let oid = required(table_name, "table_name");
     let schema = schema();
-    require_history(&schema);
-    let evolution = evolution(&schema, oid)
-        .unwrap_or_else(|| super::not_captured(oid, "Only captured tables have a compatibility mode to break."));
+    let (_, evolution) = captured(&schema, oid, "Only captured tables have a compatibility mode to break.");
     if evolution.mode == Mode::None {
         pgrx::notice!(
             "table {} has compatibility_mode none: no change is checked, so there is nothing to let through",
@@ -367,9 +373,7 @@ fn cdc_check_compatibility(table_name: Option<pg_sys::Oid>, proposed_change: Opt
     let oid = required(table_name, "table_name");
     let proposed = required(proposed_change, "proposed_change");
     let schema = schema();
-    require_history(&schema);
-    let evolution = evolution(&schema, oid)
-        .unwrap_or_else(|| super::not_captured(oid, "Only captured tables have consumers to keep compatible."));
+    let (config, evolution) = captured(&schema, oid, "Only captured tables have consumers to keep compatible.");
     let table = table_display_name(oid);
     let version = catalog::select_one::<i32>(
         &format!("SELECT max(version) FROM {schema}._cdc_schema_versions WHERE table_oid = $1"),
@@ -378,7 +382,6 @@ fn cdc_check_compatibility(table_name: Option<pg_sys::Oid>, proposed_change: Opt
     let now = current_fields(&schema, oid);
     let after = rules::propose(&now, proposed, &resolve_type).or_raise();
     let changes = rules::diff(&now, &after);
-    let config = config_of(&schema, oid).unwrap_or(Value::Null);
     let found = relevant_issues(&config, &changes, rules::issues(&table, &changes));
     let violated = rules::violations(evolution.mode, &found);
     let issues: Vec<Value> = violated
