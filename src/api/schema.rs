@@ -1,6 +1,7 @@
 //! Schema history (issue 15): `_cdc_schema_versions` kept by `cdc_enable` (version 1) and the
 //! `_cdc_schema_changes` event trigger (one version per DDL that changes a captured table's
-//! columns), `cdc_schema_history` and `cdc_force_schema_break`. The rules are
+//! columns, carrying the capture config along a rename), `cdc_schema_history`,
+//! `cdc_force_schema_break` and `cdc_check_compatibility`. The rules are
 //! [`cdc_core::schema`]'s; the check is local (our history and the table's mode), so a DDL never
 //! waits on the network while it holds its lock.
 use cdc_core::schema::{self as rules, Field, Mode};
