@@ -6,6 +6,7 @@
 //! | `cdc.kafka_bootstrap_servers` | sighup | `127.0.0.1:9092` | Kafka servers for sinks whose config gives none |
 //! | `cdc.aws_region` | sighup | (none) | AWS region for Kinesis sinks whose config gives none (else the AWS default chain: `AWS_REGION`, the profile's region) |
 //! | `cdc.kinesis_endpoint` | sighup | (none) | Kinesis endpoint URL for sinks whose config gives none (else `AWS_ENDPOINT_URL_KINESIS`, `AWS_ENDPOINT_URL`, or the region's endpoint) |
+//! | `cdc.schema_registry` | sighup | (none) | schema registry URL of Avro sinks when neither the sink's `schema_registry` nor the table's `schema_evolution.schema_registry` names one |
 //! | `cdc.naptime_ms` | sighup | 200 | longest worker sleep when no sink had work (while changes keep coming it wakes within 5 ms of new WAL; each empty pass doubles that, up to this) |
 //! | `cdc.batch_changes` | sighup | 100000 | messages one read takes from the decoding session, one Kafka transaction (whole transactions are never split); at most min(this, 10000) frames are held in memory |
 //! | `cdc.heartbeat_interval_ms` | sighup | 10000 | how often an idle sink moves its slot forward over WAL it does not capture |
@@ -25,6 +26,8 @@ pub static KAFKA_BOOTSTRAP_SERVERS: GucSetting<Option<CString>> =
 pub static AWS_REGION: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// `cdc.kinesis_endpoint`.
 pub static KINESIS_ENDPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// `cdc.schema_registry`.
+pub static SCHEMA_REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// `cdc.naptime_ms`.
 pub static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
 /// `cdc.batch_changes`.
@@ -127,6 +130,14 @@ pub fn init() {
         c"Kafka bootstrap servers for sinks whose config names none.",
         c"",
         &KAFKA_BOOTSTRAP_SERVERS,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"cdc.schema_registry",
+        c"Schema registry URL of Avro sinks whose config and tables name none.",
+        c"http://host:port or https://host:port; credentials may be given as https://user:secret@host.",
+        &SCHEMA_REGISTRY,
         GucContext::Sighup,
         GucFlags::default(),
     );

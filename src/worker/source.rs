@@ -213,10 +213,12 @@ pub fn history(v: &Value) -> cdc_core::schema::History {
             let lsn: cdc_core::Lsn = version.get("lsn")?.as_str()?.parse().ok()?;
             let fields =
                 version.get("fields")?.as_array()?.iter().filter_map(cdc_core::schema::Field::from_json).collect();
-            Some((lsn, fields))
+            let number = i32::try_from(version.get("version")?.as_i64()?).ok()?;
+            let forced = version.get("forced").and_then(Value::as_bool).unwrap_or(false);
+            Some(cdc_core::schema::Version { lsn, number, forced, fields })
         })
         .collect();
-    cdc_core::schema::History::new(versions)
+    cdc_core::schema::History::from_versions(versions)
 }
 
 /// Reads the catalog; `None` when the extension is not installed in this database.
@@ -237,7 +239,7 @@ pub fn load_catalog() -> Catalog {
     .unwrap_or(false)
     {
         format!(
-            "(SELECT jsonb_agg(jsonb_build_object('lsn', v.lsn::text, 'fields', v.fields) ORDER BY v.version)
+            "(SELECT jsonb_agg(jsonb_build_object('lsn', v.lsn::text, 'fields', v.fields, 'version', v.version, 'forced', v.forced) ORDER BY v.version)
                 FROM {schema}._cdc_schema_versions v WHERE v.table_oid = p.table_oid)"
         )
     } else {

@@ -447,6 +447,8 @@ pub struct Worker {
     last_missing_extension_log: Option<Instant>,
     /// The tokenization key source last loaded (setting, file and its stamp), and the key it gave.
     token_settings: Option<keys::KeySource>,
+    /// `cdc.schema_registry` as the Avro sinks were built with (a change rebuilds them).
+    schema_registry: String,
     token_key: Option<TokenKey>,
     /// The key user context messages are sealed with (made on first use).
     context_key: Option<Vec<u8>>,
@@ -479,6 +481,7 @@ impl Worker {
             schema: None,
             last_missing_extension_log: None,
             token_settings: None,
+            schema_registry: String::new(),
             token_key: None,
             context_key: None,
             context_key_failed: None,
@@ -757,9 +760,13 @@ impl Worker {
 
     fn sync_sinks(&mut self, cat: &Catalog) {
         self.sinks.retain(|id, _| cat.sinks.iter().any(|s| &s.id == id));
+        let registry = gucs::string(&gucs::SCHEMA_REGISTRY);
+        let registry_changed = registry != self.schema_registry;
+        self.schema_registry = registry;
         for row in &cat.sinks {
-            let changed =
-                self.sinks.get(&row.id).is_none_or(|r| r.row.config != row.config || r.row.tables != row.tables);
+            let avro = row.config.get("format").and_then(|f| f.as_str()) == Some("avro");
+            let changed = (avro && registry_changed)
+                || self.sinks.get(&row.id).is_none_or(|r| r.row.config != row.config || r.row.tables != row.tables);
             if changed {
                 // Its session goes with it: confirm what it delivered first (an at-least-once
                 // sink would send it again otherwise).
@@ -773,6 +780,8 @@ impl Worker {
                 if let Ok(c) = &config {
                     assembler.set_transformations(c.common().include_transformations);
                     assembler.set_partition_key(c.common().partition_key.clone());
+                    let server_registry = Some(self.schema_registry.clone()).filter(|s| !s.is_empty());
+                    assembler.set_format(c.event_format(&cat.database, server_registry));
                 }
                 assembler.set_token_key(self.token_key.clone());
                 assembler.set_context_key(self.context_key.clone());

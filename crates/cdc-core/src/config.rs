@@ -724,13 +724,7 @@ fn parse_schema_evolution(s: Option<Obj<'_>>) -> CdcResult<SchemaEvolution> {
     }
     schema_evolution.enforce = s.bool("enforce")?.unwrap_or(false);
     if let Some(url) = s.string("schema_registry")? {
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(invalid(format!(
-                "{} must be an http:// or https:// URL, not \"{url}\"",
-                s.child_path("schema_registry")
-            )));
-        }
-        schema_evolution.schema_registry = Some(url.trim_end_matches('/').to_string());
+        schema_evolution.schema_registry = Some(registry_url(&s.child_path("schema_registry"), url)?);
     }
     schema_evolution.auto_register = s.bool("auto_register")?.unwrap_or(true);
     if s.bool("enabled")? == Some(false) {
@@ -750,6 +744,55 @@ fn parse_schema_evolution(s: Option<Obj<'_>>) -> CdcResult<SchemaEvolution> {
         )));
     }
     Ok(schema_evolution)
+}
+
+/// A schema registry URL, checked: `http://` or `https://`, a host, an optional port, an optional
+/// path (a trailing `/` is dropped); credentials in it (`https://user:secret@host`) are allowed
+/// and never echoed. 22023 otherwise.
+pub fn registry_url(path: &str, url: &str) -> CdcResult<String> {
+    let bad = |why: &str| {
+        let shown = match url.split_once('@') {
+            Some((_, host)) if url.contains("://") => format!("{}://***@{host}", url.split("://").next().unwrap_or("")),
+            _ => url.to_string(),
+        };
+        invalid(format!("{path} is not a schema registry URL ({why}): \"{shown}\""))
+            .hint("Write it as http://host:port or https://host:port, e.g. \"http://schema-registry:8081\".")
+    };
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| bad("it must start with http:// or https://"))?;
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad("it contains white space"));
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = match host_port.strip_prefix('[') {
+        // An IPv6 literal: [::1]:8081
+        Some(v6) => {
+            let (h, after) = v6.split_once(']').ok_or_else(|| bad("an unclosed '[' in the host"))?;
+            (h, after.strip_prefix(':'))
+        }
+        None => match host_port.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host_port, None),
+        },
+    };
+    if host.is_empty() {
+        return Err(bad("it has no host"));
+    }
+    if !host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':')) {
+        return Err(bad("the host has characters a host name cannot have"));
+    }
+    if let Some(p) = port {
+        if p.parse::<u16>().ok().filter(|&n| n > 0).is_none() {
+            return Err(bad("the port is not a number from 1 to 65535"));
+        }
+    }
+    if rest.contains(['?', '#']) {
+        return Err(bad("a registry URL has no query or fragment"));
+    }
+    Ok(url.trim_end_matches('/').to_string())
 }
 
 /// Checks a parsed expression against the table (columns exist, types fit) and refuses columns

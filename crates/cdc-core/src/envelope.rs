@@ -87,6 +87,9 @@ pub struct RelationPlan {
     /// Computed columns, bound to this relation version (empty when the sink leaves
     /// transformations out).
     pub computed: Vec<(String, Bound)>,
+    /// The number of the table's schema version in force (see [`crate::schema::History`]) and
+    /// whether it was a forced break; `None` without a history.
+    pub schema_version: Option<(i32, bool)>,
     /// Each column's `"name":`, escaped once.
     col_keys: Vec<Vec<u8>>,
     /// Schema and table names, shared by every event of the relation.
@@ -206,6 +209,7 @@ impl RelationPlan {
             filter,
             branches,
             computed,
+            schema_version: None,
             col_keys,
             schema,
             table,
@@ -253,6 +257,13 @@ pub struct EnrichPlan {
     keys: Vec<Vec<u8>>,
     /// Their type OIDs.
     types: Vec<u32>,
+}
+
+impl EnrichPlan {
+    /// The type OIDs of the columns it adds, in `add_columns` order.
+    pub fn added_types(&self) -> &[u32] {
+        &self.types
+    }
 }
 
 impl RelationPlan {

@@ -18,6 +18,7 @@ pub mod envelope;
 pub mod error;
 pub mod expr;
 pub mod failpoint;
+pub mod format;
 pub mod json;
 pub mod lookup;
 pub mod lsn;
@@ -32,8 +33,10 @@ pub mod time;
 pub mod types;
 pub mod value;
 
-#[cfg(test)]
-pub(crate) mod testutil;
+/// Test helpers over the golden pgoutput captures (for this crate's tests and, with the feature
+/// `testutil`, for the crates that build on it).
+#[cfg(any(test, feature = "testutil"))]
+pub mod testutil;
 
 pub use error::{CdcError, CdcResult, ErrorKind};
 pub use lsn::Lsn;

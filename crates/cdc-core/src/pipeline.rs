@@ -20,6 +20,7 @@ use crate::context::{self, UserContext};
 use crate::decode::TupleValue;
 use crate::decode::{decode, DecodeError, Message, OldKind, Tuple};
 use crate::envelope::{Encoder, Event, FilterMark, Op, RelationPlan, RowChange, TxnInfo};
+use crate::format::EventFormat;
 use crate::lookup::{Answer, LookupChange, LookupRow, Lookups};
 use crate::lsn::Lsn;
 use crate::stats::TableCounters;
@@ -112,6 +113,17 @@ pub enum PipelineError {
         /// The column.
         column: String,
     },
+    /// The sink's event format could not encode a change (see [`crate::format`]): a schema
+    /// registry that is down (retried) or that refuses the schema, a value the format cannot
+    /// carry (an operator must act). Nothing of the transaction is published.
+    Format {
+        /// The table, `schema.name`.
+        table: String,
+        /// LSN of the change.
+        lsn: Lsn,
+        /// What happened.
+        error: crate::format::FormatError,
+    },
 }
 
 impl std::fmt::Display for PipelineError {
@@ -123,6 +135,7 @@ impl std::fmt::Display for PipelineError {
                 f,
                 "table {table}: column \"{column}\" at LSN {lsn} is not in the schema history read so far; reading it again"
             ),
+            PipelineError::Format { table, lsn, error } => write!(f, "table {table}, change at LSN {lsn}: {error}"),
             PipelineError::Config { table, reason } | PipelineError::Compliance { table, reason } => {
                 write!(f, "table {table}: {reason}")
             }
@@ -219,6 +232,8 @@ pub struct Assembler {
     context_key: Option<Vec<u8>>,
     /// The sink's copies of the lookup tables `enrich` reads.
     lookups: Lookups,
+    /// The sink's event format, when it is not JSON.
+    format: Option<Box<dyn EventFormat>>,
 }
 
 impl Assembler {
@@ -232,7 +247,13 @@ impl Assembler {
             counters: HashMap::new(),
             context_key: None,
             lookups: Lookups::default(),
+            format: None,
         }
+    }
+
+    /// Sets the sink's event format (`None`: pg_cdc's JSON).
+    pub fn set_format(&mut self, format: Option<Box<dyn EventFormat>>) {
+        self.format = format;
     }
 
     /// The sink's lookup copies (the worker sets their bindings, source and capacity, and
@@ -746,6 +767,8 @@ impl Assembler {
                         table: table.clone(),
                         reason: format!("its capture config no longer fits it: {e}"),
                     })?;
+                    plan.schema_version =
+                        cfg.history.as_ref().and_then(|h| h.version_at(lsn)).map(|v| (v.number, v.forced));
                     if let Some(column) = &self.partition_key {
                         plan.override_partition_key(column);
                     }
@@ -876,7 +899,8 @@ impl Assembler {
                             enriched: &enriched,
                         };
                         index += 1;
-                        out.push(self.encoder.encode_row(types, &del, txn, index));
+                        let ev = self.encoder.encode_row(types, &del, txn, index);
+                        self.emit(plan, types, ev, out)?;
                     }
                 }
                 // The image that carries the enriched columns: after, or before for a DELETE.
@@ -896,15 +920,38 @@ impl Assembler {
                     enriched: &enriched,
                 };
                 index += 1;
-                out.push(self.encoder.encode_row(types, &ch, txn, index));
+                let ev = self.encoder.encode_row(types, &ch, txn, index);
+                self.emit(plan, types, ev, out)?;
             }
             Pending::Truncate { plans, options, lsn, ctx } => {
                 for plan in plans {
                     index += 1;
-                    out.push(self.encoder.encode_truncate(plan, *options, *lsn, txn, index, ctx.as_deref()));
+                    let ev = self.encoder.encode_truncate(plan, *options, *lsn, txn, index, ctx.as_deref());
+                    self.emit(plan, types, ev, out)?;
                 }
             }
         }
+        Ok(())
+    }
+}
+
+impl Assembler {
+    /// Appends an encoded event, re-encoded by the sink's format when it has one.
+    fn emit(
+        &mut self,
+        plan: &Arc<RelationPlan>,
+        types: &TypeRegistry,
+        mut event: Event,
+        out: &mut Vec<Event>,
+    ) -> Result<(), PipelineError> {
+        if let Some(f) = self.format.as_mut() {
+            f.encode(plan, types, &mut event).map_err(|error| PipelineError::Format {
+                table: format!("{}.{}", plan.relation.namespace, plan.relation.name),
+                lsn: event.lsn,
+                error,
+            })?;
+        }
+        out.push(event);
         Ok(())
     }
 }

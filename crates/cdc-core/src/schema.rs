@@ -536,8 +536,22 @@ pub fn break_report(table: &str, version: i32, violated: &[&Issue]) -> (String, 
 /// renamed after its change was written is still redacted, excluded or keyed as the config says.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct History {
-    /// (recorded at, columns), ascending.
-    versions: Vec<(Lsn, Vec<Field>)>,
+    /// Ascending by LSN.
+    versions: Vec<Version>,
+}
+
+/// One version of a table's schema, as the history holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Version {
+    /// The WAL position it was recorded at (its DDL's, before that DDL committed).
+    pub lsn: Lsn,
+    /// Its number (1 at `cdc_enable`).
+    pub number: i32,
+    /// It was recorded under `cdc_force_schema_break`: a break its compatibility mode allowed
+    /// once (a schema registry is told to accept it).
+    pub forced: bool,
+    /// Its columns.
+    pub fields: Vec<Field>,
 }
 
 /// A relation whose columns the history does not know at its position: a version recorded
@@ -550,9 +564,28 @@ pub struct Behind {
 
 impl History {
     /// A history from its versions, in any order.
-    pub fn new(mut versions: Vec<(Lsn, Vec<Field>)>) -> History {
+    pub fn new(versions: Vec<(Lsn, Vec<Field>)>) -> History {
+        let mut versions: Vec<(Lsn, Vec<Field>)> = versions;
         versions.sort_by_key(|(lsn, _)| *lsn);
+        let numbered = versions
+            .into_iter()
+            .enumerate()
+            .map(|(i, (lsn, fields))| Version { lsn, number: i as i32 + 1, forced: false, fields })
+            .collect();
+        History { versions: numbered }
+    }
+
+    /// A history from versions as the catalog holds them, in any order.
+    pub fn from_versions(mut versions: Vec<Version>) -> History {
+        versions.sort_by_key(|v| v.lsn);
         History { versions }
+    }
+
+    /// The version in force for a change at `lsn`: the last one recorded before it (a DDL
+    /// records its version before it commits, holding the table's lock, so no change of another
+    /// transaction falls between the two). `None` for a change older than the history.
+    pub fn version_at(&self, lsn: Lsn) -> Option<&Version> {
+        self.versions.iter().rev().find(|v| v.lsn < lsn)
     }
 
     /// The number of versions.
@@ -570,11 +603,8 @@ impl History {
     /// since. A relation older than the history (its backlog from before the upgrade that added
     /// it) is taken as it is.
     pub fn aliases(&self, lsn: Lsn, columns: &[&str]) -> Result<Vec<Option<String>>, Behind> {
-        let Some((_, latest)) = self.versions.last() else { return Ok(Vec::new()) };
-        // The version in force: the last one recorded before the change (a DDL records its
-        // version before it commits, holding the table's lock, so no change of another
-        // transaction falls between the two).
-        let Some((_, then)) = self.versions.iter().rev().find(|(at, _)| *at < lsn) else { return Ok(Vec::new()) };
+        let Some(latest) = self.versions.last().map(|v| &v.fields) else { return Ok(Vec::new()) };
+        let Some(then) = self.version_at(lsn).map(|v| &v.fields) else { return Ok(Vec::new()) };
         let mut out = Vec::with_capacity(columns.len());
         let mut renamed = false;
         for &name in columns {

@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod eventhub;
+pub mod format;
 pub mod kafka;
 pub mod kinesis;
 pub mod registry;

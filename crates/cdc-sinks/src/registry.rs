@@ -1,6 +1,6 @@
 //! The sink types: each one's config parser, by name. Adding a sink type adds its folder and one
 //! line to [`BUILT`] (and its adapter in the worker, which builds the sink from its config).
-use cdc_core::config::sink::SinkCommon;
+use cdc_core::config::sink::{Format, SinkCommon};
 use cdc_core::error::did_you_mean;
 use cdc_core::{CdcError, CdcResult, ErrorKind};
 use serde_json::Value;
@@ -49,7 +49,16 @@ pub fn sink_types() -> Vec<&'static str> {
 /// Validates a sink type and its config.
 pub fn parse_config(sink_type: &str, config: &Value) -> CdcResult<SinkConfig> {
     if let Some((_, parse)) = BUILT.iter().find(|(name, _)| *name == sink_type) {
-        return parse(config);
+        let parsed = parse(config)?;
+        let format = parsed.common().format;
+        if format != Format::Json && !matches!(parsed, SinkConfig::Kafka(_) | SinkConfig::EventHub(_)) {
+            return Err(CdcError::new(
+                ErrorKind::FeatureNotSupported,
+                format!("a {sink_type} sink cannot use format \"{}\" yet", format.as_str()),
+            )
+            .hint("The avro format writes Kafka topics (kafka and eventhub sinks); use \"format\": \"json\" here."));
+        }
+        return Ok(parsed);
     }
     let built: Vec<&str> = BUILT.iter().map(|(name, _)| *name).collect();
     if PLANNED.contains(&sink_type) {
@@ -76,6 +85,30 @@ impl SinkConfig {
             SinkConfig::Webhook(c) => &c.common,
             SinkConfig::EventHub(c) => &c.common,
             SinkConfig::Kinesis(c) => &c.common,
+        }
+    }
+
+    /// The sink's event format when it is not JSON: the Avro format of a Kafka or Event Hubs
+    /// sink, its subjects named after the sink's topic template (see [`crate::format`]).
+    /// `server_registry` is the server setting `cdc.schema_registry`.
+    pub fn event_format(
+        &self,
+        database: &str,
+        server_registry: Option<String>,
+    ) -> Option<Box<dyn cdc_core::format::EventFormat>> {
+        let topic = match self {
+            SinkConfig::Kafka(c) => c.topic.clone(),
+            SinkConfig::EventHub(c) => c.eventhub.clone(),
+            _ => return None,
+        };
+        let common = self.common();
+        match common.format {
+            Format::Json => None,
+            Format::Avro => Some(Box::new(crate::format::AvroFormat::new(
+                crate::format::Subjects { topic, database: database.to_string() },
+                common.schema_registry.clone(),
+                server_registry,
+            ))),
         }
     }
 

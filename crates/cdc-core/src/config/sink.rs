@@ -13,6 +13,19 @@ use crate::error::CdcResult;
 pub enum Format {
     /// pg_cdc's JSON event (metadata, before, after, diff).
     Json,
+    /// The same event as an Avro record in Confluent's wire format (a magic byte and the schema
+    /// id a schema registry gave, then the Avro binary), keys too.
+    Avro,
+}
+
+impl Format {
+    /// The name in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Json => "json",
+            Format::Avro => "avro",
+        }
+    }
 }
 
 /// What a new sink delivers of the rows its tables hold already (`snapshot_mode`).
@@ -76,6 +89,10 @@ pub struct SinkCommon {
     pub partition_key: Option<String>,
     /// Event encoding.
     pub format: Format,
+    /// `schema_registry`: the registry the Avro format registers its schemas with (see
+    /// [`crate::config::registry_url`]); `None`: the table's `schema_evolution.schema_registry`,
+    /// then the server setting.
+    pub schema_registry: Option<String>,
     /// `snapshot_mode`: whether a new sink starts with the rows its tables hold.
     pub snapshot_mode: SnapshotMode,
     /// `snapshot_chunk_size`: rows per snapshot chunk (each is read in one query, held in memory
@@ -96,15 +113,21 @@ pub fn sink_object<'a>(config: &'a Value, own_keys: &[&str]) -> CdcResult<Obj<'a
 pub fn parse_common(o: &Obj<'_>) -> CdcResult<SinkCommon> {
     let format = match o.string("format")?.unwrap_or("json") {
         "json" => Format::Json,
-        f @ ("debezium" | "avro" | "protobuf") => return Err(planned("config.format", &format!("format \"{f}\""))),
+        "avro" => Format::Avro,
+        f @ ("debezium" | "protobuf") => return Err(planned("config.format", &format!("format \"{f}\""))),
         other => {
             return Err(invalid(format!("config.format: unknown format \"{other}\""))
                 .hint("Valid formats: json, debezium, avro, protobuf."))
         }
     };
-    if o.get("schema_registry").is_some() {
-        o.string("schema_registry")?;
-        return Err(planned("config.schema_registry", "schema registry support (with format avro)"));
+    let schema_registry =
+        o.string("schema_registry")?.map(|url| super::registry_url("config.schema_registry", url)).transpose()?;
+    if schema_registry.is_some() && format != Format::Avro {
+        return Err(invalid(format!(
+            "config.schema_registry is used by the avro format only, and this sink's format is {}",
+            format.as_str()
+        ))
+        .hint("Add \"format\": \"avro\", or leave \"schema_registry\" out."));
     }
     let partition_key = o.string("partition_key")?.map(str::to_string);
     let include_transformations = o.bool("include_transformations")?.unwrap_or(true);
@@ -131,6 +154,7 @@ pub fn parse_common(o: &Obj<'_>) -> CdcResult<SinkCommon> {
         checkpoint_interval_ms,
         partition_key,
         format,
+        schema_registry,
         snapshot_mode,
         snapshot_chunk_size,
     })

@@ -64,6 +64,9 @@ impl Failure {
         match e {
             PipelineError::Config { .. } => Failure::new(SinkState::Error, e.to_string()),
             PipelineError::SchemaBehind { .. } => Failure::new(SinkState::Retrying, e.to_string()),
+            PipelineError::Format { ref error, .. } => {
+                Failure::new(if error.retry { SinkState::Retrying } else { SinkState::Error }, e.to_string())
+            }
             PipelineError::Compliance { .. } => {
                 Failure { compliance: true, ..Failure::new(SinkState::Error, e.to_string()) }
             }

@@ -258,12 +258,17 @@ fn a_relation_of_any_version_finds_the_names_of_now() {
     assert_eq!(h.aliases(lsn(350), &["id", "mail", "note", "extra"]), Err(Behind { column: "extra".into() }));
     assert_eq!(h.aliases(lsn(150), &["id", "mail"]), Err(Behind { column: "mail".into() }));
     // A column dropped since keeps its name.
-    let mut v4 = h.versions.last().unwrap().1.clone();
+    let mut v4 = h.versions.last().unwrap().fields.clone();
     v4.retain(|c| c.name != "mail");
     let mut versions = h.versions.clone();
-    versions.push((lsn(400), v4));
-    let h = History::new(versions);
+    versions.push(Version { lsn: lsn(400), number: 4, forced: true, fields: v4 });
+    let h = History::from_versions(versions);
     assert_eq!(h.aliases(lsn(150), &["id", "email"]), Ok(vec![]));
+    // The version in force at a change: the last recorded before it.
+    assert_eq!(h.version_at(lsn(50)), None);
+    assert_eq!(h.version_at(lsn(150)).map(|v| v.number), Some(1));
+    assert_eq!(h.version_at(lsn(400)).map(|v| v.number), Some(3));
+    assert_eq!(h.version_at(lsn(401)).map(|v| (v.number, v.forced)), Some((4, true)));
     assert!(History::default().aliases(lsn(1), &["x"]).unwrap().is_empty());
 }
 

@@ -29,7 +29,43 @@ fn kafka_sink_config() {
     assert_eq!(e(json!({"topic": "t", "acks": "1"})).kind.sqlstate(), "22023");
     assert!(!kafka(json!({"topic": "t", "acks": "1", "exactly_once": false})).exactly_once);
     assert_eq!(e(json!({"topic": "t", "exactly_once": false, "transactional_id": "x"})).kind.sqlstate(), "22023");
-    assert_eq!(e(json!({"topic": "t", "format": "avro"})).kind.sqlstate(), "0A000");
+    assert_eq!(e(json!({"topic": "t", "format": "protobuf"})).kind.sqlstate(), "0A000");
+    // Avro: a registry URL is checked, and only the avro format takes one.
+    let avro = kafka(json!({"topic": "t", "format": "avro", "schema_registry": "http://registry:8081/"}));
+    assert_eq!(avro.common.schema_registry.as_deref(), Some("http://registry:8081"));
+    assert_eq!(e(json!({"topic": "t", "schema_registry": "http://registry:8081"})).kind.sqlstate(), "22023");
+    for bad in [
+        "registry:8081",
+        "http://",
+        "http://:1",
+        "http://h:0",
+        "http://h:65536",
+        "ftp://h",
+        "http://h h",
+        "http://h/?q",
+    ] {
+        assert_eq!(
+            e(json!({"topic": "t", "format": "avro", "schema_registry": bad})).kind.sqlstate(),
+            "22023",
+            "{bad}"
+        );
+    }
+    let secret = e(json!({"topic": "t", "format": "avro", "schema_registry": "http://u:canary-secret@h:x"}));
+    assert!(!secret.message.contains("canary-secret"), "{}", secret.message);
+    let eh = parse_config(
+        "eventhub",
+        &json!({"eventhub": "t", "namespace": "ns", "connection_string": "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v=", "format": "avro"}),
+    );
+    assert!(eh.is_ok(), "{eh:?}");
+    for (t, c) in [
+        ("webhook", json!({"url": "http://h/"})),
+        ("kinesis", json!({"stream_name": "s"})),
+        ("table", json!({"table": "e"})),
+    ] {
+        let mut c = c;
+        c["format"] = json!("avro");
+        assert_eq!(parse_config(t, &c).unwrap_err().kind.sqlstate(), "0A000", "{t}");
+    }
     assert_eq!(e(json!({"topic": "t", "compression": "brotli"})).kind.sqlstate(), "22023");
     assert_eq!(
         e(json!({"topic": "t", "batch_size": "big"})).message,

@@ -60,5 +60,5 @@ fn config() {
     assert!(parse(&json!({"table": "e", "exactly_once": true})).is_ok());
     assert_eq!(e(json!({"table": "e", "retention_hours": 0})).kind.sqlstate(), "22023");
     assert_eq!(e(json!({"table": "e", "topic": "t"})).kind.sqlstate(), "22023");
-    assert_eq!(e(json!({"table": "e", "format": "avro"})).kind.sqlstate(), "0A000");
+    assert_eq!(e(json!({"table": "e", "format": "protobuf"})).kind.sqlstate(), "0A000");
 }

@@ -1,0 +1,220 @@
+//! Event formats other than pg_cdc's JSON, and the schema registry client they use. The pipeline
+//! hands each JSON event to the sink's format ([`cdc_core::format::EventFormat`]) with the plan of
+//! its relation version; [`AvroFormat`] re-encodes it in Confluent's wire format.
+//!
+//! Where a table's registry comes from, first that is set: the sink's `schema_registry`, the
+//! table's `schema_evolution.schema_registry`, the server setting `cdc.schema_registry`.
+//!
+//! Subjects: a topic per table (a topic template with `{table}`) uses the topic's subjects,
+//! `<topic>-key` and `<topic>-value`; a topic several tables share uses each record's name,
+//! scoped by the topic, `<topic>-<namespace>.Envelope` and `<topic>-<namespace>.Key`.
+//!
+//! A schema is registered when the worker first encodes an event of a table version (a new
+//! relation description), never in the DDL's transaction. Before registering, the subject's
+//! compatibility level is set from the table's `compatibility_mode`; a version recorded under
+//! `cdc_force_schema_break` is registered with the level `NONE`, and the mode's level is put back
+//! after it. With `auto_register` false the schema is only looked up, and a schema that is not
+//! registered stops the sink (state error) until someone registers it.
+pub mod avro;
+pub mod schema_registry;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use apache_avro::Schema;
+use cdc_core::envelope::{Event, RelationPlan};
+use cdc_core::format::{EventFormat, FormatError};
+use cdc_core::types::TypeRegistry;
+
+use self::avro::{TableSchemas, Ty};
+use self::schema_registry::SchemaRegistry;
+use crate::kafka::config::expand_topic;
+
+/// How a sink names its subjects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subjects {
+    /// The topic template (`{database}`, `{schema}`, `{table}`).
+    pub topic: String,
+    /// The database, for the template and the records' namespace.
+    pub database: String,
+}
+
+impl Subjects {
+    /// Whether each table has a topic of its own (the template names `{table}`).
+    pub fn per_table(&self) -> bool {
+        self.topic.contains("{table}")
+    }
+
+    /// The value and key subjects of a table whose records are in `namespace`.
+    pub fn of(&self, schema: &str, table: &str, namespace: &str) -> (String, String) {
+        let topic = expand_topic(&self.topic, &self.database, schema, table);
+        if self.per_table() {
+            (format!("{topic}-value"), format!("{topic}-key"))
+        } else {
+            (format!("{topic}-{namespace}.Envelope"), format!("{topic}-{namespace}.Key"))
+        }
+    }
+}
+
+/// A schema registered under a subject: its parsed form and id.
+struct Registered {
+    schema: Arc<Schema>,
+    id: u32,
+}
+
+/// What the format keeps of one table version.
+struct Version {
+    /// The plan it was made for (a new relation description makes a new one).
+    plan: Arc<RelationPlan>,
+    schemas: TableSchemas,
+    value: Registered,
+    key_subject: String,
+    registry: String,
+    /// Key schemas, by the key's column names.
+    keys: HashMap<Vec<String>, (Registered, Vec<Ty>)>,
+}
+
+/// The Avro format of one sink.
+pub struct AvroFormat {
+    subjects: Subjects,
+    /// The sink's `schema_registry`.
+    sink_registry: Option<String>,
+    /// The server setting `cdc.schema_registry`.
+    server_registry: Option<String>,
+    registries: HashMap<String, SchemaRegistry>,
+    /// Ids by (registry, subject, canonical form), for this worker's life.
+    ids: HashMap<(String, String, String), u32>,
+    tables: HashMap<u32, Version>,
+}
+
+impl AvroFormat {
+    /// The format of a sink whose events go to `subjects`' topics.
+    pub fn new(subjects: Subjects, sink_registry: Option<String>, server_registry: Option<String>) -> AvroFormat {
+        AvroFormat {
+            subjects,
+            sink_registry,
+            server_registry,
+            registries: HashMap::new(),
+            ids: HashMap::new(),
+            tables: HashMap::new(),
+        }
+    }
+
+    /// The registry of a table: the sink's, the table's, the server's.
+    fn registry_url(&self, plan: &RelationPlan) -> Result<String, FormatError> {
+        let url = self
+            .sink_registry
+            .clone()
+            .or_else(|| plan.config.schema_evolution.schema_registry.clone())
+            .or_else(|| self.server_registry.clone())
+            .ok_or_else(|| {
+                FormatError::operator(
+                    "the avro format needs a schema registry, and none is set: give the sink a \"schema_registry\", \
+                     the table a schema_evolution.schema_registry, or set cdc.schema_registry",
+                )
+            })?;
+        cdc_core::config::registry_url("cdc.schema_registry", &url).map_err(|e| FormatError::operator(e.message))
+    }
+
+    /// The id of `schema` under `subject`: registered (or looked up, without `auto_register`)
+    /// once per worker, the subject's compatibility level set first.
+    fn id(&mut self, url: &str, subject: &str, schema: &Schema, plan: &RelationPlan) -> Result<u32, FormatError> {
+        let canonical = schema.canonical_form();
+        let cache_key = (url.to_string(), subject.to_string(), canonical);
+        if let Some(id) = self.ids.get(&cache_key) {
+            return Ok(*id);
+        }
+        let registry = self.registries.entry(url.to_string()).or_insert_with(|| SchemaRegistry::new(url));
+        let text = json_text(schema)?;
+        let evolution = &plan.config.schema_evolution;
+        let id = if evolution.auto_register {
+            let mode = schema_registry::level(evolution.mode);
+            let forced = plan.schema_version.is_some_and(|(_, forced)| forced);
+            if forced {
+                registry.set_compatibility(subject, "NONE")?;
+            } else {
+                registry.set_compatibility(subject, mode)?;
+            }
+            let id = registry.register(subject, &text);
+            if forced {
+                registry.set_compatibility(subject, mode)?;
+            }
+            id?
+        } else {
+            registry.lookup(subject, &text)?.ok_or_else(|| {
+                FormatError::operator(format!(
+                    "schema registry {}: the schema of this table version is not registered under subject {subject}, \
+                     and the table's schema_evolution.auto_register is false: register it, or set auto_register to true",
+                    registry.label()
+                ))
+            })?
+        };
+        self.ids.insert(cache_key, id);
+        Ok(id)
+    }
+
+    fn version(&mut self, plan: &Arc<RelationPlan>, types: &TypeRegistry) -> Result<&mut Version, FormatError> {
+        let oid = plan.relation.oid;
+        if !self.tables.get(&oid).is_some_and(|v| Arc::ptr_eq(&v.plan, plan)) {
+            let schemas = avro::table_schemas(plan, types, &self.subjects.database).map_err(FormatError::operator)?;
+            let schema = Arc::new(avro::parse_schema(&schemas.value).map_err(FormatError::operator)?);
+            let url = self.registry_url(plan)?;
+            let (value_subject, key_subject) =
+                self.subjects.of(&plan.relation.namespace, &plan.relation.name, &schemas.namespace);
+            let id = self.id(&url, &value_subject, &schema, plan)?;
+            self.tables.insert(
+                oid,
+                Version {
+                    plan: plan.clone(),
+                    schemas,
+                    value: Registered { schema, id },
+                    key_subject,
+                    registry: url,
+                    keys: HashMap::new(),
+                },
+            );
+        }
+        Ok(self.tables.get_mut(&oid).expect("inserted above"))
+    }
+
+    fn key(&mut self, plan: &Arc<RelationPlan>, types: &TypeRegistry, key: &[u8]) -> Result<Vec<u8>, FormatError> {
+        let names: Vec<String> =
+            avro::ordered_fields(key).map_err(FormatError::operator)?.into_iter().map(|(n, _)| n).collect();
+        let version = self.version(plan, types)?;
+        if !version.keys.contains_key(&names) {
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let (json, tys) = version.schemas.key_schema(&refs).map_err(FormatError::operator)?;
+            let schema = Arc::new(avro::parse_schema(&json).map_err(FormatError::operator)?);
+            let (url, subject) = (version.registry.clone(), version.key_subject.clone());
+            let id = self.id(&url, &subject, &schema, plan)?;
+            let version = self.tables.get_mut(&plan.relation.oid).expect("made above");
+            version.keys.insert(names.clone(), (Registered { schema, id }, tys));
+        }
+        let version = self.tables.get(&plan.relation.oid).expect("made above");
+        let (registered, tys) = &version.keys[&names];
+        let value = TableSchemas::key_of(key, tys).map_err(FormatError::operator)?;
+        avro::frame(&registered.schema, registered.id, &value).map_err(FormatError::operator)
+    }
+}
+
+impl EventFormat for AvroFormat {
+    fn encode(&mut self, plan: &Arc<RelationPlan>, types: &TypeRegistry, event: &mut Event) -> Result<(), FormatError> {
+        let version = self.version(plan, types)?;
+        let value = version.schemas.value_of(&event.payload).map_err(FormatError::operator)?;
+        let payload = avro::frame(&version.value.schema, version.value.id, &value).map_err(FormatError::operator)?;
+        let key = match &event.key {
+            Some(k) => Some(self.key(plan, types, k)?),
+            None => None,
+        };
+        event.payload = payload;
+        event.key = key;
+        Ok(())
+    }
+}
+
+/// A schema's JSON text, as registered.
+fn json_text(schema: &Schema) -> Result<String, FormatError> {
+    serde_json::to_string(schema).map_err(|e| FormatError::operator(format!("cannot write its Avro schema: {e}")))
+}
