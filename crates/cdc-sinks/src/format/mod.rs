@@ -58,9 +58,8 @@ impl Subjects {
     }
 }
 
-/// A schema registered under a subject: its parsed form and id.
+/// A schema registered under a subject: its id.
 struct Registered {
-    schema: Arc<Schema>,
     id: u32,
 }
 
@@ -72,8 +71,8 @@ struct Version {
     value: Registered,
     key_subject: String,
     registry: String,
-    /// Key schemas, by the key's column names.
-    keys: HashMap<Vec<String>, (Registered, Vec<Ty>)>,
+    /// Key schemas: the key's column names, its schema's id, the columns' types.
+    keys: Vec<(Vec<String>, Registered, Vec<Ty>)>,
 }
 
 /// The Avro format of one sink.
@@ -159,7 +158,7 @@ impl AvroFormat {
         let oid = plan.relation.oid;
         if !self.tables.get(&oid).is_some_and(|v| Arc::ptr_eq(&v.plan, plan)) {
             let schemas = avro::table_schemas(plan, types, &self.subjects.database).map_err(FormatError::operator)?;
-            let schema = Arc::new(avro::parse_schema(&schemas.value).map_err(FormatError::operator)?);
+            let schema = avro::parse_schema(&schemas.value).map_err(FormatError::operator)?;
             let url = self.registry_url(plan)?;
             let (value_subject, key_subject) =
                 self.subjects.of(&plan.relation.namespace, &plan.relation.name, &schemas.namespace);
@@ -169,10 +168,10 @@ impl AvroFormat {
                 Version {
                     plan: plan.clone(),
                     schemas,
-                    value: Registered { schema, id },
+                    value: Registered { id },
                     key_subject,
                     registry: url,
-                    keys: HashMap::new(),
+                    keys: Vec::new(),
                 },
             );
         }
@@ -180,30 +179,33 @@ impl AvroFormat {
     }
 
     fn key(&mut self, plan: &Arc<RelationPlan>, types: &TypeRegistry, key: &[u8]) -> Result<Vec<u8>, FormatError> {
-        let names: Vec<String> =
-            avro::ordered_fields(key).map_err(FormatError::operator)?.into_iter().map(|(n, _)| n).collect();
+        let parsed = avro::Key::parse(key).map_err(FormatError::operator)?;
         let version = self.version(plan, types)?;
-        if !version.keys.contains_key(&names) {
-            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-            let (json, tys) = version.schemas.key_schema(&refs).map_err(FormatError::operator)?;
-            let schema = Arc::new(avro::parse_schema(&json).map_err(FormatError::operator)?);
-            let (url, subject) = (version.registry.clone(), version.key_subject.clone());
-            let id = self.id(&url, &subject, &schema, plan)?;
-            let version = self.tables.get_mut(&plan.relation.oid).expect("made above");
-            version.keys.insert(names.clone(), (Registered { schema, id }, tys));
-        }
+        let position = match version.keys.iter().position(|(names, _, _)| parsed.has_names(names)) {
+            Some(p) => p,
+            None => {
+                let names = parsed.names();
+                let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+                let (json, tys) = version.schemas.key_schema(&refs).map_err(FormatError::operator)?;
+                let schema = avro::parse_schema(&json).map_err(FormatError::operator)?;
+                let (url, subject) = (version.registry.clone(), version.key_subject.clone());
+                let id = self.id(&url, &subject, &schema, plan)?;
+                let version = self.tables.get_mut(&plan.relation.oid).expect("made above");
+                version.keys.push((names, Registered { id }, tys));
+                version.keys.len() - 1
+            }
+        };
         let version = self.tables.get(&plan.relation.oid).expect("made above");
-        let (registered, tys) = &version.keys[&names];
-        let value = TableSchemas::key_of(key, tys).map_err(FormatError::operator)?;
-        avro::frame(&registered.schema, registered.id, &value).map_err(FormatError::operator)
+        let (_, registered, tys) = &version.keys[position];
+        avro::frame(registered.id, |out| parsed.write(tys, out)).map_err(FormatError::operator)
     }
 }
 
 impl EventFormat for AvroFormat {
     fn encode(&mut self, plan: &Arc<RelationPlan>, types: &TypeRegistry, event: &mut Event) -> Result<(), FormatError> {
         let version = self.version(plan, types)?;
-        let value = version.schemas.value_of(&event.payload).map_err(FormatError::operator)?;
-        let payload = avro::frame(&version.value.schema, version.value.id, &value).map_err(FormatError::operator)?;
+        let payload = avro::frame(version.value.id, |out| version.schemas.write_value(&event.payload, out))
+            .map_err(FormatError::operator)?;
         let key = match &event.key {
             Some(k) => Some(self.key(plan, types, k)?),
             None => None,
