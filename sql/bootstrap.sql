@@ -150,6 +150,7 @@ CREATE TABLE _cdc_schema_versions (
     mode             text NOT NULL CHECK (mode IN ('backward', 'forward', 'full', 'none')),
     forced           boolean NOT NULL DEFAULT false,
     recorded_by      name NOT NULL DEFAULT current_user,
+    schema_ids       jsonb NOT NULL DEFAULT '[]',
     PRIMARY KEY (table_oid, version)
 );
 COMMENT ON TABLE _cdc_schema_versions IS 'pg_cdc: the schema history of each captured table: version 1 at cdc_enable, one more for each DDL that changes its columns';
@@ -159,6 +160,7 @@ COMMENT ON COLUMN _cdc_schema_versions.changes IS 'what changed from the version
 COMMENT ON COLUMN _cdc_schema_versions.compatibility IS 'FULL, BACKWARD, FORWARD or NONE against the version before (NULL for version 1)';
 COMMENT ON COLUMN _cdc_schema_versions.mode IS 'the table''s compatibility_mode when the version was recorded';
 COMMENT ON COLUMN _cdc_schema_versions.forced IS 'a change the mode forbids, let through by cdc_force_schema_break';
+COMMENT ON COLUMN _cdc_schema_versions.schema_ids IS 'the ids schema registries gave this version''s Avro schema ([{registry, subject, schema_id}], written by the worker when it registers)';
 
 CREATE TABLE _cdc_schema_breaks (
     table_oid        oid PRIMARY KEY,

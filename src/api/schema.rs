@@ -255,7 +255,7 @@ fn cdc_schema_history(table_name: Option<pg_sys::Oid>) -> JsonB {
             "SELECT coalesce(jsonb_agg(jsonb_build_object(
                         'version', version, 'timestamp', recorded_at, 'lsn', lsn::text, 'fields', fields,
                         'changes', changes, 'compatibility', compatibility, 'mode', mode, 'forced', forced,
-                        'recorded_by', recorded_by) ORDER BY version), '[]')
+                        'recorded_by', recorded_by, 'schema_ids', schema_ids) ORDER BY version), '[]')
                FROM {schema}._cdc_schema_versions WHERE table_oid = $1"
         ),
         &[oid.into()],
@@ -279,6 +279,17 @@ fn cdc_schema_history(table_name: Option<pg_sys::Oid>) -> JsonB {
                 }).collect::<Vec<_>>(),
                 "recorded_by": v["recorded_by"],
             });
+            // The ids registries gave its Avro schema (the Avro sinks register it when they first
+            // write an event of it); `schema_id` when they all gave the same one, as one registry does.
+            let ids = v["schema_ids"].as_array().cloned().unwrap_or_default();
+            if let Some(first) = ids.first().map(|r| &r["schema_id"]) {
+                if ids.iter().all(|r| &r["schema_id"] == first) {
+                    out["schema_id"] = first.clone();
+                }
+            }
+            if !ids.is_empty() {
+                out["registered"] = Value::Array(ids.clone());
+            }
             if v["version"].as_i64() != Some(1) {
                 out["changes"] = v["changes"].clone();
                 out["compatibility"] = v["compatibility"].clone();

@@ -421,6 +421,30 @@ pub fn record_progress(schema: &str, sink_name: &str, progress: &HashMap<u32, Ta
     );
 }
 
+/// Records the ids schema registries gave table versions (`_cdc_schema_versions.schema_ids`, once
+/// per registry and subject), for `cdc_schema_history`. Nothing on a catalog older than 0.4.0.
+pub fn record_registrations(schema: &str, registrations: &[cdc_core::format::Registration]) {
+    if registrations.is_empty()
+        || !catalog::select_one::<bool>(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[format!("{schema}._cdc_schema_versions").as_str().into()],
+        )
+        .unwrap_or(false)
+    {
+        return;
+    }
+    for r in registrations {
+        let entry = json!([{"registry": r.registry, "subject": r.subject, "schema_id": r.schema_id}]);
+        catalog::run(
+            &format!(
+                "UPDATE {schema}._cdc_schema_versions SET schema_ids = schema_ids || $3
+                  WHERE table_oid = $1 AND version = $2 AND NOT schema_ids @> $3"
+            ),
+            &[pg_sys::Oid::from(r.table_oid).into(), r.version.into(), pgrx::JsonB(entry).into()],
+        );
+    }
+}
+
 /// Commit LSN of the last transaction recorded in `_cdc_offsets` for each table of a sink.
 pub fn recorded_offsets(schema: &str, sink_name: &str) -> HashMap<u32, u64> {
     let rows = catalog::json(

@@ -380,8 +380,10 @@ fn confirm_delivered(schema: Option<&str>, run: &mut SinkRun, confirmed: Lsn) ->
         return Err("the slot's decoding session is gone".into());
     };
     let (name, progress) = (run.row.name.clone(), &run.unrecorded);
+    let registrations = run.assembler.take_registrations();
     run_tx(|| {
         source::record_progress(schema, &name, progress);
+        source::record_registrations(schema, &registrations);
         session.confirm(lsn);
     })?;
     run.unrecorded.clear();

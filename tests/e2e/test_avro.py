@@ -244,8 +244,12 @@ def test_a_new_table_version_is_registered_and_a_v1_consumer_reads_v2_events(pg,
     read = old_reader(v2["raw"], SerializationContext(real_topic, MessageField.VALUE))
     assert read["after"] == {"order_id": "ORD-2", "customer_id": "C-2", "total": Decimal("20.50"), "status": "pending"}
     # The history records the change.
-    history = pg.execute("SELECT cdc_schema_history(%s)", (t,)).fetchone()[0]
+    # The history records the change, and the ids the registry gave each version's schema.
+    history = wait_for(lambda: (h := pg.execute("SELECT cdc_schema_history(%s)", (t,)).fetchone()[0])
+                       ["schema_versions"][1].get("schema_id") and h, what="the ids recorded")
     assert [v["version"] for v in history["schema_versions"]] == [1, 2]
+    assert [v["schema_id"] for v in history["schema_versions"]] == [v1["id"], v2["id"]]
+    assert history["schema_versions"][1]["registered"] == [{"registry": URL, "subject": subject, "schema_id": v2["id"]}]
 
 
 def test_a_registry_that_is_down_is_retried_and_nothing_is_lost(pg, sinks, unique):

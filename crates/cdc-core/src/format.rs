@@ -38,8 +38,28 @@ impl std::fmt::Display for FormatError {
     }
 }
 
+/// A table version's schema as a schema registry knows it (for `cdc_schema_history`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    /// The table.
+    pub table_oid: u32,
+    /// The version of its schema history.
+    pub version: i32,
+    /// The registry, as messages show it (no credentials).
+    pub registry: String,
+    /// The subject of the events' values.
+    pub subject: String,
+    /// The id the registry gave the schema.
+    pub schema_id: u32,
+}
+
 /// A sink's event format: re-encodes the JSON event `event` of a change planned under `plan`.
 pub trait EventFormat: Send {
     /// Replaces `event.payload` and `event.key` with their encoding in this format.
     fn encode(&mut self, plan: &Arc<RelationPlan>, types: &TypeRegistry, event: &mut Event) -> Result<(), FormatError>;
+
+    /// The table versions whose schemas it registered (or looked up) since the last call.
+    fn take_registrations(&mut self) -> Vec<Registration> {
+        Vec::new()
+    }
 }

@@ -256,6 +256,12 @@ impl Assembler {
         self.format = format;
     }
 
+    /// The schema registrations its format made since the last call (see
+    /// [`EventFormat::take_registrations`]).
+    pub fn take_registrations(&mut self) -> Vec<crate::format::Registration> {
+        self.format.as_mut().map(|f| f.take_registrations()).unwrap_or_default()
+    }
+
     /// The sink's lookup copies (the worker sets their bindings, source and capacity, and
     /// flushes them before confirming the slot).
     pub fn lookups_mut(&mut self) -> &mut Lookups {

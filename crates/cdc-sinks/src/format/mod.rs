@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use apache_avro::Schema;
 use cdc_core::envelope::{Event, RelationPlan};
-use cdc_core::format::{EventFormat, FormatError};
+use cdc_core::format::{EventFormat, FormatError, Registration};
 use cdc_core::types::TypeRegistry;
 
 use self::avro::{TableSchemas, Ty};
@@ -86,6 +86,8 @@ pub struct AvroFormat {
     /// Ids by (registry, subject, canonical form), for this worker's life.
     ids: HashMap<(String, String, String), u32>,
     tables: HashMap<u32, Version>,
+    /// Value schemas of table versions registered since the last `take_registrations`.
+    registrations: Vec<Registration>,
 }
 
 impl AvroFormat {
@@ -98,6 +100,7 @@ impl AvroFormat {
             registries: HashMap::new(),
             ids: HashMap::new(),
             tables: HashMap::new(),
+            registrations: Vec::new(),
         }
     }
 
@@ -163,6 +166,15 @@ impl AvroFormat {
             let (value_subject, key_subject) =
                 self.subjects.of(&plan.relation.namespace, &plan.relation.name, &schemas.namespace);
             let id = self.id(&url, &value_subject, &schema, plan)?;
+            if let Some((version, _)) = plan.schema_version {
+                self.registrations.push(Registration {
+                    table_oid: oid,
+                    version,
+                    registry: schema_registry::label(&url),
+                    subject: value_subject.clone(),
+                    schema_id: id,
+                });
+            }
             self.tables.insert(
                 oid,
                 Version {
@@ -213,6 +225,10 @@ impl EventFormat for AvroFormat {
         event.payload = payload;
         event.key = key;
         Ok(())
+    }
+
+    fn take_registrations(&mut self) -> Vec<Registration> {
+        std::mem::take(&mut self.registrations)
     }
 }
 

@@ -50,7 +50,7 @@ impl SchemaRegistry {
             None => (None, authority),
         };
         let base = format!("{scheme}://{host}{}", path.trim_end_matches('/'));
-        let label = if auth.is_some() { format!("{scheme}://***@{host}{path}") } else { base.clone() };
+        let label = label(url);
         let tls = ureq::tls::TlsConfig::builder().provider(ureq::tls::TlsProvider::NativeTls).build();
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs(10)))
@@ -142,6 +142,16 @@ impl SchemaRegistry {
             r = r.header("Authorization", a);
         }
         r
+    }
+}
+
+/// A registry URL as messages and the catalog show it: credentials hidden.
+pub fn label(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("http", url));
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}://***@{host}{}", &rest[authority_end..]),
+        None => url.to_string(),
     }
 }
 

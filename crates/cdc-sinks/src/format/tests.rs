@@ -330,3 +330,10 @@ fn an_unchanged_toast_column_is_null_and_listed() {
     }
     assert!(listed > 0, "the capture has an update that leaves a TOASTed value out");
 }
+
+#[test]
+fn a_registry_url_is_shown_without_its_credentials() {
+    use super::schema_registry::label;
+    assert_eq!(label("https://user:s3cret@registry:8081/api"), "https://***@registry:8081/api");
+    assert_eq!(label("http://registry:8081"), "http://registry:8081");
+}
