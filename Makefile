@@ -58,18 +58,22 @@ e2e:
 
 ## chaos: the short seeded fault-injection runs (Kafka: at least 2,000 transactions, writes flowing through
 ## every fault, 2 of every fault kind; the in-database sink: 1,000 transactions, 2 of each of its fault
-## kinds), both over snapshots (faults land while rows are read in chunks), each followed by the control
-## that must see duplicates with deduplication switched off; and the control that must see stale rows
-## with the snapshot window switched off
+## kinds), both over snapshots (faults land while rows are read in chunks) and DDL (chaos_a altered every 2 s,
+## an enforced change tried on chaos_b), each followed by the control
+## that must see duplicates with deduplication switched off; the control that must see stale rows
+## with the snapshot window switched off; and the control that must see events with the wrong columns
+## when the oracle forgets the renames
 chaos:
 	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2 --rate 25 \
-		--snapshot-rows 50000
+		--snapshot-rows 50000 --ddl 2
 	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 2 --transactions 600 --rate 40 --control-no-dedup
 	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --sink table --seed 3 --transactions 1000 --min-faults 2 --rate 25 \
-		--snapshot-rows 100000
+		--snapshot-rows 100000 --ddl 2
 	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --sink table --seed 4 --transactions 300 --rate 40 --control-no-dedup
 	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --sink table --seed 5 --transactions 300 --rate 40 \
 		--snapshot-rows 30000 --control-no-window
+	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 6 --transactions 300 --rate 40 --ddl 1 \
+		--control-ddl-unlogged
 
 ## chaos-long: the long run by hand (100,000 transactions); writes tests/chaos/results/long.json
 chaos-long:

@@ -16,6 +16,16 @@ running snapshot's cursor, as fast as it can; a `snapshot` fault asks for one mo
 with cdc_snapshot mid-run. At least --min-faults faults must land while a
 snapshot is under way.
 
+With --ddl a DDL thread alters chaos_a while the writers run and the faults hit: ADD COLUMN (with a
+default), RENAME COLUMN, ALTER COLUMN ... TYPE (int to bigint) and DROP COLUMN of columns of its own, in
+turn, each taking the WAL insert position inside its transaction (while it holds the table's lock, so
+every other transaction of chaos_a commits before it or after its commit); and it tries, again and
+again, a change chaos_b's enforced compatibility mode forbids (narrowing val to smallint), which must be
+refused (55000) every time. The oracle then checks that each chaos_a event carries exactly the columns
+of the schema in force at its position (a snapshot READ event may carry the version just before: its
+chunk may be read before a DDL that commits ahead of the chunk's watermark), and folds each event
+through the DDLs after it before comparing with the table.
+
 With --sink table the events go to an event table instead, and the faults are the ones that apply
 (worker terminate and SIGKILL, immediate stop, the failpoint after the sink's commit).
 
@@ -33,6 +43,8 @@ events fold like inserts, and no row of chaos_b (snapshotted once) may arrive as
     tests/chaos/chaos.py --sink table --snapshot-rows 30000 --control-no-window   # must see stale rows
     tests/chaos/chaos.py --sink table --seed 3 --transactions 1000 --min-faults 2   # the in-database sink
     tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2 --rate 25 --snapshot-rows 50000  # over snapshots
+    tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2 --rate 25 --ddl 2  # ALTERs while it all runs
+    tests/chaos/chaos.py --seed 6 --transactions 300 --rate 40 --ddl 1 --control-ddl-unlogged  # must see wrong columns
 """
 import argparse
 import collections
@@ -207,6 +219,138 @@ class SnapshotWriter(threading.Thread):
                 time.sleep(0.2)
 
 
+BASE_COLUMNS = ("id", "writer", "seq", "val")
+
+
+class DdlRunner(threading.Thread):
+    """Alters chaos_a every `interval` seconds until stopped (see --ddl): ADD, RENAME, TYPE, DROP of
+    its own columns, in turn. Records (position, step) for each DDL that committed: the position is
+    the WAL insert LSN taken inside its transaction, after the ALTER (it holds the table's ACCESS
+    EXCLUSIVE lock then, so every other transaction writing chaos_a commits before it or after the DDL
+    commits). A DDL whose commit was lost to a fault is resolved by reading the catalog back; its
+    position is then the LSN taken inside, when that answer came back, else the window around it."""
+
+    def __init__(self, interval, stop):
+        super().__init__(daemon=True)
+        self.interval, self.stop_ev = interval, stop
+        self.log = []  # (lo, hi, step): the DDL's position is in [lo, hi] (lo == hi when exact)
+        self.refused = 0  # enforced chaos_b changes refused with 55000
+        self.accepted = 0  # ... and let through (must stay 0)
+        self.error = None
+
+    def steps(self):
+        n = 0
+        while True:
+            n += 1
+            col, renamed = f"ddl_{n}", f"ddl_{n}_r"
+            yield ("add", col, n), f"ALTER TABLE chaos_a ADD COLUMN {col} int DEFAULT {n}", (col, True)
+            yield ("rename", col, renamed), f"ALTER TABLE chaos_a RENAME COLUMN {col} TO {renamed}", (renamed, True)
+            yield ("type", renamed, "bigint"), f"ALTER TABLE chaos_a ALTER COLUMN {renamed} TYPE bigint", \
+                (renamed, "bigint")
+            yield ("drop", renamed), f"ALTER TABLE chaos_a DROP COLUMN {renamed}", (renamed, False)
+
+    @staticmethod
+    def lsn(conn):
+        return int(conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'").fetchone()[0])
+
+    @staticmethod
+    def done(conn, check):
+        """Whether the catalog shows the step done: the column exists (or not), or has the type."""
+        col, want = check
+        row = conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'chaos_a'::regclass "
+                           "AND attname = %s AND NOT attisdropped", (col,)).fetchone()
+        if want is False:
+            return row is None
+        if want is True:
+            return row is not None
+        return row is not None and row[0] == want
+
+    def run(self):
+        conn, steps = None, self.steps()
+        step, sql, check = next(steps)
+        try:
+            while not self.stop_ev.wait(self.interval):
+                lo, inside = None, None
+                try:
+                    conn = conn or connect()
+                    lo = self.lsn(conn)
+                    conn.execute("SET lock_timeout = '5s'")
+                    with conn.transaction():
+                        conn.execute(sql)
+                        inside = self.lsn(conn)
+                    self.log.append((inside, inside, step))
+                    step, sql, check = next(steps)
+                except psycopg.errors.LockNotAvailable:
+                    continue  # busy: try the same step again
+                except (psycopg.OperationalError, psycopg.errors.AdminShutdown, psycopg.InterfaceError):
+                    try:
+                        conn and conn.close()
+                    except Exception:  # noqa: BLE001 - the server is away
+                        pass
+                    conn = connect()
+                    if lo is not None and self.done(conn, check):
+                        hi = self.lsn(conn)
+                        self.log.append((inside, inside, step) if inside else (lo, hi, step))
+                        step, sql, check = next(steps)
+                    continue
+                if len(self.log) % 4 != 1:
+                    continue
+                try:
+                    conn.execute("ALTER TABLE chaos_b ALTER COLUMN val TYPE smallint")
+                    self.accepted += 1
+                except psycopg.errors.ObjectNotInPrerequisiteState:
+                    self.refused += 1
+                except psycopg.Error:
+                    pass  # a fault in between: tried again next time
+        except Exception as e:  # noqa: BLE001 - reported by the run
+            self.error = repr(e)
+
+
+def columns_at(ddl_log, commit_lsn):
+    """chaos_a's columns for a transaction committed at `commit_lsn`, by the DDL log: (exact,
+    uncertain) where uncertain is the other possible set when a DDL's position is a window holding it."""
+    cols, uncertain = list(BASE_COLUMNS), None
+    for lo, hi, step in ddl_log:
+        before = list(cols)
+        if lo <= commit_lsn <= hi and lo != hi:
+            uncertain = before
+        if commit_lsn > lo:
+            cols = apply_step(cols, step)
+        else:
+            break
+    return cols, uncertain
+
+
+def apply_step(cols, step):
+    kind = step[0]
+    if kind == "add":
+        return cols + [step[1]]
+    if kind == "rename":
+        return [step[2] if c == step[1] else c for c in cols]
+    if kind == "drop":
+        return [c for c in cols if c != step[1]]
+    return cols
+
+
+def fold_through(image, ddl_log, commit_lsn):
+    """A chaos_a row image as the table shows it after every DDL past `commit_lsn`: an added column
+    reads its default, a renamed one its new name, a dropped one is gone."""
+    image = dict(image)
+    for _, hi, step in ddl_log:
+        # Each step is idempotent (a default set once, a rename of a name that is there, a drop),
+        # so a DDL whose position is a window around the event applies either way.
+        if hi < commit_lsn:
+            continue
+        kind = step[0]
+        if kind == "add":
+            image.setdefault(step[1], step[2])
+        elif kind == "rename" and step[1] in image:
+            image[step[2]] = image.pop(step[1])
+        elif kind == "drop":
+            image.pop(step[1], None)
+    return image
+
+
 class Faults:
     KINDS = ("terminate", "sigkill", "pg_immediate", "broker_restart", "broker_outage", "failpoint", "zombie")
     # The faults of a sink that has no broker.
@@ -338,7 +482,9 @@ def norm_key(key):
     return json.dumps(json.loads(key), sort_keys=True, separators=(",", ":")).encode() if key else key
 
 
-def oracle(records, conn):
+def oracle(records, conn, ddl_log=None):
+    ddl_log = sorted(ddl_log or [], key=lambda e: e[0])
+    schema_checked, schema_mismatched, reads_of_version_before = 0, 0, 0
     seen, dups, foreign = set(), 0, 0
     reads = collections.Counter()
     per_txn = collections.defaultdict(list)
@@ -359,6 +505,25 @@ def oracle(records, conn):
         if md["operation"] == "READ":
             reads[(md["table"], key)] += 1
         per_txn[md["commit_lsn"]].append(md["transaction"]["event_count"])
+        if ddl_log and md["table"] == "chaos_a" and ev["after"] is not None:
+            # The columns of its version, by the DDL log (not by pg_cdc's history).
+            want, maybe = columns_at(ddl_log, md["commit_lsn"])
+            # As sets: the in-database sink keeps events as jsonb, whose keys come out sorted.
+            got, want = sorted(ev["after"]), sorted(want)
+            maybe = sorted(maybe) if maybe is not None else None
+            schema_checked += 1
+            fold_from = md["commit_lsn"]
+            if got != want and got != maybe:
+                last = max((lo for lo, _, _ in ddl_log if lo < md["commit_lsn"]), default=None)
+                earlier = sorted(columns_at(ddl_log, last - 1)[0]) if last is not None else None
+                if md["operation"] == "READ" and got == earlier:
+                    reads_of_version_before += 1
+                    fold_from = last  # its chunk was read before that DDL: fold through it too
+                else:
+                    schema_mismatched += 1
+                    if schema_mismatched <= 5:
+                        log(f"event of chaos_a at {md['commit_lsn']}/{md['lsn']} has columns {got}, its version {want}")
+            ev["after"] = fold_through(ev["after"], ddl_log, fold_from)
         events.append((md["commit_lsn"], md["lsn"], md["table"], key, ev))
     torn = sum(1 for counts in per_txn.values() if len(counts) != counts[0])
     events.sort(key=lambda e: (e[0], e[1]))
@@ -396,7 +561,8 @@ def oracle(records, conn):
     return {"events_read": len(records), "unique_events": len(events), "duplicated": dups, "torn": torn,
             "snapshot_reads": sum(reads.values()), "snapshot_reads_repeated": repeated,
             "lost_or_wrong_rows": mismatched, "aborted_visible": aborted_visible + foreign, "writer_gaps": gaps,
-            "transactions_seen": len(per_txn)}
+            "transactions_seen": len(per_txn), "events_schema_checked": schema_checked,
+            "events_with_wrong_columns": schema_mismatched, "snapshot_reads_of_the_version_before": reads_of_version_before}
 
 
 def main():
@@ -416,10 +582,16 @@ def main():
     p.add_argument("--snapshot-rows", type=int, default=0, help="rows in chaos_a and chaos_b before the sink is "
                    "added: the run covers its initial snapshot, and a snapshot fault (cdc_snapshot) too")
     p.add_argument("--snapshot-chunk", type=int, default=100, help="the sink's snapshot_chunk_size")
+    p.add_argument("--ddl", type=float, default=0, metavar="SECONDS", help="alter chaos_a every SECONDS while "
+                   "the writers run (ADD, RENAME, TYPE, DROP COLUMN), and try a change chaos_b's enforced mode refuses")
+    p.add_argument("--control-ddl-unlogged", action="store_true", help="with --ddl: the oracle forgets the "
+                   "renames it made (no faults); it must see events whose columns are not their version's")
     p.add_argument("--out", help="write the figures to this JSON file")
     a = p.parse_args()
     if a.control_no_window and not a.snapshot_rows:
         p.error("--control-no-window needs --snapshot-rows")
+    if a.control_ddl_unlogged and not a.ddl:
+        p.error("--control-ddl-unlogged needs --ddl")
     rng = random.Random(a.seed)
     tag = f"{a.seed}-{int(time.time())}"
     topic, txn_id, sink = f"chaos-{tag}", f"chaos-{tag}", f"chaos_{a.sink}_{a.seed}"
@@ -441,7 +613,10 @@ def main():
         conn.execute(f"INSERT INTO {t} SELECT 'pre-' || lpad(g::text, 7, '0'), 0, g, 0 "
                      "FROM generate_series(1, %s) g", (a.snapshot_rows,))
     for t in TABLES:
-        conn.execute("SELECT cdc_enable(%s, '{\"include_transaction_info\": true}')", (t,))
+        cfg = {"include_transaction_info": True}
+        if t == "chaos_b" and a.ddl:
+            cfg["schema_evolution"] = {"compatibility_mode": "backward", "enforce": True}
+        conn.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, json.dumps(cfg)))
     log_since = conn.execute("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')").fetchone()[0]
     conn.execute("ALTER SYSTEM SET cdc.heartbeat_interval_ms = 1000")
     conn.execute("ALTER SYSTEM SET cdc.test_skip_dedup = %s" % ("on" if a.control_no_dedup else "off"))
@@ -497,11 +672,15 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
     rng.shuffle(schedule)
     if a.control_no_dedup:
         schedule = ["failpoint"] * max(2, a.min_faults)
-    if a.control_no_window:
-        schedule = []  # the stale rows come from the missing window alone
+    if a.control_no_window or a.control_ddl_unlogged:
+        schedule = []  # the stale rows (the wrong columns) come from what the control switched off alone
+    ddl_stop = threading.Event()
+    ddl = DdlRunner(a.ddl, ddl_stop)
     started = time.time()
     for w in writers:
         w.start()
+    if a.ddl:
+        ddl.start()
     total = per_writer * a.writers
     during_snapshot = 0
     for n, kind in enumerate(schedule):
@@ -520,7 +699,13 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
     stop.set()
     for w in writers:
         w.join()
-    errors = [w.error for w in writers if w.error]
+    ddl_stop.set()
+    if a.ddl:
+        ddl.join()
+    errors = [w.error for w in writers if w.error] + ([ddl.error] if ddl.error else [])
+    if a.ddl and (len(ddl.log) < 4 or ddl.refused == 0 or ddl.accepted):
+        errors.append(f"DDL: {len(ddl.log)} committed (4 wanted), enforced change refused {ddl.refused} times "
+                      f"and let through {ddl.accepted} times (0 wanted)")
     log(f"writers done: {sum(w.seq for w in writers)} transactions in {time.time() - started:.0f}s")
 
     with connect() as c:
@@ -543,7 +728,8 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
         else:
             errors.append("the sink did not catch up within 300 s")
         records = read_table(event_table) if a.sink == "table" else read_topic(topic)
-        result = oracle(records, c)
+        ddl_log = [e for e in ddl.log if not (a.control_ddl_unlogged and e[2][0] == "rename")]
+        result = oracle(records, c, ddl_log if a.ddl else None)
         state = c.execute("SELECT state, last_error FROM _cdc_sinks WHERE sink_name = %s", (sink,)).fetchone()
         slot = c.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (sink,)).fetchone()[0]
         c.execute("SELECT cdc_drop_sink(%s)", (sink,))
@@ -563,6 +749,8 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
         "snapshot_rows": a.snapshot_rows, "faults_during_snapshot": during_snapshot,
         "snapshot_rows_changed_by_racer": racer.changed,
         "sink_state": state[0] if state else None, "errors": errors,
+        "ddl_committed": len(ddl.log), "ddl_positions_uncertain": sum(1 for lo, hi, _ in ddl.log if lo != hi),
+        "enforced_ddl_refused": ddl.refused,
         "duplicate_events_skipped_by_worker": dedup_logged(sink, log_since),
     })
     print(json.dumps(result, indent=2))
@@ -570,10 +758,12 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
         with open(a.out, "w") as f:
             json.dump(result, f, indent=2)
     bad = result["duplicated"] or result["torn"] or result["lost_or_wrong_rows"] or result["aborted_visible"] \
-        or result["writer_gaps"] or result["snapshot_reads_repeated"] or errors
+        or result["writer_gaps"] or result["snapshot_reads_repeated"] or result["events_with_wrong_columns"] or errors
     # A control must go red: the figure the switched-off protection guards must be above zero.
     control = ("duplicated", "dedup off", "duplicates") if a.control_no_dedup else \
-        ("lost_or_wrong_rows", "no snapshot window", "wrong rows") if a.control_no_window else None
+        ("lost_or_wrong_rows", "no snapshot window", "wrong rows") if a.control_no_window else \
+        ("events_with_wrong_columns", "the renames left out of the oracle's DDL log", "events with the wrong columns") \
+        if a.control_ddl_unlogged else None
     if control:
         figure, off, what = control
         if result[figure] == 0:

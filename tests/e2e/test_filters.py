@@ -1,6 +1,7 @@
 """Row filters, computed columns, masks and enrichment through Kafka (seed example 4 and the
 seed's CDC configuration block), cdc_filter_metrics and cdc_preview."""
 import json
+import re
 import time
 
 import psycopg
@@ -255,10 +256,14 @@ def test_ddl_that_breaks_a_filter_stops_the_tables_sinks_until_it_is_enabled_aga
     assert [m["value"]["after"]["id"] for m in consume(f"ddlcarrier-{unique}", 1)] == [1]
 
     pg.execute(f"ALTER TABLE {t} DROP COLUMN amount")
+    after_ddl = pg.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
     pg.execute(f"INSERT INTO {t} VALUES (3, 'after the drop')")
     pg.execute(f"INSERT INTO {other} VALUES (1)")
     state = wait_for(lambda: (s := sink_state(pg, carrier)) and s[0] == "error" and s, what="error state")
     assert f"public.{t}" in state[1] and "no longer fits" in state[1] and "amount" in state[1], state[1]
+    # It names the position from which the config no longer fits: the first change after the DDL.
+    at = re.search(r"from LSN ([0-9A-F]+/[0-9A-F]+)", state[1])
+    assert at and pg.execute("SELECT %s::pg_lsn >= %s::pg_lsn", (at.group(1), after_ddl)).fetchone()[0], state[1]
     assert [m["value"]["after"]["id"] for m in consume(f"ddlbystander-{unique}", 1)] == [1]
     assert sink_state(pg, f"ddlbystander_{unique}")[0] == "running"
 

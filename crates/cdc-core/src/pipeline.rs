@@ -771,7 +771,7 @@ impl Assembler {
                     let mut plan = RelationPlan::with_aliases(rel, cfg.clone(), types, self.transformations, aliases)
                         .map_err(|e| PipelineError::Config {
                         table: table.clone(),
-                        reason: format!("its capture config no longer fits it: {e}"),
+                        reason: format!("from LSN {lsn} on, its capture config no longer fits it: {e}"),
                     })?;
                     plan.schema_version =
                         cfg.history.as_ref().and_then(|h| h.version_at(lsn)).map(|v| (v.number, v.forced));
