@@ -85,6 +85,99 @@ pub(crate) fn forget(schema: &str, oid: pg_sys::Oid) {
     catalog::run(&format!("DELETE FROM {schema}._cdc_schema_breaks WHERE table_oid = $1"), &[oid.into()]);
 }
 
+/// The consumers of a table's events: every consumer group that committed offsets on the topic
+/// of a Kafka sink carrying the table, with the version in force at the last event it consumed
+/// (from the event's LSN and the history; on a partition it has read to the end, the version in
+/// force now), the oldest over its partitions, and whether it can read the versions after it. Read
+/// from the brokers with each sink's connection settings, at most 10 s a sink; what could not be
+/// read is said in the second value, and nothing is guessed.
+fn consumers(schema: &str, oid: pg_sys::Oid, versions: &[Value]) -> (Value, Option<String>) {
+    let sinks = catalog::json(
+        &format!(
+            "SELECT coalesce(jsonb_agg(jsonb_build_object('name', sink_name, 'config', config) ORDER BY sink_name), '[]')
+               FROM {schema}._cdc_sinks WHERE sink_type = 'kafka' AND (table_oids IS NULL OR $1 = ANY (table_oids))"
+        ),
+        &[oid.into()],
+    )
+    .unwrap_or(json!([]));
+    let meta: Vec<(i32, cdc_core::Lsn, Option<String>)> = versions
+        .iter()
+        .filter_map(|v| {
+            let lsn = v["lsn"].as_str()?.parse().ok()?;
+            Some((v["version"].as_i64()? as i32, lsn, v["compatibility"].as_str().map(str::to_string)))
+        })
+        .collect();
+    let meta: Vec<(i32, cdc_core::Lsn, Option<&str>)> = meta.iter().map(|(n, l, c)| (*n, *l, c.as_deref())).collect();
+    let names = catalog::json(
+        "SELECT jsonb_build_object('db', current_database(), 'schema', n.nspname, 'table', c.relname)
+           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+        &[oid.into()],
+    )
+    .unwrap_or(json!({}));
+    let (db, nsp, rel) = (
+        names["db"].as_str().unwrap_or_default().to_string(),
+        names["schema"].as_str().unwrap_or_default().to_string(),
+        names["table"].as_str().unwrap_or_default().to_string(),
+    );
+    let bootstrap = crate::gucs::string(&crate::gucs::KAFKA_BOOTSTRAP_SERVERS);
+    let mut groups = serde_json::Map::new();
+    let mut problems = Vec::new();
+    for sink in sinks.as_array().into_iter().flatten() {
+        let name = sink["name"].as_str().unwrap_or_default().to_string();
+        let Ok(cfg) = cdc_sinks::kafka::config::parse(&sink["config"]) else { continue };
+        let topic = cdc_sinks::kafka::config::expand_topic(&cfg.topic, &db, &nsp, &rel);
+        let (b, t) = (bootstrap.clone(), topic.clone());
+        let read = cdc_sinks::kafka::with_signals_blocked(move || {
+            std::thread::spawn(move || {
+                cdc_sinks::kafka::groups::positions(&cfg, &b, &t, std::time::Duration::from_secs(10), 200)
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| Err("the Kafka client failed".into()));
+        let (positions, skipped) = match read {
+            Ok(p) => p,
+            Err(e) => {
+                problems.push(format!("sink {name}: {e}"));
+                continue;
+            }
+        };
+        if skipped > 0 {
+            problems.push(format!("sink {name}: {skipped} more consumer groups were not read (200 at most)"));
+        }
+        for p in positions {
+            let lsn = p.last.as_deref().and_then(|v| match v.first() {
+                Some(0) => cdc_sinks::format::avro::event_lsn(v),
+                _ => serde_json::from_slice::<Value>(v).ok()?["metadata"]["lsn"].as_u64(),
+            });
+            let entry = groups
+                .entry(p.group.clone())
+                .or_insert_with(|| json!({"sinks": [], "lag_offsets": 0, "caught_up": true}));
+            entry["lag_offsets"] = json!(entry["lag_offsets"].as_i64().unwrap_or(0) + (p.end - p.committed).max(0));
+            if !p.caught_up {
+                entry["caught_up"] = json!(false);
+            }
+            if !entry["sinks"].as_array().is_some_and(|a| a.contains(&json!({"sink": name, "topic": topic}))) {
+                entry["sinks"].as_array_mut().expect("an array").push(json!({"sink": name, "topic": topic}));
+            }
+            // Caught up on the partition: its next event there is of the version in force now.
+            let at = if p.caught_up { Some(u64::MAX) } else { lsn };
+            let Some((using, reads_newer)) = at.and_then(|l| rules::reader_status(&meta, cdc_core::Lsn(l))) else {
+                entry["unknown_partitions"] = json!(entry["unknown_partitions"].as_i64().unwrap_or(0) + 1);
+                continue;
+            };
+            // A group on several partitions (or topics) is as far behind as its oldest position.
+            let current = entry["using_version"].as_i64();
+            if current.is_none_or(|c| i64::from(using) < c) {
+                entry["using_version"] = json!(using);
+                entry["status"] = json!(if reads_newer { "compatible" } else { "incompatible" });
+            } else if current == Some(i64::from(using)) && !reads_newer {
+                entry["status"] = json!("incompatible");
+            }
+        }
+    }
+    (Value::Object(groups), (!problems.is_empty()).then(|| problems.join("; ")))
+}
+
 /// Called by the `_cdc_schema_changes` event trigger after an ALTER TABLE of captured tables:
 /// records a version for each whose columns changed, and warns about (or, enforced, refuses) a
 /// change its compatibility mode forbids.
@@ -301,6 +394,7 @@ fn cdc_schema_history(table_name: Option<pg_sys::Oid>) -> JsonB {
             out
         })
         .collect();
+    let (consumers, unavailable) = consumers(&schema, oid, &versions);
     let pending_break = catalog::select_one::<bool>(
         &format!("SELECT true FROM {schema}._cdc_schema_breaks WHERE table_oid = $1"),
         &[oid.into()],
@@ -311,10 +405,11 @@ fn cdc_schema_history(table_name: Option<pg_sys::Oid>) -> JsonB {
         "compatibility_mode": evolution.mode.as_str(),
         "enforce": evolution.enforce,
         "schema_versions": versions,
-        // Who reads which version needs the consumers' own positions (e.g. a Kafka group's
-        // committed offsets): not known yet, so nothing is claimed.
-        "consumers": {},
+        "consumers": consumers,
     });
+    if let Some(why) = unavailable {
+        out["consumers_unavailable"] = json!(why);
+    }
     if pending_break {
         out["next_break_allowed"] = json!(true);
     }
@@ -396,6 +491,32 @@ fn cdc_check_compatibility(table_name: Option<pg_sys::Oid>, proposed_change: Opt
     let changes = rules::diff(&now, &after);
     let found = relevant_issues(&config, &changes, rules::issues(&table, &changes));
     let violated = rules::violations(evolution.mode, &found);
+    // The consumers a break would hit (read from the brokers only when there is one): a change old
+    // readers cannot read hits every group, one that new readers cannot read over older events
+    // hits the groups that still have older events to read.
+    let (groups, unavailable) = if violated.is_empty() {
+        (json!({}), None)
+    } else {
+        let versions = catalog::json(
+            &format!(
+                "SELECT coalesce(jsonb_agg(jsonb_build_object('version', version, 'lsn', lsn::text,
+                        'compatibility', compatibility) ORDER BY version), '[]')
+                   FROM {schema}._cdc_schema_versions WHERE table_oid = $1"
+            ),
+            &[oid.into()],
+        )
+        .unwrap_or(json!([]));
+        consumers(&schema, oid, versions.as_array().map(Vec::as_slice).unwrap_or_default())
+    };
+    let affected = |d: rules::Direction| -> Vec<String> {
+        groups
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, g)| d == rules::Direction::Forward || g["caught_up"] != json!(true))
+            .map(|(name, _)| name.clone())
+            .collect()
+    };
     let issues: Vec<Value> = violated
         .iter()
         .map(|i| {
@@ -403,15 +524,13 @@ fn cdc_check_compatibility(table_name: Option<pg_sys::Oid>, proposed_change: Opt
                 "issue": i.title,
                 "detail": i.detail,
                 "breaks": match i.direction { rules::Direction::Backward => "backward", rules::Direction::Forward => "forward" },
-                // Which consumers read which version is not known yet (see cdc_schema_history): none
-                // is named rather than any invented.
-                "affected_consumers": [],
+                "affected_consumers": affected(i.direction),
                 "fix": i.fix,
             })
         })
         .collect();
     let recommendation = violated.iter().find_map(|i| i.statement.clone());
-    JsonB(json!({
+    let mut out = json!({
         "compatibility_check": if violated.is_empty() { "PASSED" } else { "FAILED" },
         "proposed_change": proposed,
         "table": table,
@@ -422,5 +541,9 @@ fn cdc_check_compatibility(table_name: Option<pg_sys::Oid>, proposed_change: Opt
         "compatibility": rules::compatibility(&found),
         "issues": issues,
         "recommendation": recommendation,
-    }))
+    });
+    if let Some(why) = unavailable {
+        out["consumers_unavailable"] = json!(why);
+    }
+    JsonB(out)
 }

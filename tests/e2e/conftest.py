@@ -101,6 +101,15 @@ class Sinks:
         delete_topics(self.topics)
 
 
+def create_topic(topic, partitions=1):
+    """Creates `topic` with `partitions` partitions (a test that needs one order of events across
+    keys creates its topic with one, before the sink writes to it)."""
+    from confluent_kafka.admin import NewTopic
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    for f in admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)]).values():
+        f.result(15)
+
+
 def delete_topics(topics):
     """Deletes test topics, so the broker the tests share stays small (its restarts in the chaos run
     load every partition). Best effort: a topic that was never created is fine."""

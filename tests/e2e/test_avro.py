@@ -18,7 +18,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from conftest import (BOOTSTRAP, PG_DSN, consume, hold_worker, server_settings, sink_state, wait_for,
+from conftest import (BOOTSTRAP, consume, create_topic, hold_worker, server_settings, sink_state, wait_for,
                       wait_setting)
 from test_compliance import SEED_CONFIG as SEED_2_CONFIG, create_transactions, token, token_key  # noqa: F401
 
@@ -70,9 +70,23 @@ def consume_avro(topic, count, timeout=40.0):
         value = values(m.value(), SerializationContext(topic, MessageField.VALUE))
         key = keys(m.key(), SerializationContext(topic, MessageField.KEY)) if m.key() else None
         res.append({"value": value, "key": key, "raw": m.value(), "raw_key": m.key(),
-                    "id": int.from_bytes(m.value()[1:5], "big")})
+                    "id": int.from_bytes(m.value()[1:5], "big"), "partition": m.partition(), "offset": m.offset()})
     res.sort(key=lambda e: (e["value"]["metadata"]["commit_lsn"], e["value"]["metadata"]["lsn"]))
     return res
+
+
+def commit_positions(group, topic, msgs):
+    """Commits, for consumer group `group`, the offsets just past `msgs` (per partition), as a
+    consumer that read them would."""
+    from confluent_kafka import TopicPartition
+    last = {}
+    for m in msgs:
+        last[m["partition"]] = max(last.get(m["partition"], -1), m["offset"])
+    c = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[TopicPartition(topic, p, o + 1) for p, o in last.items()], asynchronous=False)
+    finally:
+        c.close()
 
 
 def exact(msgs):
@@ -218,8 +232,9 @@ def test_a_new_table_version_is_registered_and_a_v1_consumer_reads_v2_events(pg,
     pg.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, json.dumps({"schema_evolution": {
         "enabled": True, "compatibility_mode": "full", "schema_registry": URL, "auto_register": True}})))
     topic = f"evo-{unique}.{{table}}"
-    sinks.add(f"evo_{unique}", topic, format="avro", tables=[t])
     real_topic = f"evo-{unique}.{t}"
+    create_topic(real_topic)  # one partition: the consumers' positions below are in one order
+    sinks.add(f"evo_{unique}", topic, format="avro", tables=[t])
     sinks.topics.append(real_topic)
     pg.execute(f"INSERT INTO {t} VALUES ('ORD-0', 'C-0', 1.00, 'new')")
     consume_avro(real_topic, 1)
@@ -244,12 +259,23 @@ def test_a_new_table_version_is_registered_and_a_v1_consumer_reads_v2_events(pg,
     read = old_reader(v2["raw"], SerializationContext(real_topic, MessageField.VALUE))
     assert read["after"] == {"order_id": "ORD-2", "customer_id": "C-2", "total": Decimal("20.50"), "status": "pending"}
     # The history records the change.
+    # Two consumer groups: one read everything, one only what was written under version 1. The
+    # history's consumers come from their committed offsets.
+    commit_positions("fulfillment_service", real_topic, msgs)
+    commit_positions("legacy_system", real_topic, [v1, v1b])
     # The history records the change, and the ids the registry gave each version's schema.
     history = wait_for(lambda: (h := pg.execute("SELECT cdc_schema_history(%s)", (t,)).fetchone()[0])
                        ["schema_versions"][1].get("schema_id") and h, what="the ids recorded")
     assert [v["version"] for v in history["schema_versions"]] == [1, 2]
     assert [v["schema_id"] for v in history["schema_versions"]] == [v1["id"], v2["id"]]
     assert history["schema_versions"][1]["registered"] == [{"registry": URL, "subject": subject, "schema_id": v2["id"]}]
+    consumers = history["consumers"]
+    assert "consumers_unavailable" not in history, history
+    assert consumers["fulfillment_service"]["using_version"] == 2 and consumers["fulfillment_service"]["caught_up"]
+    # Version 2 is FULL compatible with 1: a reader of version 1 reads its events.
+    assert consumers["legacy_system"]["using_version"] == 1 and consumers["legacy_system"]["status"] == "compatible"
+    assert not consumers["legacy_system"]["caught_up"] and consumers["legacy_system"]["lag_offsets"] >= 1
+    assert consumers["legacy_system"]["sinks"] == [{"sink": f"evo_{unique}", "topic": real_topic}]
 
 
 def test_a_registry_that_is_down_is_retried_and_nothing_is_lost(pg, sinks, unique):

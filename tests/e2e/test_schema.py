@@ -100,3 +100,51 @@ def test_a_renamed_key_column_keeps_keying_the_events(pg, table_sink, unique):
     assert keys == [{"code": "a"}, {"sku": "b"}, {"sku": "a"}]
     assert pg.execute("SELECT key_columns FROM _cdc_publications WHERE table_oid = %s::regclass",
                       (t,)).fetchone()[0] == ["sku"]
+
+
+def test_consumers_of_a_json_topic_are_read_from_their_groups_offsets(pg, sinks, unique):
+    """cdc_schema_history's consumers come from the consumer groups' committed offsets on the
+    sink's topic: the version in force at the last event each group consumed, and whether it can
+    read what came after. A group on version 1 after a change that is BACKWARD only (DROP NOT
+    NULL: an old reader cannot read newer events) is incompatible; a group with no offsets on the
+    topic is not there at all."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from conftest import BOOTSTRAP, consume, create_topic
+
+    t, topic = f"cons_{unique}", f"cons-{unique}"
+    create_topic(topic)  # one partition: the groups' positions below are in one order
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, note text NOT NULL)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    sinks.add(f"cons_{unique}", topic, tables=[t])
+    pg.execute(f"INSERT INTO {t} VALUES (1, 'a'), (2, 'b')")
+    pg.execute(f"ALTER TABLE {t} ALTER COLUMN note DROP NOT NULL")
+    pg.execute(f"INSERT INTO {t} VALUES (3, NULL)")
+    msgs = consume(topic, 3)
+    before = [m for m in msgs if m["value"]["after"]["id"] in (1, 2)]
+
+    def commit(group, read):
+        last = {}
+        for m in read:
+            last[m["partition"]] = max(last.get(m["partition"], -1), m["offset"])
+        c = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": group, "enable.auto.commit": False})
+        c.commit(offsets=[TopicPartition(topic, p, o + 1) for p, o in last.items()], asynchronous=False)
+        c.close()
+
+    commit(f"old_reader_{unique}", before)
+    commit(f"new_reader_{unique}", msgs)
+    history = pg.execute("SELECT cdc_schema_history(%s)", (t,)).fetchone()[0]
+    assert history["schema_versions"][1]["compatibility"] == "BACKWARD"
+    consumers = history["consumers"]
+    assert consumers[f"old_reader_{unique}"]["using_version"] == 1
+    assert consumers[f"old_reader_{unique}"]["status"] == "incompatible"
+    assert consumers[f"new_reader_{unique}"]["using_version"] == 2
+    assert consumers[f"new_reader_{unique}"]["status"] == "compatible"
+    assert consumers[f"new_reader_{unique}"]["caught_up"] and not consumers[f"old_reader_{unique}"]["caught_up"]
+    assert not [g for g in consumers if g.startswith("e2e-")], "groups with no offsets on the topic are left out"
+    # A proposed narrowing breaks new readers over older events: it hits the group that still has
+    # older events to read, not the one that read them all.
+    check = pg.execute("SELECT cdc_check_compatibility(%s, 'ALTER COLUMN id TYPE smallint')", (t,)).fetchone()[0]
+    assert check["compatibility_check"] == "FAILED"
+    assert check["issues"][0]["breaks"] == "backward"
+    assert check["issues"][0]["affected_consumers"] == [f"old_reader_{unique}"]

@@ -624,6 +624,19 @@ impl History {
     }
 }
 
+/// What a consumer can read next, by the last event it consumed: the version in force at that
+/// event's position (the first version when the event is older than the history), and whether
+/// it can read every later version's events (each later version is FORWARD or FULL compatible
+/// with the one before: an old schema reads newer events). `versions` are (number, recorded at,
+/// compatibility), ascending.
+pub fn reader_status(versions: &[(i32, Lsn, Option<&str>)], at: Lsn) -> Option<(i32, bool)> {
+    let first = versions.first()?;
+    let using = versions.iter().rev().find(|(_, lsn, _)| *lsn < at).unwrap_or(first).0;
+    let reads_newer =
+        versions.iter().filter(|(n, _, _)| *n > using).all(|(_, _, c)| matches!(c, Some("FORWARD") | Some("FULL")));
+    Some((using, reads_newer))
+}
+
 /// `name` as an identifier in an expression: bare when PostgreSQL would read it back unchanged.
 fn quote_ident(name: &str) -> String {
     let simple = name.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')

@@ -329,3 +329,18 @@ fn a_proposed_change_that_is_not_a_column_change_is_refused() {
     assert_eq!(state("ADD COLUMN x widget"), "42704");
     assert_eq!(state("ADD COLUMN status text"), "22023");
 }
+
+#[test]
+fn a_consumer_reads_the_version_of_its_last_event_and_knows_if_it_can_go_on() {
+    let v = [(1, lsn(100), None), (2, lsn(200), Some("FULL")), (3, lsn(300), Some("BACKWARD"))];
+    // Its last event was written under version 1: versions 2 (FULL) and 3 (BACKWARD only) follow;
+    // an old schema cannot read version 3's events.
+    assert_eq!(reader_status(&v, lsn(150)), Some((1, false)));
+    assert_eq!(reader_status(&v, lsn(250)), Some((2, false)));
+    assert_eq!(reader_status(&v, lsn(350)), Some((3, true)));
+    // Older than the history: the first version.
+    assert_eq!(reader_status(&v, lsn(50)), Some((1, false)));
+    let forward = [(1, lsn(100), None), (2, lsn(200), Some("FORWARD"))];
+    assert_eq!(reader_status(&forward, lsn(150)), Some((1, true)));
+    assert_eq!(reader_status(&[], lsn(1)), None);
+}

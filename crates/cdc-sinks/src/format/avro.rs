@@ -791,6 +791,36 @@ fn write_compliance(c: &Compliance<'_>, out: &mut Vec<u8>) -> Result<(), String>
     Ok(())
 }
 
+/// The `metadata.lsn` of an event in the wire format (after the 5-byte header): the envelope's
+/// first fields are five strings and the timestamp, then the LSN. `None` when it is not one.
+pub fn event_lsn(framed: &[u8]) -> Option<u64> {
+    let mut rest = framed.get(5..)?;
+    for _ in 0..5 {
+        // A string: its length, then its bytes.
+        let len = usize::try_from(read_long(&mut rest)?).ok()?;
+        rest = rest.get(len..)?;
+    }
+    read_long(&mut rest)?; // timestamp
+    u64::try_from(read_long(&mut rest)?).ok()
+}
+
+/// Reads one Avro `long` off the front of `rest`.
+fn read_long(rest: &mut &[u8]) -> Option<i64> {
+    let (mut z, mut shift) = (0u64, 0);
+    loop {
+        let (&b, tail) = rest.split_first()?;
+        *rest = tail;
+        z |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some(((z >> 1) as i64) ^ -((z & 1) as i64));
+        }
+        shift += 7;
+        if shift > 63 {
+            return None;
+        }
+    }
+}
+
 /// Parses a schema built here (a failure is a bug of this module, reported, never panicking).
 pub fn parse_schema(schema: &Json) -> Result<Schema, String> {
     Schema::parse(schema).map_err(|e| format!("its Avro schema does not parse: {e}"))

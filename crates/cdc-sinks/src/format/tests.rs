@@ -145,6 +145,10 @@ fn every_type_of_the_golden_capture_reads_back_with_its_avro_type() {
     assert_eq!(inner(field(meta, "operation")), &Avro::String("INSERT".into()));
     assert_eq!(inner(field(meta, "lsn")), &Avro::Long(json["metadata"]["lsn"].as_i64().unwrap()));
     assert_eq!(field(&read, "before"), &Avro::Union(0, Box::new(Avro::Null)));
+    // The LSN is found in the wire format without the schema (for consumers' positions).
+    let s = avro::table_schemas(plan, &t, "golden").unwrap();
+    let framed = avro::frame(7, |out| s.write_value(&ev.payload, out)).unwrap();
+    assert_eq!(avro::event_lsn(&framed), json["metadata"]["lsn"].as_u64());
 
     // NaN, infinities and BC dates.
     let (read, _) = round_trip(&events[1].0, &t, &events[1].1);

@@ -31,6 +31,7 @@ use rdkafka::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
 pub mod config;
+pub mod groups;
 
 use self::config::{expand_topic, KafkaSinkConfig};
 use crate::{Checkpoint, DeliveryMode, ErrorClass, PublishStats, Sink, SinkError};
