@@ -130,10 +130,10 @@ def sinks(pg):
     s.drop_all()
 
 
-def consume(topic, count, timeout=30.0, extra=None):
-    """Reads `count` messages (read_committed) from the start of `topic`; returns (key, value) dicts
-    plus the raw bytes, failing if they do not arrive in time. Then keeps reading 1 s more to catch
-    unexpected extra messages."""
+def read_messages(topic, count, timeout=30.0, extra=None):
+    """Reads `count` messages (read_committed) from the start of `topic`, failing if they do not
+    arrive in time; then keeps reading 1 s more to catch unexpected extra messages. Returns them
+    as confluent-kafka messages, in arrival order."""
     conf = {
         "bootstrap.servers": BOOTSTRAP,
         "group.id": "e2e-" + uuid.uuid4().hex,
@@ -160,6 +160,13 @@ def consume(topic, count, timeout=30.0, extra=None):
     finally:
         c.close()
     assert len(out) >= count, f"only {len(out)} of {count} messages arrived on {topic}"
+    return out
+
+
+def consume(topic, count, timeout=30.0, extra=None):
+    """Reads `count` JSON events (see `read_messages`); returns (key, value) dicts plus the raw
+    bytes, in commit order."""
+    out = read_messages(topic, count, timeout, extra)
     # Partitions interleave arbitrarily: put the events back in commit order (per key it already is).
     out.sort(key=lambda m: (json.loads(m.value())["metadata"]["commit_lsn"], json.loads(m.value())["metadata"]["lsn"]))
     return [

@@ -8,7 +8,6 @@ import datetime
 import json
 import os
 import subprocess
-import time
 import uuid
 from decimal import Decimal
 
@@ -18,8 +17,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from conftest import (BOOTSTRAP, consume, create_topic, hold_worker, server_settings, sink_state, wait_for,
-                      wait_setting)
+from conftest import (BOOTSTRAP, consume, create_topic, hold_worker, read_messages, server_settings, sink_state,
+                      wait_for, wait_setting)
 from test_compliance import SEED_CONFIG as SEED_2_CONFIG, create_transactions, token, token_key  # noqa: F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,22 +46,7 @@ def consume_avro(topic, count, timeout=40.0):
     (which fetches each writer schema from the registry by the id in the message), in commit order."""
     client = SchemaRegistryClient({"url": URL})
     values, keys = AvroDeserializer(client), AvroDeserializer(client)
-    c = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "e2e-" + uuid.uuid4().hex,
-                  "auto.offset.reset": "earliest", "isolation.level": "read_committed", "enable.auto.commit": False})
-    c.subscribe([topic])
-    out, deadline = [], time.time() + timeout
-    try:
-        while time.time() < deadline and len(out) < count:
-            m = c.poll(0.5)
-            if m is not None and not m.error():
-                out.append(m)
-        tail = time.time() + 1.0
-        while time.time() < tail:
-            m = c.poll(0.2)
-            if m is not None and not m.error():
-                out.append(m)
-    finally:
-        c.close()
+    out = read_messages(topic, count, timeout)
     assert len(out) == count, f"{len(out)} of {count} messages on {topic}"
     res = []
     for m in out:
