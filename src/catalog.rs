@@ -132,3 +132,10 @@ pub fn strings_field(v: &Value, key: &str) -> Vec<String> {
         .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
         .unwrap_or_default()
 }
+
+/// Whether pg_cdc's catalog in `schema` has `table` (a catalog older than the library lacks the
+/// tables later versions added, until `ALTER EXTENSION pg_cdc UPDATE`).
+pub fn has(schema: &str, table: &str) -> bool {
+    let name = format!("{schema}.{table}");
+    select_one::<bool>("SELECT to_regclass($1) IS NOT NULL", &[name.as_str().into()]).unwrap_or(false)
+}

@@ -48,7 +48,7 @@ fn captured(schema: &str, oid: pg_sys::Oid, hint: &str) -> (Value, cdc_core::con
 /// an older catalog to 0.4.0 (the library is new as soon as it is installed; `cdc_enable` and
 /// `cdc_disable` work on the older catalog meanwhile, without a history).
 fn has_history(schema: &str) -> bool {
-    super::sinks::catalog_has(schema, "_cdc_schema_versions")
+    catalog::has(schema, "_cdc_schema_versions")
 }
 
 /// Refuses (55000) the history functions on an older catalog.
@@ -100,14 +100,13 @@ fn consumers(schema: &str, oid: pg_sys::Oid, versions: &[Value]) -> (Value, Opti
         &[oid.into()],
     )
     .unwrap_or(json!([]));
-    let meta: Vec<(i32, cdc_core::Lsn, Option<String>)> = versions
+    let meta: Vec<(i32, cdc_core::Lsn, Option<&str>)> = versions
         .iter()
         .filter_map(|v| {
             let lsn = v["lsn"].as_str()?.parse().ok()?;
-            Some((v["version"].as_i64()? as i32, lsn, v["compatibility"].as_str().map(str::to_string)))
+            Some((v["version"].as_i64()? as i32, lsn, v["compatibility"].as_str()))
         })
         .collect();
-    let meta: Vec<(i32, cdc_core::Lsn, Option<&str>)> = meta.iter().map(|(n, l, c)| (*n, *l, c.as_deref())).collect();
     let names = catalog::json(
         "SELECT jsonb_build_object('db', current_database(), 'schema', n.nspname, 'table', c.relname)
            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",

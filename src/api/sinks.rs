@@ -251,21 +251,14 @@ fn require_secret_file<T>(key: &str, what: &str, read: Result<T, String>) {
 /// Whether the catalog has the snapshots' table: not before `ALTER EXTENSION pg_cdc UPDATE` brought
 /// it to 0.4.0.
 pub fn has_snapshots(schema: &str) -> bool {
-    catalog_has(schema, "_cdc_snapshots")
+    catalog::has(schema, "_cdc_snapshots")
 }
 
 /// Whether the catalog has the in-database sinks' table: not before `ALTER EXTENSION pg_cdc UPDATE`
 /// brought a 0.2.0 catalog to 0.3.0 (the library is new as soon as it is installed, the catalog only
 /// after the update; everything else works on the older catalog meanwhile).
 fn has_table_sinks(schema: &str) -> bool {
-    catalog_has(schema, "_cdc_table_sinks")
-}
-
-/// Whether pg_cdc's catalog in `schema` has `table` (a catalog older than the library lacks the
-/// tables later versions added, until `ALTER EXTENSION pg_cdc UPDATE`).
-pub(crate) fn catalog_has(schema: &str, table: &str) -> bool {
-    let name = format!("{schema}.{table}");
-    catalog::select_one::<bool>("SELECT to_regclass($1) IS NOT NULL", &[name.as_str().into()]).unwrap_or(false)
+    catalog::has(schema, "_cdc_table_sinks")
 }
 
 /// Refuses to capture the event table of a table sink (or to limit a sink to it): its own events

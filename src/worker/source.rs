@@ -232,12 +232,7 @@ pub fn load_catalog() -> Catalog {
         ));
     };
     // The schema history, once the catalog has it (ALTER EXTENSION pg_cdc UPDATE to 0.4.0).
-    let history = if catalog::select_one::<bool>(
-        "SELECT to_regclass($1) IS NOT NULL",
-        &[format!("{schema}._cdc_schema_versions").as_str().into()],
-    )
-    .unwrap_or(false)
-    {
+    let history = if catalog::has(&schema, "_cdc_schema_versions") {
         format!(
             "(SELECT jsonb_agg(jsonb_build_object('lsn', v.lsn::text, 'fields', v.fields, 'version', v.version, 'forced', v.forced) ORDER BY v.version)
                 FROM {schema}._cdc_schema_versions v WHERE v.table_oid = p.table_oid)"
@@ -424,13 +419,7 @@ pub fn record_progress(schema: &str, sink_name: &str, progress: &HashMap<u32, Ta
 /// Records the ids schema registries gave table versions (`_cdc_schema_versions.schema_ids`, once
 /// per registry and subject), for `cdc_schema_history`. Nothing on a catalog older than 0.4.0.
 pub fn record_registrations(schema: &str, registrations: &[cdc_core::format::Registration]) {
-    if registrations.is_empty()
-        || !catalog::select_one::<bool>(
-            "SELECT to_regclass($1) IS NOT NULL",
-            &[format!("{schema}._cdc_schema_versions").as_str().into()],
-        )
-        .unwrap_or(false)
-    {
+    if registrations.is_empty() || !catalog::has(schema, "_cdc_schema_versions") {
         return;
     }
     for r in registrations {

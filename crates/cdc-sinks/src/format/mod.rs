@@ -58,21 +58,17 @@ impl Subjects {
     }
 }
 
-/// A schema registered under a subject: its id.
-struct Registered {
-    id: u32,
-}
-
 /// What the format keeps of one table version.
 struct Version {
     /// The plan it was made for (a new relation description makes a new one).
     plan: Arc<RelationPlan>,
     schemas: TableSchemas,
-    value: Registered,
+    /// The registry's id of its value schema.
+    value_id: u32,
     key_subject: String,
     registry: String,
     /// Key schemas: the key's column names, its schema's id, the columns' types.
-    keys: Vec<(Vec<String>, Registered, Vec<Ty>)>,
+    keys: Vec<(Vec<String>, u32, Vec<Ty>)>,
 }
 
 /// The Avro format of one sink.
@@ -134,11 +130,7 @@ impl AvroFormat {
         let id = if evolution.auto_register {
             let mode = schema_registry::level(evolution.mode);
             let forced = plan.schema_version.is_some_and(|(_, forced)| forced);
-            if forced {
-                registry.set_compatibility(subject, "NONE")?;
-            } else {
-                registry.set_compatibility(subject, mode)?;
-            }
+            registry.set_compatibility(subject, if forced { "NONE" } else { mode })?;
             let id = registry.register(subject, &text);
             if forced {
                 registry.set_compatibility(subject, mode)?;
@@ -177,14 +169,7 @@ impl AvroFormat {
             }
             self.tables.insert(
                 oid,
-                Version {
-                    plan: plan.clone(),
-                    schemas,
-                    value: Registered { id },
-                    key_subject,
-                    registry: url,
-                    keys: Vec::new(),
-                },
+                Version { plan: plan.clone(), schemas, value_id: id, key_subject, registry: url, keys: Vec::new() },
             );
         }
         Ok(self.tables.get_mut(&oid).expect("inserted above"))
@@ -203,20 +188,20 @@ impl AvroFormat {
                 let (url, subject) = (version.registry.clone(), version.key_subject.clone());
                 let id = self.id(&url, &subject, &schema, plan)?;
                 let version = self.tables.get_mut(&plan.relation.oid).expect("made above");
-                version.keys.push((names, Registered { id }, tys));
+                version.keys.push((names, id, tys));
                 version.keys.len() - 1
             }
         };
         let version = self.tables.get(&plan.relation.oid).expect("made above");
-        let (_, registered, tys) = &version.keys[position];
-        avro::frame(registered.id, |out| parsed.write(tys, out)).map_err(FormatError::operator)
+        let (_, id, tys) = &version.keys[position];
+        avro::frame(*id, |out| parsed.write(tys, out)).map_err(FormatError::operator)
     }
 }
 
 impl EventFormat for AvroFormat {
     fn encode(&mut self, plan: &Arc<RelationPlan>, types: &TypeRegistry, event: &mut Event) -> Result<(), FormatError> {
         let version = self.version(plan, types)?;
-        let payload = avro::frame(version.value.id, |out| version.schemas.write_value(&event.payload, out))
+        let payload = avro::frame(version.value_id, |out| version.schemas.write_value(&event.payload, out))
             .map_err(FormatError::operator)?;
         let key = match &event.key {
             Some(k) => Some(self.key(plan, types, k)?),
