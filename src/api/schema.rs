@@ -85,12 +85,20 @@ pub(crate) fn forget(schema: &str, oid: pg_sys::Oid) {
     catalog::run(&format!("DELETE FROM {schema}._cdc_schema_breaks WHERE table_oid = $1"), &[oid.into()]);
 }
 
+/// How long reading a sink's consumer groups may take.
+const CONSUMERS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How many of a cluster's consumer groups are asked about a sink's topic.
+const CONSUMERS_MAX_GROUPS: usize = 5_000;
+
 /// The consumers of a table's events: every consumer group that committed offsets on the topic
 /// of a Kafka sink carrying the table, with the version in force at the last event it consumed
 /// (from the event's LSN and the history; on a partition it has read to the end, the version in
 /// force now), the oldest over its partitions, and whether it can read the versions after it. Read
 /// from the brokers with each sink's connection settings, at most 10 s a sink; what could not be
 /// read is said in the second value, and nothing is guessed.
+///
+/// Every group is asked (over one connection, many requests in flight), not only the first few:
+/// a cluster with hundreds of unrelated groups must not hide the ones that read this topic.
 fn consumers(schema: &str, oid: pg_sys::Oid, versions: &[Value]) -> (Value, Option<String>) {
     let sinks = catalog::json(
         &format!(
@@ -128,7 +136,7 @@ fn consumers(schema: &str, oid: pg_sys::Oid, versions: &[Value]) -> (Value, Opti
         let (b, t) = (bootstrap.clone(), topic.clone());
         let read = cdc_sinks::kafka::with_signals_blocked(move || {
             std::thread::spawn(move || {
-                cdc_sinks::kafka::groups::positions(&cfg, &b, &t, std::time::Duration::from_secs(10), 200)
+                cdc_sinks::kafka::groups::positions(&cfg, &b, &t, CONSUMERS_TIMEOUT, CONSUMERS_MAX_GROUPS)
             })
         })
         .join()
@@ -141,7 +149,11 @@ fn consumers(schema: &str, oid: pg_sys::Oid, versions: &[Value]) -> (Value, Opti
             }
         };
         if skipped > 0 {
-            problems.push(format!("sink {name}: {skipped} more consumer groups were not read (200 at most)"));
+            problems.push(format!(
+                "sink {name}: {skipped} consumer groups could not be read (at most {CONSUMERS_MAX_GROUPS} groups, \
+                 answered within {} s)",
+                CONSUMERS_TIMEOUT.as_secs()
+            ));
         }
         for p in positions {
             let lsn = p.last.as_deref().and_then(|v| match v.first() {

@@ -102,6 +102,36 @@ def test_a_renamed_key_column_keeps_keying_the_events(pg, table_sink, unique):
                       (t,)).fetchone()[0] == ["sku"]
 
 
+def noise_groups(prefix, n):
+    """n consumer groups with committed offsets on a topic of their own (none of a test's)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from conftest import BOOTSTRAP, create_topic
+
+    create_topic(prefix.replace("_", "-"))
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    groups = [f"{prefix}_{i:03d}" for i in range(n)]
+    futures = [admin.alter_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(g, [TopicPartition(prefix.replace("_", "-"), 0, 0)])])[g] for g in groups]
+    for f in futures:
+        f.result(timeout=30)
+    return groups
+
+
+def drop_groups(groups):
+    from confluent_kafka.admin import AdminClient
+
+    from conftest import BOOTSTRAP
+
+    from conftest import delete_topics
+
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    for f in admin.delete_consumer_groups(groups, request_timeout=30).values():
+        f.result(timeout=30)
+    delete_topics([groups[0].rsplit("_", 1)[0].replace("_", "-")])
+
+
 def test_consumers_of_a_json_topic_are_read_from_their_groups_offsets(pg, sinks, unique):
     """cdc_schema_history's consumers come from the consumer groups' committed offsets on the
     sink's topic: the version in force at the last event each group consumed, and whether it can
@@ -133,6 +163,14 @@ def test_consumers_of_a_json_topic_are_read_from_their_groups_offsets(pg, sinks,
 
     commit(f"old_reader_{unique}", before)
     commit(f"new_reader_{unique}", msgs)
+    # Regression: only the first 200 groups by name used to be asked, so on a busy cluster the
+    # groups of this topic went missing. 300 unrelated groups that sort first must not hide them.
+    noise = noise_groups(f"a_noise_{unique}", 300)
+    try:
+        history = pg.execute("SELECT cdc_schema_history(%s)", (t,)).fetchone()[0]
+    finally:
+        drop_groups(noise)
+    assert "consumers_unavailable" not in history, history.get("consumers_unavailable")
     history = pg.execute("SELECT cdc_schema_history(%s)", (t,)).fetchone()[0]
     assert history["schema_versions"][1]["compatibility"] == "BACKWARD"
     consumers = history["consumers"]

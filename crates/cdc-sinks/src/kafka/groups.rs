@@ -4,6 +4,7 @@
 //! is committed and no group is joined.
 use std::time::{Duration, Instant};
 
+use rdkafka::bindings as rd;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::Message;
@@ -31,7 +32,9 @@ pub struct Position {
 }
 
 /// The positions of every consumer group that committed offsets on `topic`; at most `max_groups`
-/// groups are asked (the answer says when more were left out). Errors are the client's, as text.
+/// groups are asked, all within `timeout`. The second value counts the groups not read: left out
+/// by `max_groups`, not answered in time, or answered with an error. Errors are the client's, as
+/// text.
 pub fn positions(
     cfg: &KafkaSinkConfig,
     default_bootstrap: &str,
@@ -42,12 +45,12 @@ pub fn positions(
     let (base, _) = client_configs(cfg, default_bootstrap, "pg_cdc-schema-history", None);
     let deadline = Instant::now() + timeout;
     let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
-    let consumer = |group: &str| -> Result<BaseConsumer, String> {
-        let mut c: ClientConfig = base.clone();
-        c.set("group.id", group).set("enable.auto.commit", "false").set("isolation.level", "read_committed");
-        with_signals_blocked(|| c.create()).map_err(|e| format!("cannot create a Kafka client: {e}"))
-    };
-    let reader = consumer(&format!("pg_cdc-schema-history-{}", std::process::id()))?;
+    let mut c: ClientConfig = base.clone();
+    c.set("group.id", format!("pg_cdc-schema-history-{}", std::process::id()))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed");
+    let reader: BaseConsumer =
+        with_signals_blocked(|| c.create()).map_err(|e| format!("cannot create a Kafka client: {e}"))?;
     let metadata =
         reader.fetch_metadata(Some(topic), left()).map_err(|e| format!("cannot read topic {topic}'s metadata: {e}"))?;
     let partitions: Vec<i32> = metadata.topics().iter().flat_map(|t| t.partitions().iter().map(|p| p.id())).collect();
@@ -69,38 +72,7 @@ pub fn positions(
             .map_err(|err| format!("cannot read topic {topic}'s offsets: {err}"))?;
         ends.insert(p, (low, end));
     }
-    // Each group's committed offsets need a client of that group: asked 8 at a time.
-    let mut committed: Vec<(String, i32, i64)> = Vec::new();
-    for chunk in names.chunks(8) {
-        let asks: Vec<_> = chunk
-            .iter()
-            .map(|group| {
-                let (group, c, partitions, topic) =
-                    (group.clone(), consumer(group), partitions.clone(), topic.to_string());
-                let wait = left();
-                std::thread::spawn(move || -> Result<Vec<(String, i32, i64)>, String> {
-                    let mut tpl = TopicPartitionList::new();
-                    for p in partitions {
-                        tpl.add_partition(&topic, p);
-                    }
-                    let got = c?
-                        .committed_offsets(tpl, wait)
-                        .map_err(|e| format!("cannot read group {group}'s offsets: {e}"))?;
-                    Ok(got
-                        .elements()
-                        .iter()
-                        .filter_map(|e| match e.offset() {
-                            Offset::Offset(at) if at > 0 => Some((group.clone(), e.partition(), at)),
-                            _ => None,
-                        })
-                        .collect())
-                })
-            })
-            .collect();
-        for ask in asks {
-            committed.extend(ask.join().map_err(|_| "a Kafka client thread failed".to_string())??);
-        }
-    }
+    let (committed, unanswered) = committed_offsets(&reader, &names, topic, &partitions, deadline);
     let mut out = Vec::new();
     for (group, partition, at) in committed {
         let (low, end) = ends.get(&partition).copied().unwrap_or((0, 0));
@@ -108,7 +80,95 @@ pub fn positions(
             if at >= end { (None, true) } else { around(&reader, topic, partition, at, low, end, deadline) };
         out.push(Position { group, partition, committed: at, end, last, caught_up });
     }
-    Ok((out, skipped))
+    Ok((out, skipped + unanswered))
+}
+
+/// The committed offsets on `topic` of each group in `groups`, asked over `client`'s own
+/// connection with the admin request ListConsumerGroupOffsets (one group per request, as
+/// librdkafka allows, `IN_FLIGHT` at a time): no client per group, so thousands of groups cost
+/// thousands of small requests, not thousands of connections. Groups not answered by `deadline`
+/// are counted in the second value, as are groups whose answer was an error.
+fn committed_offsets(
+    client: &BaseConsumer,
+    groups: &[String],
+    topic: &str,
+    partitions: &[i32],
+    deadline: Instant,
+) -> (Vec<(String, i32, i64)>, usize) {
+    const IN_FLIGHT: usize = 64;
+    let mut tpl = TopicPartitionList::new();
+    for &p in partitions {
+        tpl.add_partition(topic, p);
+    }
+    let rk = client.client().native_ptr();
+    let mut out = Vec::new();
+    let (mut asked, mut answered, mut failed) = (0usize, 0usize, 0usize);
+    // SAFETY: every pointer below comes from librdkafka for the live handle `rk` (borrowed from
+    // `client` for this whole call) and is destroyed here exactly once: the options and the queue
+    // at the end, each request object right after librdkafka copied it, each event after it was
+    // read. Strings read from results are copied before their event is destroyed.
+    unsafe {
+        let queue = rd::rd_kafka_queue_new(rk);
+        let options =
+            rd::rd_kafka_AdminOptions_new(rk, rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_LISTCONSUMERGROUPOFFSETS);
+        let mut errstr = [0 as std::os::raw::c_char; 256];
+        let wait_ms = deadline.saturating_duration_since(Instant::now()).as_millis().clamp(100, 60_000) as i32;
+        rd::rd_kafka_AdminOptions_set_request_timeout(options, wait_ms, errstr.as_mut_ptr(), errstr.len());
+        while answered < groups.len() && Instant::now() < deadline {
+            while asked < groups.len() && asked - answered < IN_FLIGHT {
+                let Ok(name) = std::ffi::CString::new(groups[asked].as_str()) else {
+                    asked += 1;
+                    answered += 1;
+                    failed += 1;
+                    continue;
+                };
+                let mut request = rd::rd_kafka_ListConsumerGroupOffsets_new(name.as_ptr(), tpl.ptr());
+                rd::rd_kafka_ListConsumerGroupOffsets(rk, &mut request, 1, options, queue);
+                rd::rd_kafka_ListConsumerGroupOffsets_destroy(request);
+                asked += 1;
+            }
+            let wait = deadline.saturating_duration_since(Instant::now()).as_millis().min(500) as i32;
+            let event = rd::rd_kafka_queue_poll(queue, wait);
+            if event.is_null() {
+                continue;
+            }
+            answered += 1;
+            let result = rd::rd_kafka_event_ListConsumerGroupOffsets_result(event);
+            if rd::rd_kafka_event_error(event) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+                || result.is_null()
+            {
+                failed += 1;
+                rd::rd_kafka_event_destroy(event);
+                continue;
+            }
+            let mut count = 0usize;
+            let results = rd::rd_kafka_ListConsumerGroupOffsets_result_groups(result, &mut count);
+            for i in 0..count {
+                let group = *results.add(i);
+                if !rd::rd_kafka_group_result_error(group).is_null() {
+                    failed += 1;
+                    continue;
+                }
+                let name =
+                    std::ffi::CStr::from_ptr(rd::rd_kafka_group_result_name(group)).to_string_lossy().into_owned();
+                let list = rd::rd_kafka_group_result_partitions(group);
+                if list.is_null() {
+                    continue;
+                }
+                for j in 0..(*list).cnt as usize {
+                    let e = &*(*list).elems.add(j);
+                    if e.err == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && e.offset > 0 {
+                        out.push((name.clone(), e.partition, e.offset));
+                    }
+                }
+            }
+            rd::rd_kafka_event_destroy(event);
+        }
+        // Requests still in flight deliver to the queue; destroying it drops them.
+        rd::rd_kafka_AdminOptions_destroy(options);
+        rd::rd_kafka_queue_destroy(queue);
+    }
+    (out, failed + (groups.len() - answered))
 }
 
 /// The value of the last message before offset `at`, and whether no message follows it (a
