@@ -19,6 +19,7 @@ use cdc_core::decode::{Relation, RelationColumn};
 use cdc_core::deliver::read::unix_micros_now;
 use cdc_core::snapshot::{watermark_content, Chunk, MvccSnapshot, SnapshotReader, WATERMARK_PREFIX};
 use cdc_core::time::PG_EPOCH_OFFSET_MICROS;
+use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
 use pgrx::prelude::*;
 use serde::Deserialize;
@@ -82,7 +83,9 @@ struct Column {
 
 /// Reads the next chunk of a sink's snapshots (in the caller's transaction), after settling the
 /// one read before; `nonce` names the chunk's watermark (unique in this worker's life). Returns
-/// it with the tables whose snapshots still have rows left.
+/// it with the tables whose snapshots still have rows left. The chunk's column types are learned
+/// into `types` (a table snapshotted before any of its changes was streamed has no relation
+/// message yet to learn them from).
 pub fn take_chunk(
     schema: &str,
     sink_id: &str,
@@ -90,8 +93,9 @@ pub fn take_chunk(
     chunk_size: u32,
     reader: &SnapshotReader,
     nonce: &str,
+    types: &mut TypeRegistry,
 ) -> Result<(Next, Vec<u32>), String> {
-    let next = next_chunk(schema, sink_id, previous, chunk_size, reader, nonce)?;
+    let next = next_chunk(schema, sink_id, previous, chunk_size, reader, nonce, types)?;
     Ok((next, open_oids(schema, sink_id)?))
 }
 
@@ -102,6 +106,7 @@ fn next_chunk(
     chunk_size: u32,
     reader: &SnapshotReader,
     nonce: &str,
+    types: &mut TypeRegistry,
 ) -> Result<Next, String> {
     // The sink's row first, as cdc_drop_sink does (its DELETE cascades here): a drop waits for
     // this transaction, or this one sees the sink gone; never both waiting for each other.
@@ -209,6 +214,7 @@ fn next_chunk(
                 })
                 .collect(),
         };
+        super::source::learn_type_oids(&relation.columns.iter().map(|c| c.type_oid).collect::<Vec<_>>(), types);
         let read_at = unix_micros_now() - PG_EPOCH_OFFSET_MICROS;
         let id = format!("{sink_id} {nonce}");
         let mut chunk = Chunk::new(id.clone(), relation, &key, read_at).map_err(|e| e.message)?;

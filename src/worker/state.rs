@@ -1392,7 +1392,8 @@ impl Worker {
         let nonce = format!("{} {}", std::process::id(), run.chunks);
         let size = config.common().snapshot_chunk_size;
         let reader = &run.snap;
-        match run_tx(|| snapshots::take_chunk(&schema, id, previous, size, reader, &nonce)) {
+        let types = &mut self.types;
+        match run_tx(|| snapshots::take_chunk(&schema, id, previous, size, reader, &nonce, types)) {
             Ok(Ok((next, open))) => {
                 run.chunk_delivered = false;
                 // The windows of tables whose snapshots are done (or skipped) close.

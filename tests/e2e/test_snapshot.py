@@ -556,3 +556,27 @@ def test_control_settled_by_the_slot_alone_a_chunk_is_delivered_twice(pg, sinks,
     with server_settings({"cdc.test_snapshot_ignore_checkpoint": "on"}):
         rows, ids = crash_after_a_chunk_commit(pg, sinks, unique)
     assert len(ids) == rows and max(ids.values()) == 2, "the chunk in flight read again and delivered twice"
+
+
+def test_read_rows_of_a_table_no_change_was_streamed_for_yet_are_typed(pg, tsinks, unique):
+    """Regression: a table snapshotted before any of its changes is streamed has had no relation
+    message to learn its column types from; its READ rows used to carry an array, an enum array
+    and a domain over numeric as their text ('{a,b}') instead of JSON arrays and a number."""
+    t, ev, name = f"snap_ty_{unique}", f"snap_ty_ev_{unique}", f"snap_ty_{unique}"
+    pg.execute(f"CREATE DOMAIN snap_ty_amount_{unique} AS numeric CHECK (VALUE > 0)")
+    pg.execute(f"CREATE TYPE snap_ty_mood_{unique} AS ENUM ('sad', 'ok')")
+    pg.execute(f"""CREATE TABLE {t} (id int PRIMARY KEY, tags text[], moods snap_ty_mood_{unique}[],
+                   amount snap_ty_amount_{unique})""")
+    pg.execute(f"INSERT INTO {t} VALUES (1, '{{a,b}}', '{{sad,ok}}', 12.50)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    tsinks(name, ev, tables=[t])
+    wait_for(lambda: snapshot_done(pg, name), what="initial snapshot done")
+    wait_for(lambda: pg.execute(f"SELECT count(*) FROM {ev}").fetchone()[0] == 1, what="the READ row delivered")
+    raw = pg.execute(f"SELECT event::text FROM {ev}").fetchone()[0]
+    after = json.loads(raw)["after"]
+    assert after == {"id": 1, "tags": ["a", "b"], "moods": ["sad", "ok"], "amount": 12.50}, after
+    assert '"amount": 12.50' in raw, raw
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+    pg.execute(f"DROP TABLE {t}")
+    pg.execute(f"DROP TYPE snap_ty_mood_{unique}")
+    pg.execute(f"DROP DOMAIN snap_ty_amount_{unique}")
