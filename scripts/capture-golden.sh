@@ -44,7 +44,8 @@ SQL
   psql -qXAt -v ON_ERROR_STOP=1 -d "$db" >"$dir/$name.types.json" <<'SQL'
 SELECT coalesce(jsonb_pretty(jsonb_agg(jsonb_build_object(
          'oid', t.oid::bigint, 'typtype', t.typtype::text, 'typcategory', t.typcategory::text,
-         'typelem', t.typelem::bigint, 'typbasetype', t.typbasetype::bigint, 'typdelim', t.typdelim::text)
+         'typelem', t.typelem::bigint, 'typbasetype', t.typbasetype::bigint, 'typdelim', t.typdelim::text,
+         'enum_labels', (SELECT jsonb_agg(e.enumlabel ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid))
          ORDER BY t.oid)), '[]')
   FROM pg_type t
  WHERE t.oid IN (SELECT a.atttypid FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid

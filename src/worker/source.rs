@@ -340,8 +340,9 @@ pub fn learn_type_oids(oids: &[u32], types: &mut TypeRegistry) {
         let list = format!("{{{}}}", wanted.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
         let rows = catalog::json(
             "SELECT coalesce(jsonb_agg(jsonb_build_object('oid', oid::bigint, 'typtype', typtype::text, 'typcategory', typcategory::text, \
-             'typelem', typelem::bigint, 'typbasetype', typbasetype::bigint, 'typdelim', typdelim::text)), '[]') \
-             FROM pg_type WHERE oid = ANY($1::oid[])",
+             'typelem', typelem::bigint, 'typbasetype', typbasetype::bigint, 'typdelim', typdelim::text, \
+             'enum_labels', (SELECT jsonb_agg(e.enumlabel ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid))), '[]') \
+             FROM pg_type t WHERE oid = ANY($1::oid[])",
             &[list.as_str().into()],
         )
         .unwrap_or(Value::Null);
@@ -356,6 +357,10 @@ pub fn learn_type_oids(oids: &[u32], types: &mut TypeRegistry) {
                         typelem: r["typelem"].as_u64().unwrap_or(0) as u32,
                         typbasetype: r["typbasetype"].as_u64().unwrap_or(0) as u32,
                         typdelim: catalog::str_field(r, "typdelim").bytes().next().unwrap_or(b','),
+                        enum_labels: r["enum_labels"]
+                            .as_array()
+                            .map(|a| a.iter().filter_map(|l| l.as_str().map(String::from)).collect())
+                            .unwrap_or_default(),
                     })
                     .collect()
             })
@@ -385,6 +390,7 @@ pub fn learn_type_oids(oids: &[u32], types: &mut TypeRegistry) {
                     typelem: 0,
                     typbasetype: 0,
                     typdelim: b',',
+                    enum_labels: Vec::new(),
                 });
             }
         }

@@ -90,6 +90,10 @@ pub struct RelationPlan {
     /// The number of the table's schema version in force (see [`crate::schema::History`]) and
     /// whether it was a forced break; `None` without a history.
     pub schema_version: Option<(i32, bool)>,
+    /// Per column, in relation order: declared NOT NULL, as the table's schema history has it at
+    /// the relation's position (typed formats mark the other columns optional); without a
+    /// history, the key columns (pgoutput does not say which columns are NOT NULL).
+    pub not_null: Vec<bool>,
     /// Each column's `"name":`, escaped once.
     col_keys: Vec<Vec<u8>>,
     /// Schema and table names, shared by every event of the relation.
@@ -210,6 +214,7 @@ impl RelationPlan {
             branches,
             computed,
             schema_version: None,
+            not_null: Vec::new(),
             col_keys,
             schema,
             table,
@@ -349,6 +354,9 @@ pub struct Event {
     pub key: Option<Vec<u8>>,
     /// Message value (JSON).
     pub payload: Vec<u8>,
+    /// A Kafka tombstone follows the message: a record with the same key and no value, so log
+    /// compaction can drop the row's records (the Debezium format sets it after a DELETE).
+    pub tombstone: bool,
 }
 
 /// The images of one row change, after TOAST resolution.
@@ -665,6 +673,7 @@ impl Encoder {
             index: index as u32,
             key,
             payload: out,
+            tombstone: false,
         }
     }
 
@@ -727,6 +736,7 @@ impl Encoder {
             index: index as u32,
             key: None,
             payload: out,
+            tombstone: false,
         }
     }
 }

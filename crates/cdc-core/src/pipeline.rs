@@ -773,8 +773,17 @@ impl Assembler {
                         table: table.clone(),
                         reason: format!("from LSN {lsn} on, its capture config no longer fits it: {e}"),
                     })?;
-                    plan.schema_version =
-                        cfg.history.as_ref().and_then(|h| h.version_at(lsn)).map(|v| (v.number, v.forced));
+                    let version = cfg.history.as_ref().and_then(|h| h.version_at(lsn));
+                    plan.schema_version = version.map(|v| (v.number, v.forced));
+                    plan.not_null = (0..plan.relation.columns.len())
+                        .map(|i| {
+                            let name = &plan.relation.columns[i].name;
+                            match version.and_then(|v| v.fields.iter().find(|f| &f.name == name)) {
+                                Some(f) => f.not_null,
+                                None => plan.key.contains(&i),
+                            }
+                        })
+                        .collect();
                     if let Some(column) = &self.partition_key {
                         plan.override_partition_key(column);
                     }

@@ -41,6 +41,10 @@ pub fn types(name: &str) -> TypeRegistry {
             typelem: r["typelem"].as_u64().unwrap() as u32,
             typbasetype: r["typbasetype"].as_u64().unwrap() as u32,
             typdelim: r["typdelim"].as_str().unwrap().as_bytes()[0],
+            enum_labels: r["enum_labels"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|l| l.as_str().map(String::from)).collect())
+                .unwrap_or_default(),
         })
         .collect();
     rows.sort_by_key(|r| r.typtype == b'd');

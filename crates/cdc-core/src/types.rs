@@ -58,6 +58,8 @@ pub struct PgTypeRow {
     pub typbasetype: u32,
     /// `typdelim`: the array element delimiter.
     pub typdelim: u8,
+    /// An enum's labels, in their sort order (empty for other types).
+    pub enum_labels: Vec<String>,
 }
 
 /// Built-in scalar types whose conversion is not plain text.
@@ -88,6 +90,19 @@ pub const FIRST_NORMAL_OID: u32 = 16384;
 #[derive(Debug, Clone)]
 pub struct TypeRegistry {
     kinds: HashMap<u32, TypeKind>,
+    /// What else formats other than JSON need of a type that is not a built-in scalar.
+    details: HashMap<u32, TypeDetails>,
+}
+
+/// What a type is, beyond its conversion (for formats that type their values: Avro, Debezium's).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TypeDetails {
+    /// `typtype` (b'e' enum, b'd' domain, b'c' composite, b'r' range, ...).
+    pub typtype: u8,
+    /// A domain's base type, resolved through domains over domains (0 for other types).
+    pub base: u32,
+    /// An enum's labels in their sort order.
+    pub enum_labels: Vec<String>,
 }
 
 impl Default for TypeRegistry {
@@ -99,7 +114,7 @@ impl Default for TypeRegistry {
 impl TypeRegistry {
     /// A registry that knows the built-in scalar types.
     pub fn new() -> Self {
-        TypeRegistry { kinds: BUILTIN_SCALARS.iter().copied().collect() }
+        TypeRegistry { kinds: BUILTIN_SCALARS.iter().copied().collect(), details: HashMap::new() }
     }
 
     /// Whether the type needs its `pg_type` row before values of it can be converted.
@@ -122,6 +137,21 @@ impl TypeRegistry {
             TypeKind::Text
         };
         self.kinds.insert(row.oid, kind);
+        let base = if row.typtype == b'd' { self.base_type(row.typbasetype) } else { 0 };
+        self.details.insert(row.oid, TypeDetails { typtype: row.typtype, base, enum_labels: row.enum_labels.clone() });
+    }
+
+    /// The type `oid` stands for: a domain's base type (through domains over domains), else itself.
+    pub fn base_type(&self, oid: u32) -> u32 {
+        match self.details.get(&oid) {
+            Some(d) if d.typtype == b'd' && d.base != 0 => d.base,
+            _ => oid,
+        }
+    }
+
+    /// What its `pg_type` row said of a type (`None` for built-in scalars and unknown types).
+    pub fn details(&self, oid: u32) -> Option<&TypeDetails> {
+        self.details.get(&oid)
     }
 
     /// The conversion for a type; unknown types are converted as text (never an error, never lossy).
@@ -135,7 +165,15 @@ mod tests {
     use super::*;
 
     fn row(oid: u32, typtype: u8, cat: u8, elem: u32, base: u32) -> PgTypeRow {
-        PgTypeRow { oid, typtype, typcategory: cat, typelem: elem, typbasetype: base, typdelim: b',' }
+        PgTypeRow {
+            oid,
+            typtype,
+            typcategory: cat,
+            typelem: elem,
+            typbasetype: base,
+            typdelim: b',',
+            enum_labels: vec![],
+        }
     }
 
     #[test]
@@ -152,5 +190,9 @@ mod tests {
         r.add(&row(70002, b'c', b'C', 0, 0));
         assert_eq!(r.kind(70002), TypeKind::Text);
         assert!(r.knows(16) && !r.knows(99999));
+        // A domain over a domain stands for the first one's base type.
+        r.add(&row(70003, b'd', b'N', 0, 70000));
+        assert_eq!((r.base_type(70003), r.base_type(70000), r.base_type(1700)), (1700, 1700, 1700));
+        assert_eq!(r.details(70001).map(|d| d.typtype), Some(b'e'));
     }
 }

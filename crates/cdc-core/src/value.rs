@@ -334,6 +334,7 @@ mod tests {
                 typelem: elem,
                 typbasetype: 0,
                 typdelim: delim,
+                enum_labels: vec![],
             });
         }
         let mut out = Vec::new();

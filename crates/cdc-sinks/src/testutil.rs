@@ -17,5 +17,6 @@ pub fn event(commit: u64, index: u32, id: u32) -> Event {
         index,
         key: Some(format!("{{\"id\":{id}}}").into_bytes()),
         payload: format!("{{\"after\":{{\"id\":{id}}}}}").into_bytes(),
+        tombstone: false,
     }
 }

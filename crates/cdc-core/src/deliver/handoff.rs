@@ -412,6 +412,7 @@ mod tests {
             index: 1,
             key: None,
             payload: vec![b'x'; bytes],
+            tombstone: false,
         }
     }
 

@@ -337,10 +337,13 @@ impl KafkaSink {
         &self,
         topic: &str,
         key: Option<&[u8]>,
-        payload: &[u8],
+        payload: Option<&[u8]>,
         partition: Option<i32>,
     ) -> Result<(), SinkError> {
-        let mut record: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(topic).payload(payload);
+        let mut record: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(topic);
+        if let Some(p) = payload {
+            record = record.payload(p);
+        }
         if let Some(k) = key {
             record = record.key(k);
         }
@@ -452,8 +455,12 @@ impl Sink for KafkaSink {
         let mut stats = PublishStats::default();
         for ev in events {
             let topic = self.topic_for(ev);
-            self.enqueue(&topic, ev.key.as_deref(), &ev.payload, None)?;
+            self.enqueue(&topic, ev.key.as_deref(), Some(&ev.payload), None)?;
             self.sent += 1;
+            if ev.tombstone {
+                self.enqueue(&topic, ev.key.as_deref(), None, None)?;
+                self.sent += 1;
+            }
             stats.events += 1;
             stats.bytes += (ev.payload.len() + ev.key.as_ref().map_or(0, Vec::len)) as u64;
         }
@@ -464,7 +471,7 @@ impl Sink for KafkaSink {
     fn flush(&mut self, checkpoint: Checkpoint) -> Result<(), SinkError> {
         if let Some(t) = self.transactional.clone() {
             self.begin()?;
-            self.enqueue(&t.progress_topic, Some(t.progress_key.as_bytes()), &checkpoint.encode(), Some(0))?;
+            self.enqueue(&t.progress_topic, Some(t.progress_key.as_bytes()), Some(&checkpoint.encode()), Some(0))?;
             self.drain()?;
             self.producer
                 .commit_transaction(TRANSACTION_TIMEOUT)
@@ -540,6 +547,7 @@ mod tests {
                 index: i as u32 + 1,
                 key: Some(format!("{{\"id\":{i}}}").into_bytes()),
                 payload: b"{}".to_vec(),
+                tombstone: false,
             })
             .collect();
         Transaction {
