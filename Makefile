@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 
-.PHONY: demo test deps install up down restart psql unit lint regress e2e chaos chaos-long golden bench bench-e2e bench-sinks bench-read-path bench-snapshot clean logs
+.PHONY: demo test deps install up down restart psql unit lint regress e2e chaos chaos-long golden golden-debezium bench bench-e2e bench-sinks bench-read-path bench-snapshot clean logs
 
 ## demo: install what is missing, build + install the extension, start PostgreSQL and Kafka, run the demo
 demo: up
@@ -112,6 +112,11 @@ bench-read-path: up
 ## golden: re-capture the pgoutput golden files from the running PostgreSQL
 golden:
 	@$(ENV) scripts/capture-golden.sh
+
+## golden-debezium: record what Debezium 3.6.1 itself writes for the golden workloads (the oracle of
+## `format: debezium`; builds the harness in bench/debezium with Maven once); run after `make golden`
+golden-debezium: up
+	@$(ENV) "$$PG_CDC_VENV/bin/python" scripts/capture_debezium.py
 
 clean:
 	cargo clean

@@ -158,7 +158,12 @@ fn consumers(schema: &str, oid: pg_sys::Oid, versions: &[Value]) -> (Value, Opti
         for p in positions {
             let lsn = p.last.as_deref().and_then(|v| match v.first() {
                 Some(0) => cdc_sinks::format::avro::event_lsn(v),
-                _ => serde_json::from_slice::<Value>(v).ok()?["metadata"]["lsn"].as_u64(),
+                _ => {
+                    // pg_cdc's JSON event, or Debezium's (with or without its schema block).
+                    let e = serde_json::from_slice::<Value>(v).ok()?;
+                    let debezium = e.get("payload").unwrap_or(&e);
+                    e["metadata"]["lsn"].as_u64().or_else(|| debezium["source"]["lsn"].as_u64())
+                }
             });
             let entry = groups
                 .entry(p.group.clone())

@@ -51,6 +51,13 @@ pub fn parse_config(sink_type: &str, config: &Value) -> CdcResult<SinkConfig> {
     if let Some((_, parse)) = BUILT.iter().find(|(name, _)| *name == sink_type) {
         let parsed = parse(config)?;
         let format = parsed.common().format;
+        if format == Format::Debezium && !matches!(parsed, SinkConfig::Kafka(_)) {
+            return Err(CdcError::new(
+                ErrorKind::FeatureNotSupported,
+                format!("a {sink_type} sink cannot use format \"debezium\" yet"),
+            )
+            .hint("The debezium format writes Kafka topics (kafka sinks), tombstones included; use \"format\": \"json\" here."));
+        }
         if format != Format::Json && !matches!(parsed, SinkConfig::Kafka(_) | SinkConfig::EventHub(_)) {
             return Err(CdcError::new(
                 ErrorKind::FeatureNotSupported,
@@ -109,6 +116,9 @@ impl SinkConfig {
                 common.schema_registry.clone(),
                 server_registry,
             ))),
+            Format::Debezium => {
+                Some(Box::new(crate::format::debezium::DebeziumFormat::new(common.debezium.clone(), database)))
+            }
         }
     }
 

@@ -16,6 +16,10 @@ pub enum Format {
     /// The same event as an Avro record in Confluent's wire format (a magic byte and the schema
     /// id a schema registry gave, then the Avro binary), keys too.
     Avro,
+    /// Debezium's change event (`before`, `after`, `source`, `op`, `ts_ms`) and key, as
+    /// Debezium's PostgreSQL connector and Kafka Connect's JSON converter write them (see
+    /// [`DebeziumOptions`]).
+    Debezium,
 }
 
 impl Format {
@@ -24,6 +28,48 @@ impl Format {
         match self {
             Format::Json => "json",
             Format::Avro => "avro",
+            Format::Debezium => "debezium",
+        }
+    }
+}
+
+/// How Debezium's connector writes decimals (`decimal.handling.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecimalHandling {
+    /// Exact: Kafka Connect's `Decimal` (`numeric(p, s)`, `money`) or Debezium's
+    /// `VariableScaleDecimal` (unconstrained `numeric`); NaN and the infinities are null.
+    Precise,
+    /// The exact decimal text; NaN and the infinities are `NAN`, `POSITIVE_INFINITY`,
+    /// `NEGATIVE_INFINITY`.
+    String,
+    /// A double (rounded); NaN and the infinities as JSON writes doubles: `"NaN"`, `"Infinity"`.
+    Double,
+}
+
+/// The `debezium` object of a sink config with `"format": "debezium"`: Debezium's settings of the
+/// same names, with Debezium's defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DebeziumOptions {
+    /// `topic_prefix` (Debezium's `topic.prefix`): `source.name` and the schemas' names
+    /// (`<prefix>.<schema>.<table>.Value`); `None`: the database's name.
+    pub topic_prefix: Option<String>,
+    /// `schemas` (the JSON converter's `schemas.enable`, default true): each key and value is
+    /// `{"schema": ..., "payload": ...}`; false: the payload alone.
+    pub schemas: bool,
+    /// `decimal_handling_mode` (default precise).
+    pub decimal_handling_mode: DecimalHandling,
+    /// `tombstones_on_delete` (default true): a record with the row's key and no value follows
+    /// each DELETE event.
+    pub tombstones_on_delete: bool,
+}
+
+impl Default for DebeziumOptions {
+    fn default() -> Self {
+        DebeziumOptions {
+            topic_prefix: None,
+            schemas: true,
+            decimal_handling_mode: DecimalHandling::Precise,
+            tombstones_on_delete: true,
         }
     }
 }
@@ -69,6 +115,7 @@ pub const COMMON_KEYS: &[&str] = &[
     "partition_key",
     "format",
     "schema_registry",
+    "debezium",
     "snapshot_mode",
     "snapshot_chunk_size",
 ];
@@ -93,6 +140,8 @@ pub struct SinkCommon {
     /// [`crate::config::registry_url`]); `None`: the table's `schema_evolution.schema_registry`,
     /// then the server setting.
     pub schema_registry: Option<String>,
+    /// `debezium`: the Debezium format's settings (defaults when the format is another).
+    pub debezium: DebeziumOptions,
     /// `snapshot_mode`: whether a new sink starts with the rows its tables hold.
     pub snapshot_mode: SnapshotMode,
     /// `snapshot_chunk_size`: rows per snapshot chunk (each is read in one query, held in memory
@@ -114,7 +163,8 @@ pub fn parse_common(o: &Obj<'_>) -> CdcResult<SinkCommon> {
     let format = match o.string("format")?.unwrap_or("json") {
         "json" => Format::Json,
         "avro" => Format::Avro,
-        f @ ("debezium" | "protobuf") => return Err(planned("config.format", &format!("format \"{f}\""))),
+        "debezium" => Format::Debezium,
+        f @ "protobuf" => return Err(planned("config.format", &format!("format \"{f}\""))),
         other => {
             return Err(invalid(format!("config.format: unknown format \"{other}\""))
                 .hint("Valid formats: json, debezium, avro, protobuf."))
@@ -129,6 +179,17 @@ pub fn parse_common(o: &Obj<'_>) -> CdcResult<SinkCommon> {
         ))
         .hint("Add \"format\": \"avro\", or leave \"schema_registry\" out."));
     }
+    let debezium = match o.object("debezium")? {
+        None => DebeziumOptions::default(),
+        Some(_) if format != Format::Debezium => {
+            return Err(invalid(format!(
+                "config.debezium sets the debezium format, and this sink's format is {}",
+                format.as_str()
+            ))
+            .hint("Add \"format\": \"debezium\", or leave \"debezium\" out."))
+        }
+        Some(d) => parse_debezium(&d)?,
+    };
     let partition_key = o.string("partition_key")?.map(str::to_string);
     let include_transformations = o.bool("include_transformations")?.unwrap_or(true);
     let checkpoint_interval_ms = o.int("checkpoint_interval_ms", 1, 3_600_000)?.map(|v| v as u32);
@@ -155,8 +216,35 @@ pub fn parse_common(o: &Obj<'_>) -> CdcResult<SinkCommon> {
         partition_key,
         format,
         schema_registry,
+        debezium,
         snapshot_mode,
         snapshot_chunk_size,
+    })
+}
+
+fn parse_debezium(d: &Obj<'_>) -> CdcResult<DebeziumOptions> {
+    d.check_keys(&["topic_prefix", "schemas", "decimal_handling_mode", "tombstones_on_delete"])?;
+    let topic_prefix = match d.string("topic_prefix")? {
+        Some(p) if p.is_empty() || !p.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) => {
+            return Err(invalid(format!("{}: \"{p}\" is not a topic prefix", d.child_path("topic_prefix")))
+                .hint("Use letters, digits, '.', '_' and '-', as Debezium's topic.prefix does."))
+        }
+        p => p.map(str::to_string),
+    };
+    let decimal_handling_mode = match d.string("decimal_handling_mode")?.unwrap_or("precise") {
+        "precise" => DecimalHandling::Precise,
+        "string" => DecimalHandling::String,
+        "double" => DecimalHandling::Double,
+        other => {
+            return Err(invalid(format!("{}: unknown mode \"{other}\"", d.child_path("decimal_handling_mode")))
+                .hint("Valid modes: precise (the default), string, double."))
+        }
+    };
+    Ok(DebeziumOptions {
+        topic_prefix,
+        schemas: d.bool("schemas")?.unwrap_or(true),
+        decimal_handling_mode,
+        tombstones_on_delete: d.bool("tombstones_on_delete")?.unwrap_or(true),
     })
 }
 

@@ -21,6 +21,8 @@ use cdc_core::envelope::RelationPlan;
 use cdc_core::types::{TypeKind, TypeRegistry};
 use num_bigint::BigInt;
 use serde_json::value::RawValue;
+
+use super::event::{Compliance, Fields, JsonEvent, Metadata, Name};
 use serde_json::{json, Value as Json};
 
 /// The Avro type a column's values are written as.
@@ -228,7 +230,7 @@ pub fn write_bytes(out: &mut Vec<u8>, b: &[u8]) {
 }
 
 /// The content of a JSON string (`None`: not a string), borrowed when it has no escape.
-fn json_string(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
+pub(crate) fn json_string(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
     let inner = raw.strip_prefix('"')?.strip_suffix('"')?;
     if inner.contains('\\') {
         serde_json::from_str::<String>(raw).ok().map(std::borrow::Cow::Owned)
@@ -248,7 +250,7 @@ fn float(raw: &str) -> Option<f64> {
 
 /// The unscaled integer of a decimal text at `scale` (`12.5` at scale 2 is 1250); `None` when it
 /// is not a plain decimal or has more fractional digits than the scale.
-fn unscaled(raw: &str, scale: u32) -> Option<BigInt> {
+pub(crate) fn unscaled(raw: &str, scale: u32) -> Option<BigInt> {
     let (neg, digits) = match raw.strip_prefix('-') {
         Some(d) => (true, d),
         None => (false, raw),
@@ -577,130 +579,6 @@ impl<'a> Key<'a> {
         }
         Ok(())
     }
-}
-
-/// A JSON object key, borrowed from the event when it has no escape.
-#[derive(Debug)]
-struct Name<'a>(std::borrow::Cow<'a, str>);
-
-impl<'de: 'a, 'a> serde::Deserialize<'de> for Name<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for V<'a> {
-            type Value = Name<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Name(std::borrow::Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Name(std::borrow::Cow::Owned(v.to_string())))
-            }
-        }
-        d.deserialize_str(V(std::marker::PhantomData))
-    }
-}
-
-/// A JSON object's fields in their order.
-#[derive(Debug)]
-struct Fields<'a>(Vec<(Name<'a>, &'a RawValue)>);
-
-impl<'de: 'a, 'a> serde::Deserialize<'de> for Fields<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for V<'a> {
-            type Value = Fields<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::with_capacity(m.size_hint().unwrap_or(16));
-                while let Some((k, v)) = m.next_entry::<Name<'a>, &'a RawValue>()? {
-                    out.push((k, v));
-                }
-                Ok(Fields(out))
-            }
-        }
-        d.deserialize_map(V(std::marker::PhantomData))
-    }
-}
-
-/// The JSON event, as the envelope schema reads it. Unknown fields are refused, so a field the
-/// JSON event gains cannot be left out of Avro events unnoticed (the tests encode every kind).
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JsonEvent<'a> {
-    #[serde(borrow)]
-    metadata: Metadata<'a>,
-    #[serde(borrow)]
-    before: Option<Fields<'a>>,
-    #[serde(borrow)]
-    after: Option<Fields<'a>>,
-    /// Left out: `before` and `after` carry both images.
-    #[allow(dead_code)]
-    diff: Option<serde::de::IgnoredAny>,
-    #[serde(borrow)]
-    compliance: Option<Compliance<'a>>,
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Metadata<'a> {
-    #[serde(borrow)]
-    source: Name<'a>,
-    #[serde(borrow)]
-    database: Name<'a>,
-    #[serde(borrow)]
-    schema: Name<'a>,
-    #[serde(borrow)]
-    table: Name<'a>,
-    #[serde(borrow)]
-    operation: Name<'a>,
-    #[serde(borrow)]
-    timestamp: Name<'a>,
-    lsn: u64,
-    commit_lsn: u64,
-    transaction_id: u64,
-    user: Option<String>,
-    session_id: Option<String>,
-    client_ip: Option<String>,
-    application_name: Option<String>,
-    query: Option<String>,
-    filter_matched: Option<String>,
-    filter_transition: Option<String>,
-    transaction: Option<Transaction>,
-    unchanged_toast_columns: Option<Vec<String>>,
-    truncate: Option<Truncate>,
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Transaction {
-    id: u64,
-    commit_lsn: u64,
-    event_index: u64,
-    event_count: u64,
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Truncate {
-    cascade: bool,
-    restart_identity: bool,
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Compliance<'a> {
-    #[serde(borrow)]
-    audit_id: Name<'a>,
-    retention_until: Option<String>,
-    key_version: Option<u64>,
-    pii_tokenized: Option<Vec<String>>,
-    pii_hashed: Option<Vec<String>>,
-    pii_redacted: Option<Vec<String>>,
-    pii_removed: Option<Vec<String>>,
 }
 
 fn write_opt_str(out: &mut Vec<u8>, v: &Option<String>) {

@@ -16,6 +16,10 @@
 //! after it. With `auto_register` false the schema is only looked up, and a schema that is not
 //! registered stops the sink (state error) until someone registers it.
 pub mod avro;
+pub mod debezium;
+#[cfg(test)]
+mod debezium_tests;
+mod event;
 pub mod schema_registry;
 #[cfg(test)]
 mod tests;

@@ -150,3 +150,51 @@ fn delivery_modes() {
     assert_eq!(alo.delivery_mode(), DeliveryMode::AtLeastOnce);
     assert_eq!(parse_config("table", &json!({"table": "e"})).unwrap().delivery_mode(), DeliveryMode::ExactlyOnce);
 }
+
+#[test]
+fn the_debezium_format_takes_debeziums_settings_on_kafka_sinks_only() {
+    use cdc_core::config::sink::{DebeziumOptions, DecimalHandling, Format};
+    let d = kafka(json!({"topic": "t", "format": "debezium"}));
+    assert_eq!((d.common.format, &d.common.debezium), (Format::Debezium, &DebeziumOptions::default()));
+    let o = DebeziumOptions::default();
+    assert!(o.schemas && o.tombstones_on_delete && o.topic_prefix.is_none());
+    assert_eq!(o.decimal_handling_mode, DecimalHandling::Precise);
+    let set = kafka(json!({"topic": "t", "format": "debezium", "debezium": {
+        "topic_prefix": "shop.eu-1", "schemas": false, "decimal_handling_mode": "double", "tombstones_on_delete": false}}));
+    assert_eq!(
+        set.common.debezium,
+        DebeziumOptions {
+            topic_prefix: Some("shop.eu-1".into()),
+            schemas: false,
+            decimal_handling_mode: DecimalHandling::Double,
+            tombstones_on_delete: false
+        }
+    );
+    let e = |v| parse_config("kafka", &v).unwrap_err();
+    let without = e(json!({"topic": "t", "debezium": {"schemas": false}}));
+    assert_eq!(
+        (without.kind.sqlstate(), without.hint.as_deref()),
+        ("22023", Some("Add \"format\": \"debezium\", or leave \"debezium\" out."))
+    );
+    let mode = e(json!({"topic": "t", "format": "debezium", "debezium": {"decimal_handling_mode": "exact"}}));
+    assert_eq!(mode.hint.as_deref(), Some("Valid modes: precise (the default), string, double."));
+    for bad in ["", "a b", "a/b"] {
+        let p = e(json!({"topic": "t", "format": "debezium", "debezium": {"topic_prefix": bad}}));
+        assert_eq!(p.kind.sqlstate(), "22023", "{bad}");
+    }
+    let key = e(json!({"topic": "t", "format": "debezium", "debezium": {"schema": true}}));
+    assert_eq!(key.hint.as_deref(), Some("Did you mean \"schemas\"?"));
+    for (t, c) in [
+        ("webhook", json!({"url": "http://h/"})),
+        ("kinesis", json!({"stream_name": "s"})),
+        ("table", json!({"table": "e"})),
+        (
+            "eventhub",
+            json!({"eventhub": "t", "namespace": "ns", "connection_string": "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v="}),
+        ),
+    ] {
+        let mut c = c;
+        c["format"] = json!("debezium");
+        assert_eq!(parse_config(t, &c).unwrap_err().kind.sqlstate(), "0A000", "{t}");
+    }
+}

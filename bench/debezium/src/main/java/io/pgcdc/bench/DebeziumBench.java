@@ -53,6 +53,22 @@ public final class DebeziumBench {
 
         KafkaProducer<String, String> producer =
                 new KafkaProducer<>(producerProps, new StringSerializer(), new StringSerializer());
+        Throwable failure = runUntilStdinCloses(engineProps, new KafkaForwarder(producer, topic), producer::close);
+        if (failure != null) {
+            failure.printStackTrace();
+            System.exit(1);
+        }
+    }
+
+    /**
+     * Runs the embedded engine with {@code engineProps}, handing every batch to {@code consumer};
+     * prints {@code READY} once the engine polls the connector, and stops the engine when standard
+     * input closes, the engine dies, or the JVM gets SIGTERM; then runs {@code afterStop} (once).
+     * Returns the engine's failure, if any.
+     */
+    static Throwable runUntilStdinCloses(Properties engineProps,
+            DebeziumEngine.ChangeConsumer<ChangeEvent<String, String>> consumer, Runnable afterStop)
+            throws InterruptedException {
         AtomicReference<Throwable> engineFailure = new AtomicReference<>();
         CountDownLatch engineDone = new CountDownLatch(1);
 
@@ -71,12 +87,12 @@ public final class DebeziumBench {
                     }
                     engineDone.countDown();
                 })
-                .notifying(new KafkaForwarder(producer, topic))
+                .notifying(consumer)
                 .build();
 
         ExecutorService executor = Executors.newSingleThreadExecutor();
         executor.execute(engine);
-        Thread shutdown = new Thread(() -> stop(engine, executor, producer));
+        Thread shutdown = new Thread(() -> stop(engine, executor, afterStop));
         Runtime.getRuntime().addShutdownHook(shutdown);
 
         // The driver closes our stdin to stop us; an engine that dies on its own ends the wait too.
@@ -94,17 +110,13 @@ public final class DebeziumBench {
         stdinWatcher.start();
         engineDone.await();
 
-        stop(engine, executor, producer);
+        stop(engine, executor, afterStop);
         Runtime.getRuntime().removeShutdownHook(shutdown);
-        if (engineFailure.get() != null) {
-            engineFailure.get().printStackTrace();
-            System.exit(1);
-        }
+        return engineFailure.get();
     }
 
-    /** Stops the engine (idempotent), waits for its thread, then flushes and closes the producer. */
-    private static synchronized void stop(
-            DebeziumEngine<?> engine, ExecutorService executor, KafkaProducer<String, String> producer) {
+    /** Stops the engine (idempotent), waits for its thread, then runs {@code afterStop}. */
+    private static synchronized void stop(DebeziumEngine<?> engine, ExecutorService executor, Runnable afterStop) {
         if (executor.isShutdown()) {
             return;
         }
@@ -115,11 +127,11 @@ public final class DebeziumBench {
         } catch (IOException | InterruptedException e) {
             e.printStackTrace();
         } finally {
-            producer.close();
+            afterStop.run();
         }
     }
 
-    private static Properties load(String path) throws IOException {
+    static Properties load(String path) throws IOException {
         Properties props = new Properties();
         try (InputStream in = new FileInputStream(path)) {
             props.load(in);
