@@ -9,7 +9,9 @@ server stores a few thousand records a second at best), so only the CPU figure c
     $PG_CDC_VENV/bin/python bench/sink_cpu.py [--rows 20000] [--out bench/results]
 
 `kafka_avro` is the Kafka sink with `"format": "avro"` (the registry stand-in of `make up`; a schema
-is registered once, at the warm-up row, so the figure is the encoding's).
+is registered once, at the warm-up row, so the figure is the encoding's). `kafka_debezium` is the
+Kafka sink with `"format": "debezium"` and Debezium's defaults (every key and value carries its
+schema, as Kafka Connect's JSON converter writes them); `kafka_debezium_noschema` without schemas.
 
 Needs `make up` (PostgreSQL, Kafka, the local Kinesis server, the schema registry stand-in) and a quiet cluster (no other sinks).
 Writes sink_cpu.md and prints the table."""
@@ -51,6 +53,10 @@ def run(conn, kind, rows):
         cfg = {"topic": f"bench-cpu-{tag}"}
     elif kind == "kafka_avro":
         cfg = {"topic": f"bench-cpu-{tag}", "format": "avro", "schema_registry": REGISTRY}
+    elif kind == "kafka_debezium":
+        cfg = {"topic": f"bench-cpu-{tag}", "format": "debezium"}
+    elif kind == "kafka_debezium_noschema":
+        cfg = {"topic": f"bench-cpu-{tag}", "format": "debezium", "debezium": {"schemas": False}}
     elif kind == "kafka_at_least_once":
         cfg = {"topic": f"bench-cpu-{tag}", "exactly_once": False}
     elif kind == "kinesis":
@@ -88,7 +94,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    ap.add_argument("--sinks", default="kafka,kafka_avro,kafka_at_least_once,kinesis,table")
+    ap.add_argument("--sinks",
+                    default="kafka,kafka_avro,kafka_debezium,kafka_debezium_noschema,kafka_at_least_once,kinesis,table")
     a = ap.parse_args()
     with connect() as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_cdc")
