@@ -783,7 +783,7 @@ impl Worker {
                     assembler.set_transformations(c.common().include_transformations);
                     assembler.set_partition_key(c.common().partition_key.clone());
                     let server_registry = Some(self.schema_registry.clone()).filter(|s| !s.is_empty());
-                    assembler.set_format(c.event_format(&cat.database, server_registry));
+                    assembler.set_format(c.event_format(&cat.database, server_registry, env!("CARGO_PKG_VERSION")));
                 }
                 assembler.set_token_key(self.token_key.clone());
                 assembler.set_context_key(self.context_key.clone());

@@ -80,6 +80,8 @@ def test_debezium_records_are_read_by_kafka_connect(pg, sinks, unique, connect_c
     source = value["payload"]["source"]
     assert (source["connector"], source["name"], source["db"], source["schema"], source["table"], source["snapshot"]) \
         == ("postgresql", "shop", "postgres", "public", t, "false")
+    version = pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0]
+    assert source["version"] == f"pg_cdc-{version}"
     after = {f["field"]: f for f in value["schema"]["fields"][1]["fields"]}
     assert after["total"]["optional"] is False and after["note"]["optional"] is True, "NOT NULL from the history"
     assert changes[3] == (changes[2][0], None), "a tombstone with the deleted row's key follows the delete"

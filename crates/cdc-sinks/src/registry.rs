@@ -96,12 +96,15 @@ impl SinkConfig {
     }
 
     /// The sink's event format when it is not JSON: the Avro format of a Kafka or Event Hubs
-    /// sink, its subjects named after the sink's topic template (see [`crate::format`]).
-    /// `server_registry` is the server setting `cdc.schema_registry`.
+    /// sink, its subjects named after the sink's topic template (see [`crate::format`]), or the
+    /// Debezium format of a Kafka sink.
+    /// `server_registry` is the server setting `cdc.schema_registry`; `version` pg_cdc's (the
+    /// Debezium format's `source.version`).
     pub fn event_format(
         &self,
         database: &str,
         server_registry: Option<String>,
+        version: &str,
     ) -> Option<Box<dyn cdc_core::format::EventFormat>> {
         let topic = match self {
             SinkConfig::Kafka(c) => c.topic.clone(),
@@ -117,7 +120,7 @@ impl SinkConfig {
                 server_registry,
             ))),
             Format::Debezium => {
-                Some(Box::new(crate::format::debezium::DebeziumFormat::new(common.debezium.clone(), database)))
+                Some(Box::new(crate::format::debezium::DebeziumFormat::new(common.debezium.clone(), database, version)))
             }
         }
     }

@@ -599,6 +599,8 @@ pub struct DebeziumFormat {
     prefix: String,
     /// `source.db`.
     database: String,
+    /// `source.version`: pg_cdc's.
+    version: String,
     tables: HashMap<u32, Version>,
     /// The table and LSN of the last DELETE: an UPDATE of the same change right after it moved
     /// the row to another key (pg_cdc retracts the old key first), which Debezium writes as a
@@ -607,10 +609,17 @@ pub struct DebeziumFormat {
 }
 
 impl DebeziumFormat {
-    /// The format of a sink in `database`.
-    pub fn new(options: DebeziumOptions, database: &str) -> DebeziumFormat {
+    /// The format of a sink in `database`; `version` is pg_cdc's (`source.version`).
+    pub fn new(options: DebeziumOptions, database: &str, version: &str) -> DebeziumFormat {
         let prefix = options.topic_prefix.clone().unwrap_or_else(|| database.to_string());
-        DebeziumFormat { options, prefix, database: database.to_string(), tables: HashMap::new(), last_delete: None }
+        DebeziumFormat {
+            options,
+            prefix,
+            database: database.to_string(),
+            version: format!("pg_cdc-{version}"),
+            tables: HashMap::new(),
+            last_delete: None,
+        }
     }
 
     fn build(&self, plan: &Arc<RelationPlan>, types: &TypeRegistry) -> Version {
@@ -710,7 +719,7 @@ impl DebeziumFormat {
         let commit_us = parse_timestamp(&m.timestamp.0).ok_or("metadata.timestamp is not a timestamp")?;
         let snapshot = if op == Op::Read { "true" } else { "false" };
         out.push_str(",\"source\":{\"version\":");
-        write_json_str(&mut out, concat!("pg_cdc-", env!("CARGO_PKG_VERSION")));
+        write_json_str(&mut out, &self.version);
         out.push_str(",\"connector\":\"postgresql\",\"name\":");
         write_json_str(&mut out, &self.prefix);
         let _ = write!(out, ",\"ts_ms\":{},\"snapshot\":\"{snapshot}\",\"db\":", commit_us.div_euclid(1000));

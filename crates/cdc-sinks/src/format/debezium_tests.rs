@@ -37,7 +37,7 @@ fn ours(name: &str, tables: &[(&str, CaptureConfig)], options: DebeziumOptions) 
     let oids = relation_oids(&fr);
     let sink: SinkTables = tables.iter().map(|(t, c)| (oids[*t], Arc::new(c.clone()))).collect();
     let mut a = Assembler::new("golden");
-    let format: Box<dyn EventFormat> = Box::new(DebeziumFormat::new(options, "pg_cdc_golden_dbz"));
+    let format: Box<dyn EventFormat> = Box::new(DebeziumFormat::new(options, "pg_cdc_golden_dbz", "0.0.0"));
     a.set_format(Some(format));
     let out = a.process(&fr, &sink, &types(name)).expect("pipeline");
     let mut records = Vec::new();
@@ -328,7 +328,7 @@ fn truncate_and_snapshot_rows_have_debeziums_op_codes() {
     let oids = relation_oids(&fr);
     let sink: SinkTables = [(oids["plain"], Arc::new(config(&["id"])))].into_iter().collect();
     let mut a = Assembler::new("golden");
-    a.set_format(Some(Box::new(DebeziumFormat::new(options(false, DecimalHandling::Precise, true), "db"))));
+    a.set_format(Some(Box::new(DebeziumFormat::new(options(false, DecimalHandling::Precise, true), "db", "0.0.0"))));
     let out = a.process(&fr, &sink, &types("basic")).expect("pipeline");
     let events: Vec<_> = out.transactions.iter().flat_map(|t| &t.events).collect();
     let truncate = events.iter().find(|e| e.op == Op::Truncate).expect("a truncate");
