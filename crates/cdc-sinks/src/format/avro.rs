@@ -325,7 +325,8 @@ pub fn parse_time(s: &str) -> Option<i64> {
 }
 
 /// `YYYY-MM-DDTHH:MM:SS[.ffffff][Z|±HH[:MM[:SS]]]` as microseconds from 1970-01-01T00:00:00 (UTC
-/// when it has a zone); `infinity` and `-infinity` are the long's extremes.
+/// when it has a zone); `infinity` and `-infinity` are the long's extremes, and so is a time past
+/// what a long holds.
 pub fn parse_timestamp(s: &str) -> Option<i64> {
     match s {
         "infinity" => return Some(i64::MAX),
@@ -353,7 +354,11 @@ pub fn parse_timestamp(s: &str) -> Option<i64> {
             }
         }
     };
-    days.checked_mul(86_400_000_000)?.checked_add(time)?.checked_sub(offset_secs * 1_000_000)
+    // PostgreSQL's years reach 294276, past a long of microseconds from 1970 (292277): such a
+    // value is the long's extreme, as the infinities are.
+    let micros =
+        days.checked_mul(86_400_000_000).and_then(|d| d.checked_add(time)?.checked_sub(offset_secs * 1_000_000));
+    Some(micros.unwrap_or(if days > 0 { i64::MAX } else { i64::MIN }))
 }
 
 /// A name Avro accepts (`[A-Za-z_][A-Za-z0-9_]*`): other characters become `_`, and a leading

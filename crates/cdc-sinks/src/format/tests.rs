@@ -341,3 +341,20 @@ fn a_registry_url_is_shown_without_its_credentials() {
     assert_eq!(label("https://user:s3cret@registry:8081/api"), "https://***@registry:8081/api");
     assert_eq!(label("http://registry:8081"), "http://registry:8081");
 }
+
+/// Regression: PostgreSQL's largest timestamp (294276-12-31) is past what a long of microseconds
+/// from 1970 holds; encoding it stopped the sink. It is written as the long's extreme, as
+/// `infinity` is (the README says so).
+#[test]
+fn every_event_of_the_golden_type_capture_encodes_even_at_the_calendars_ends() {
+    let mut cfg = config(&["id"]);
+    cfg.exclude_columns = vec!["c_int_matrix".into()];
+    let (events, t) = captured("types", "all_types", cfg);
+    let reads: Vec<Avro> = events.iter().map(|(plan, ev)| round_trip(plan, &t, ev).0).collect();
+    let after = |i: usize, n: &str| inner(field(field(&reads[i], "after"), n)).clone();
+    assert_eq!(after(3, "c_timestamptz"), Avro::TimestampMicros(i64::MAX), "294276-12-31T23:59:59.999999Z");
+    assert_eq!(after(2, "c_timestamptz"), Avro::TimestampMicros(i64::MAX), "infinity");
+    assert_eq!(after(2, "c_timestamp"), Avro::LocalTimestampMicros(i64::MIN), "-infinity");
+    assert_eq!(after(1, "c_date"), Avro::Date(-735_160), "0044-03-15 BC");
+    assert_eq!(after(3, "c_date"), Avro::Date(-2_440_550), "4713-01-01 BC");
+}
