@@ -42,7 +42,7 @@ if [ ! -x "$PG_CDC_VENV/bin/python" ]; then
   log "python venv $PG_CDC_VENV"
   python3 -m venv "$PG_CDC_VENV"
 fi
-if ! "$PG_CDC_VENV/bin/python" -c 'import confluent_kafka, confluent_kafka.schema_registry.avro, psycopg, prometheus_client, pytest, boto3' 2>/dev/null; then
+if ! "$PG_CDC_VENV/bin/python" -c 'import confluent_kafka, confluent_kafka.schema_registry.avro, confluent_kafka.schema_registry.protobuf, grpc_tools.protoc, psycopg, prometheus_client, pytest, boto3' 2>/dev/null; then
   log "python packages"
   "$PG_CDC_VENV/bin/pip" install -q -r "$here/../tests/requirements.txt"
 fi

@@ -77,8 +77,8 @@ SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "bootstrap_servers":
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "bootstrap_servers": ["127.0.0.1:1"]}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "format": "xml"}'); \echo SQLSTATE :SQLSTATE
 
--- Planned Kafka features: 0A000.
-SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "format": "protobuf"}'); \echo SQLSTATE :SQLSTATE
+-- The protobuf format is for the Kafka-protocol sinks: 0A000 elsewhere.
+SELECT cdc_add_sink('regress_bad', 'webhook', '{"url": "http://127.0.0.1:1/", "format": "protobuf"}'); \echo SQLSTATE :SQLSTATE
 -- The debezium format is for Kafka sinks (0A000 elsewhere); its settings need it and are checked (22023).
 SELECT cdc_add_sink('regress_bad', 'webhook', '{"url": "http://127.0.0.1:1/", "format": "debezium"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'kafka', '{"topic": "t", "debezium": {"schemas": false}}'); \echo SQLSTATE :SQLSTATE
@@ -151,7 +151,7 @@ BEGIN
       '{"topic": "t", "properties": {"sasl.password": "@"}, "batch_size": 0}',
       '{"topic": "t", "properties": {"sasl.password": "@"}, "compression": "brotli"}',
       '{"topic": "t", "properties": {"sasl.password": "@"}, "tables": ["nope"]}',
-      '{"topic": "t", "properties": {"sasl.password": "@"}, "format": "protobuf"}',
+      '{"topic": "t", "properties": {"sasl.password": "@"}, "format": "xml"}',
       '{"topic": "t", "properties": {"sasl.password": "@"}, "unknown": 1}',
       '{"topic": "bad topic", "properties": {"sasl.password": "@"}}',
       '{"properties": {"sasl.password": "@"}}'

@@ -63,7 +63,7 @@ pub fn parse_config(sink_type: &str, config: &Value) -> CdcResult<SinkConfig> {
                 ErrorKind::FeatureNotSupported,
                 format!("a {sink_type} sink cannot use format \"{}\" yet", format.as_str()),
             )
-            .hint("The avro format writes Kafka topics (kafka and eventhub sinks); use \"format\": \"json\" here."));
+            .hint("The avro and protobuf formats write Kafka topics (kafka and eventhub sinks); use \"format\": \"json\" here."));
         }
         return Ok(parsed);
     }
@@ -122,6 +122,12 @@ impl SinkConfig {
             Format::Debezium => {
                 Some(Box::new(crate::format::debezium::DebeziumFormat::new(common.debezium.clone(), database, version)))
             }
+            Format::Protobuf => Some(Box::new(crate::format::protobuf::ProtobufFormat::new(
+                &topic,
+                database,
+                common.schema_registry.clone(),
+                server_registry,
+            ))),
         }
     }
 

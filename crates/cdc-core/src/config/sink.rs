@@ -4,7 +4,7 @@
 //! and these with [`parse_common`].
 use serde_json::Value;
 
-use super::object::{invalid, planned, Obj};
+use super::object::{invalid, Obj};
 use super::CaptureConfig;
 use crate::error::CdcResult;
 
@@ -20,6 +20,10 @@ pub enum Format {
     /// Debezium's PostgreSQL connector and Kafka Connect's JSON converter write them (see
     /// [`DebeziumOptions`]).
     Debezium,
+    /// The event as a `pg_cdc.v1.Event` message of the published contract
+    /// (`proto/pg_cdc/v1/event.proto`), its key a `pg_cdc.v1.Row`; in Confluent's wire format
+    /// when a schema registry is set.
+    Protobuf,
 }
 
 impl Format {
@@ -29,6 +33,7 @@ impl Format {
             Format::Json => "json",
             Format::Avro => "avro",
             Format::Debezium => "debezium",
+            Format::Protobuf => "protobuf",
         }
     }
 }
@@ -164,7 +169,7 @@ pub fn parse_common(o: &Obj<'_>) -> CdcResult<SinkCommon> {
         "json" => Format::Json,
         "avro" => Format::Avro,
         "debezium" => Format::Debezium,
-        f @ "protobuf" => return Err(planned("config.format", &format!("format \"{f}\""))),
+        "protobuf" => Format::Protobuf,
         other => {
             return Err(invalid(format!("config.format: unknown format \"{other}\""))
                 .hint("Valid formats: json, debezium, avro, protobuf."))
@@ -172,12 +177,12 @@ pub fn parse_common(o: &Obj<'_>) -> CdcResult<SinkCommon> {
     };
     let schema_registry =
         o.string("schema_registry")?.map(|url| super::registry_url("config.schema_registry", url)).transpose()?;
-    if schema_registry.is_some() && format != Format::Avro {
+    if schema_registry.is_some() && !matches!(format, Format::Avro | Format::Protobuf) {
         return Err(invalid(format!(
-            "config.schema_registry is used by the avro format only, and this sink's format is {}",
+            "config.schema_registry is used by the avro and protobuf formats only, and this sink's format is {}",
             format.as_str()
         ))
-        .hint("Add \"format\": \"avro\", or leave \"schema_registry\" out."));
+        .hint("Add \"format\": \"avro\" (or \"protobuf\"), or leave \"schema_registry\" out."));
     }
     let debezium = match o.object("debezium")? {
         None => DebeziumOptions::default(),

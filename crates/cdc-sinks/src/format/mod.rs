@@ -20,6 +20,7 @@ pub mod debezium;
 #[cfg(test)]
 mod debezium_tests;
 mod event;
+pub mod protobuf;
 pub mod schema_registry;
 #[cfg(test)]
 mod tests;
@@ -106,18 +107,14 @@ impl AvroFormat {
 
     /// The registry of a table: the sink's, the table's, the server's.
     fn registry_url(&self, plan: &RelationPlan) -> Result<String, FormatError> {
-        let url = self
-            .sink_registry
-            .clone()
-            .or_else(|| plan.config.schema_evolution.schema_registry.clone())
-            .or_else(|| self.server_registry.clone())
+        let url = configured_registry(self.sink_registry.as_deref(), plan, self.server_registry.as_deref())
             .ok_or_else(|| {
                 FormatError::operator(
                     "the avro format needs a schema registry, and none is set: give the sink a \"schema_registry\", \
                      the table a schema_evolution.schema_registry, or set cdc.schema_registry",
                 )
             })?;
-        cdc_core::config::registry_url("cdc.schema_registry", &url).map_err(|e| FormatError::operator(e.message))
+        checked_registry(&url)
     }
 
     /// The id of `schema` under `subject`: registered (or looked up, without `auto_register`)
@@ -219,6 +216,18 @@ impl EventFormat for AvroFormat {
     fn take_registrations(&mut self) -> Vec<Registration> {
         std::mem::take(&mut self.registrations)
     }
+}
+
+/// The registry a table's events use, first that is set: the sink's, the table's
+/// `schema_evolution.schema_registry`, the server setting.
+fn configured_registry(sink: Option<&str>, plan: &RelationPlan, server: Option<&str>) -> Option<String> {
+    sink.or(plan.config.schema_evolution.schema_registry.as_deref()).or(server).map(str::to_string)
+}
+
+/// A registry URL checked as `cdc.schema_registry` is (the sink's and the table's were checked
+/// when they were set).
+fn checked_registry(url: &str) -> Result<String, FormatError> {
+    cdc_core::config::registry_url("cdc.schema_registry", url).map_err(|e| FormatError::operator(e.message))
 }
 
 /// A schema's JSON text, as registered.

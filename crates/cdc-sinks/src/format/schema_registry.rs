@@ -70,7 +70,12 @@ impl SchemaRegistry {
     /// Registers `schema` (Avro schema JSON) under `subject`; the registry answers with the id it
     /// has for it (the same id again when it is registered already).
     pub fn register(&self, subject: &str, schema: &str) -> Result<u32, FormatError> {
-        let body = json!({ "schema": schema }).to_string();
+        self.register_as(subject, schema, "AVRO")
+    }
+
+    /// Registers `schema` of type `schema_type` (`AVRO`, `PROTOBUF`) under `subject`.
+    pub fn register_as(&self, subject: &str, schema: &str, schema_type: &str) -> Result<u32, FormatError> {
+        let body = body(schema, schema_type);
         let v = match self.call("POST", &format!("/subjects/{}/versions", encode_segment(subject)), body, subject) {
             Ok(v) => v,
             Err(Missing) => return Err(self.error(false, format!("subject {subject}: not found"))),
@@ -81,7 +86,12 @@ impl SchemaRegistry {
 
     /// The id of `schema` under `subject`, when it is registered there.
     pub fn lookup(&self, subject: &str, schema: &str) -> Result<Option<u32>, FormatError> {
-        let body = json!({ "schema": schema }).to_string();
+        self.lookup_as(subject, schema, "AVRO")
+    }
+
+    /// The id of `schema` of type `schema_type` under `subject`, when it is registered there.
+    pub fn lookup_as(&self, subject: &str, schema: &str, schema_type: &str) -> Result<Option<u32>, FormatError> {
+        let body = body(schema, schema_type);
         match self.call("POST", &format!("/subjects/{}", encode_segment(subject)), body, subject) {
             Ok(v) => Ok(id_of(&v)),
             Err(Missing) => Ok(None),
@@ -195,4 +205,13 @@ fn percent_decode(s: &str) -> Vec<u8> {
         i += 1;
     }
     out
+}
+
+/// A registration's body: Avro is the registry's default type, so it is left unnamed.
+fn body(schema: &str, schema_type: &str) -> String {
+    if schema_type == "AVRO" {
+        json!({ "schema": schema }).to_string()
+    } else {
+        json!({ "schema": schema, "schemaType": schema_type }).to_string()
+    }
 }

@@ -29,7 +29,10 @@ fn kafka_sink_config() {
     assert_eq!(e(json!({"topic": "t", "acks": "1"})).kind.sqlstate(), "22023");
     assert!(!kafka(json!({"topic": "t", "acks": "1", "exactly_once": false})).exactly_once);
     assert_eq!(e(json!({"topic": "t", "exactly_once": false, "transactional_id": "x"})).kind.sqlstate(), "22023");
-    assert_eq!(e(json!({"topic": "t", "format": "protobuf"})).kind.sqlstate(), "0A000");
+    // Protobuf: with or without a registry (Confluent's framing only with one).
+    assert!(parse_config("kafka", &json!({"topic": "t", "format": "protobuf"})).is_ok());
+    let proto = kafka(json!({"topic": "t", "format": "protobuf", "schema_registry": "http://registry:8081"}));
+    assert_eq!(proto.common.schema_registry.as_deref(), Some("http://registry:8081"));
     // Avro: a registry URL is checked, and only the avro format takes one.
     let avro = kafka(json!({"topic": "t", "format": "avro", "schema_registry": "http://registry:8081/"}));
     assert_eq!(avro.common.schema_registry.as_deref(), Some("http://registry:8081"));
