@@ -4,6 +4,7 @@
 //! `cdc_force_schema_break` and `cdc_check_compatibility`. The rules are
 //! [`cdc_core::schema`]'s; the check is local (our history and the table's mode), so a DDL never
 //! waits on the network while it holds its lock.
+use cdc_core::config::sink::Format;
 use cdc_core::schema::{self as rules, Field, Mode};
 use cdc_core::{CdcError, ErrorKind};
 use pgrx::pg_sys::panic::ErrorReport;
@@ -132,6 +133,7 @@ fn consumers(schema: &str, oid: pg_sys::Oid, versions: &[Value]) -> (Value, Opti
     for sink in sinks.as_array().into_iter().flatten() {
         let name = sink["name"].as_str().unwrap_or_default().to_string();
         let Ok(cfg) = cdc_sinks::kafka::config::parse(&sink["config"]) else { continue };
+        let format = cfg.common.format;
         let topic = cdc_sinks::kafka::config::expand_topic(&cfg.topic, &db, &nsp, &rel);
         let (b, t) = (bootstrap.clone(), topic.clone());
         let read = cdc_sinks::kafka::with_signals_blocked(move || {
@@ -156,9 +158,10 @@ fn consumers(schema: &str, oid: pg_sys::Oid, versions: &[Value]) -> (Value, Opti
             ));
         }
         for p in positions {
-            let lsn = p.last.as_deref().and_then(|v| match v.first() {
-                Some(0) => cdc_sinks::format::avro::event_lsn(v),
-                _ => {
+            let lsn = p.last.as_deref().and_then(|v| match format {
+                Format::Avro => cdc_sinks::format::avro::event_lsn(v),
+                Format::Protobuf => cdc_sinks::format::protobuf::event_lsn(v),
+                Format::Json | Format::Debezium => {
                     // pg_cdc's JSON event, or Debezium's (with or without its schema block).
                     let e = serde_json::from_slice::<Value>(v).ok()?;
                     let debezium = e.get("payload").unwrap_or(&e);

@@ -378,6 +378,74 @@ pub fn frame(id: u32, index: u64, message: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The `metadata.lsn` of an `Event` record, plain or in Confluent's framing (a plain `Event`
+/// starts with its metadata's tag, never a zero byte). `None` when it is not one.
+pub fn event_lsn(record: &[u8]) -> Option<u64> {
+    let mut rest = record;
+    if rest.first() == Some(&0) {
+        rest = rest.get(5..)?;
+        let count = read_varint(&mut rest)? >> 1; // zig-zag; a lone 0 is the path [0]
+        for _ in 0..count {
+            read_varint(&mut rest)?;
+        }
+    }
+    let metadata = find_field(rest, 1)?;
+    let mut m = metadata;
+    loop {
+        let key = read_varint(&mut m)?;
+        let (field, wire) = (key >> 3, (key & 7) as u8);
+        if field == 7 && wire == VARINT {
+            return read_varint(&mut m);
+        }
+        skip(&mut m, wire)?;
+    }
+}
+
+/// The bytes of the first length-delimited field `field` of a message.
+fn find_field(mut m: &[u8], field: u64) -> Option<&[u8]> {
+    loop {
+        let key = read_varint(&mut m)?;
+        let wire = (key & 7) as u8;
+        if key >> 3 == field && wire == LEN {
+            let len = usize::try_from(read_varint(&mut m)?).ok()?;
+            return m.get(..len);
+        }
+        skip(&mut m, wire)?;
+    }
+}
+
+fn skip(m: &mut &[u8], wire: u8) -> Option<()> {
+    match wire {
+        VARINT => {
+            read_varint(m)?;
+        }
+        FIXED64 => *m = m.get(8..)?,
+        LEN => {
+            let len = usize::try_from(read_varint(m)?).ok()?;
+            *m = m.get(len..)?;
+        }
+        5 => *m = m.get(4..)?,
+        _ => return None,
+    }
+    Some(())
+}
+
+fn read_varint(m: &mut &[u8]) -> Option<u64> {
+    let (mut v, mut shift) = (0u64, 0);
+    loop {
+        let (&b, tail) = m.split_first()?;
+        *m = tail;
+        v |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some(v);
+        }
+        shift += 7;
+        if shift > 63 {
+            return None;
+        }
+    }
+}
+
 /// The Protobuf format of one sink.
 pub struct ProtobufFormat {
     /// The topic template (`{database}`, `{schema}`, `{table}`) the subjects are named after.
@@ -511,13 +579,24 @@ mod tests {
             let mut a = Assembler::new("golden");
             a.set_format(Some(Box::new(keep.clone())));
             a.process(&fr, &sink, &types(name)).expect("pipeline");
-            for e in keep.0.lock().unwrap().iter() {
+            for (e, json) in keep.0.lock().unwrap().iter().zip(jsons(name, table, key)) {
+                // The LSN reads back, plain and framed (cdc_schema_history reads it so).
+                assert_eq!(super::event_lsn(&e.payload), Some(json), "{name}");
+                assert_eq!(super::event_lsn(&super::frame(9, 0, &e.payload)), Some(json), "{name}");
                 let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
                 lines.push(format!("{name}\t{}\t{}", e.key.as_deref().map(hex).unwrap_or_default(), hex(&e.payload)));
             }
         }
         assert_eq!(lines.len(), 15);
         assert!(lines.iter().all(|l| l.split('\t').nth(2).is_some_and(|v| !v.is_empty())));
+    }
+
+    /// The `metadata.lsn` of each JSON event of a golden capture.
+    fn jsons(name: &str, table: &str, key: &str) -> Vec<u64> {
+        let mut cfg = config(&[key]);
+        cfg.exclude_columns = if name == "types" { vec!["c_int_matrix".into()] } else { vec![] };
+        let txns = cdc_core::testutil::run(name, vec![(table, cfg)]);
+        cdc_core::testutil::events(&txns).iter().map(|(_, p)| p["metadata"]["lsn"].as_u64().unwrap()).collect()
     }
 
     /// The wire bytes of single values, worked out by hand from the Protocol Buffers encoding
