@@ -110,16 +110,22 @@ pub fn computed_ty(kind: TypeKind) -> Ty {
 /// `numeric(p, s)` is an exact decimal; unconstrained numeric (any scale) and a negative scale
 /// or one above the precision (PostgreSQL 15 allows both) are the exact text.
 fn numeric_ty(typmod: i32) -> Ty {
+    match numeric_typmod(typmod) {
+        Some((precision, scale)) => Ty::Decimal { precision, scale },
+        None => Ty::String,
+    }
+}
+
+/// `numeric(p, s)`'s precision and scale from its type modifier; `None` unconstrained, or a scale
+/// a fixed-scale decimal cannot carry (negative, or above the precision).
+pub(crate) fn numeric_typmod(typmod: i32) -> Option<(u32, u32)> {
     if typmod < 4 {
-        return Ty::String;
+        return None;
     }
     let t = typmod - 4;
     let precision = ((t >> 16) & 0xffff) as u32;
     let scale = ((t & 0x7ff) ^ 1024) - 1024; // 11-bit two's complement
-    if scale < 0 || scale as u32 > precision || precision == 0 {
-        return Ty::String;
-    }
-    Ty::Decimal { precision, scale: scale as u32 }
+    (scale >= 0 && scale as u32 <= precision && precision > 0).then_some((precision, scale as u32))
 }
 
 impl Ty {

@@ -36,7 +36,7 @@ use cdc_core::types::{TypeKind, TypeRegistry};
 use serde_json::value::RawValue;
 use serde_json::{json, Value as Json};
 
-use super::avro::{json_string, parse_date, parse_time, parse_timestamp, unscaled};
+use super::avro::{json_string, numeric_typmod, parse_date, parse_time, parse_timestamp, unscaled};
 use super::event::{Fields, JsonEvent};
 
 /// What Debezium writes for a value that TOAST left unchanged (`unavailable.value.placeholder`).
@@ -168,18 +168,6 @@ pub fn column_dt(types: &TypeRegistry, oid: u32, typmod: i32, decimals: DecimalH
             _ => return None,
         },
     })
-}
-
-/// `numeric(p, s)`'s precision and scale; `None` unconstrained (or a scale Connect's `Decimal`
-/// cannot carry: negative, or above the precision).
-fn numeric_typmod(typmod: i32) -> Option<(u32, u32)> {
-    if typmod < 4 {
-        return None;
-    }
-    let t = typmod - 4;
-    let precision = ((t >> 16) & 0xffff) as u32;
-    let scale = ((t & 0x7ff) ^ 1024) - 1024;
-    (scale >= 0 && scale as u32 <= precision && precision > 0).then_some((precision, scale as u32))
 }
 
 /// The type of a computed column's values.
