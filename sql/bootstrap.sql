@@ -169,10 +169,19 @@ CREATE TABLE _cdc_schema_breaks (
 );
 COMMENT ON TABLE _cdc_schema_breaks IS 'pg_cdc: tables whose next change that breaks their compatibility_mode is let through (cdc_force_schema_break)';
 
+CREATE TABLE _cdc_version_topics (
+    table_oid        oid NOT NULL,
+    version          integer NOT NULL CHECK (version > 1),
+    requested_by     name NOT NULL DEFAULT current_user,
+    requested_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (table_oid, version)
+);
+COMMENT ON TABLE _cdc_version_topics IS 'pg_cdc: table versions whose events (and those of the versions after them) go to a topic of their own, <topic>.v<version> (cdc_create_version_topic); a row for the next version arms it';
+
 -- Catalog rows hold sink configs that may carry credentials, and copies of lookup tables: nobody
 -- but the owner reads them.
 REVOKE ALL ON _cdc_publications, _cdc_sinks, _cdc_offsets, _cdc_lookups, _cdc_lookup_rows, _cdc_table_sinks,
-    _cdc_consumers, _cdc_snapshots, _cdc_schema_versions, _cdc_schema_breaks FROM PUBLIC;
+    _cdc_consumers, _cdc_snapshots, _cdc_schema_versions, _cdc_schema_breaks, _cdc_version_topics FROM PUBLIC;
 
 -- The publication every sink's slot reads. It must exist before any slot is created, because
 -- pgoutput looks it up as of the WAL position being decoded. A leftover from an earlier install is

@@ -12,6 +12,7 @@ REVOKE EXECUTE ON FUNCTION cdc_snapshot(regclass, text, boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_cancel_snapshot(regclass, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_schema_history(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_force_schema_break(regclass) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_create_version_topic(regclass, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_check_compatibility(regclass, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION _cdc_schema_changed(oid[]) FROM PUBLIC;
 
@@ -108,6 +109,8 @@ BEGIN
      WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = v.table_oid;
     DELETE FROM @extschema@._cdc_schema_breaks b USING pg_event_trigger_dropped_objects() d
      WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = b.table_oid;
+    DELETE FROM @extschema@._cdc_version_topics t USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = t.table_oid;
     DELETE FROM @extschema@._cdc_publications p USING pg_event_trigger_dropped_objects() d
      WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = p.table_oid;
 END $$;

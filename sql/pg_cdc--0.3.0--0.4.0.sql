@@ -96,7 +96,15 @@ CREATE TABLE @extschema@._cdc_schema_breaks (
     allowed_at       timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE @extschema@._cdc_schema_breaks IS 'pg_cdc: tables whose next change that breaks their compatibility_mode is let through (cdc_force_schema_break)';
-REVOKE ALL ON @extschema@._cdc_schema_versions, @extschema@._cdc_schema_breaks FROM PUBLIC;
+CREATE TABLE @extschema@._cdc_version_topics (
+    table_oid        oid NOT NULL,
+    version          integer NOT NULL CHECK (version > 1),
+    requested_by     name NOT NULL DEFAULT current_user,
+    requested_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (table_oid, version)
+);
+COMMENT ON TABLE @extschema@._cdc_version_topics IS 'pg_cdc: table versions whose events (and those of the versions after them) go to a topic of their own, <topic>.v<version> (cdc_create_version_topic); a row for the next version arms it';
+REVOKE ALL ON @extschema@._cdc_schema_versions, @extschema@._cdc_schema_breaks, @extschema@._cdc_version_topics FROM PUBLIC;
 
 -- Schema history (cdc_core::schema): the columns of a table as a version records them. Generated
 -- columns are left out (PostgreSQL 15 does not publish them). "missing" is the value rows older
@@ -160,6 +168,9 @@ REVOKE EXECUTE ON FUNCTION @extschema@.cdc_schema_history(regclass) FROM PUBLIC;
 CREATE FUNCTION @extschema@.cdc_force_schema_break(table_name regclass) RETURNS jsonb
 VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_force_schema_break_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.cdc_force_schema_break(regclass) FROM PUBLIC;
+CREATE FUNCTION @extschema@.cdc_create_version_topic(table_name regclass, version integer) RETURNS jsonb
+VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_create_version_topic_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.cdc_create_version_topic(regclass, integer) FROM PUBLIC;
 CREATE FUNCTION @extschema@.cdc_check_compatibility(table_name regclass, proposed_change text) RETURNS jsonb
 VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_check_compatibility_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.cdc_check_compatibility(regclass, text) FROM PUBLIC;
@@ -180,6 +191,8 @@ BEGIN
      WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = v.table_oid;
     DELETE FROM @extschema@._cdc_schema_breaks b USING pg_event_trigger_dropped_objects() d
      WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = b.table_oid;
+    DELETE FROM @extschema@._cdc_version_topics t USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = t.table_oid;
     DELETE FROM @extschema@._cdc_publications p USING pg_event_trigger_dropped_objects() d
      WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = p.table_oid;
 END $$;

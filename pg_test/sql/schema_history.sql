@@ -1,6 +1,6 @@
 -- schema_history: the versions of a captured table (cdc_schema_history), the compatibility check
 -- of each ALTER TABLE (a WARNING, or with "enforce" an ERROR that rolls the DDL back), and
--- cdc_force_schema_break. The product description's example 3, then the other kinds of change.
+-- cdc_force_schema_break, cdc_create_version_topic. The product description's example 3, then the other kinds of change.
 \set SHOW_CONTEXT never
 CREATE SCHEMA cdc_schema;
 SET search_path = cdc_schema, public;
@@ -123,11 +123,41 @@ SELECT version, changes FROM history('readings');
 DROP TABLE readings;
 DROP TYPE reading;
 
+-- cdc_create_version_topic: the next version gets topics of its own (no sink here carries the
+-- table, so the list is empty; test_schema.py runs it against Kafka), and a change that breaks
+-- the mode is let through even under enforcement: it breaks nobody. The versions after it stay on
+-- its topic.
+CREATE TABLE invoices (id int PRIMARY KEY, amount numeric(10,2));
+SELECT cdc_enable('invoices', '{"schema_evolution": {"compatibility_mode": "full", "enforce": true}}') IS NOT NULL AS enabled;
+SELECT cdc_create_version_topic('invoices', 2);
+SELECT cdc_schema_history('invoices') -> 'next_version_topic' AS armed;
+ALTER TABLE invoices ADD COLUMN due date NOT NULL;
+ALTER TABLE invoices ADD COLUMN note text;
+SELECT v->'version' AS version, v->'own_topic' AS own_topic, v->'compatibility' AS compatibility
+  FROM jsonb_array_elements(cdc_schema_history('invoices')->'schema_versions') v;
+SELECT cdc_schema_history('invoices') ? 'next_version_topic' AS still_armed;
+-- The version a DDL just recorded, in the DDL's own transaction (no sink can have read it yet).
+SELECT cdc_enable('invoices', '{"schema_evolution": {"compatibility_mode": "full"}}') IS NOT NULL AS enabled;
+BEGIN;
+ALTER TABLE invoices DROP COLUMN due;
+SELECT cdc_create_version_topic('invoices', 4) -> 'status' AS status;
+COMMIT;
+SELECT v->'version' AS version, v->'own_topic' AS own_topic FROM jsonb_array_elements(cdc_schema_history('invoices')->'schema_versions') v;
+-- A committed version, an older one, one past the next, version 1, NULL.
+SELECT cdc_create_version_topic('invoices', 4); \echo SQLSTATE :SQLSTATE
+SELECT cdc_create_version_topic('invoices', 3); \echo SQLSTATE :SQLSTATE
+SELECT cdc_create_version_topic('invoices', 7); \echo SQLSTATE :SQLSTATE
+SELECT cdc_create_version_topic('invoices', 1); \echo SQLSTATE :SQLSTATE
+SELECT cdc_create_version_topic('invoices', NULL); \echo SQLSTATE :SQLSTATE
+DROP TABLE invoices;
+SELECT count(*) AS version_topics_left FROM _cdc_version_topics;
+
 -- Errors.
 SELECT cdc_schema_history(NULL); \echo SQLSTATE :SQLSTATE
 CREATE TABLE not_captured (id int PRIMARY KEY);
 SELECT cdc_schema_history('not_captured'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_force_schema_break('not_captured'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_create_version_topic('not_captured', 2); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('items', '{"schema_evolution": {"compatibility_mode": "FULL"}}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('items', '{"schema_evolution": {"enabled": false, "enforce": true}}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('items', '{"schema_evolution": {"schema_registry": "registry:8081"}}'); \echo SQLSTATE :SQLSTATE

@@ -84,6 +84,70 @@ pub(crate) fn forget(schema: &str, oid: pg_sys::Oid) {
     }
     catalog::run(&format!("DELETE FROM {schema}._cdc_schema_versions WHERE table_oid = $1"), &[oid.into()]);
     catalog::run(&format!("DELETE FROM {schema}._cdc_schema_breaks WHERE table_oid = $1"), &[oid.into()]);
+    if has_version_topics(schema) {
+        catalog::run(&format!("DELETE FROM {schema}._cdc_version_topics WHERE table_oid = $1"), &[oid.into()]);
+    }
+}
+
+/// SQL for "version `v` has a topic of its own" over `_cdc_schema_versions v`.
+fn own_topic_sql(schema: &str) -> String {
+    if has_version_topics(schema) {
+        format!("EXISTS (SELECT 1 FROM {schema}._cdc_version_topics t WHERE t.table_oid = v.table_oid AND t.version = v.version)")
+    } else {
+        "false".to_string()
+    }
+}
+
+/// Whether the catalog has `cdc_create_version_topic`'s table.
+fn has_version_topics(schema: &str) -> bool {
+    catalog::has(schema, "_cdc_version_topics")
+}
+
+/// Whether version `version` of a table has (or, not recorded yet, is to get) a topic of its own.
+fn version_topic_requested(schema: &str, oid: pg_sys::Oid, version: i32) -> bool {
+    has_version_topics(schema)
+        && catalog::select_one::<bool>(
+            &format!("SELECT true FROM {schema}._cdc_version_topics WHERE table_oid = $1 AND version = $2"),
+            &[oid.into(), version.into()],
+        )
+        .unwrap_or(false)
+}
+
+/// The sinks carrying a table, each with its type and, for the sinks that write to topics (Kafka,
+/// Event Hubs), the table's topic.
+fn sink_topics(schema: &str, oid: pg_sys::Oid) -> Vec<(String, String, Option<String>)> {
+    let sinks = catalog::json(
+        &format!(
+            "SELECT coalesce(jsonb_agg(jsonb_build_object('name', sink_name, 'type', sink_type, 'config', config) ORDER BY sink_name), '[]')
+               FROM {schema}._cdc_sinks WHERE table_oids IS NULL OR $1 = ANY (table_oids)"
+        ),
+        &[oid.into()],
+    )
+    .unwrap_or(json!([]));
+    let names = catalog::json(
+        "SELECT jsonb_build_object('db', current_database(), 'schema', n.nspname, 'table', c.relname)
+           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+        &[oid.into()],
+    )
+    .unwrap_or(json!({}));
+    let (db, nsp, rel) =
+        (catalog::str_field(&names, "db"), catalog::str_field(&names, "schema"), catalog::str_field(&names, "table"));
+    sinks
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|sink| {
+            let (name, kind) =
+                (catalog::str_field(sink, "name").to_string(), catalog::str_field(sink, "type").to_string());
+            let template = match kind.as_str() {
+                "kafka" => cdc_sinks::kafka::config::parse(&sink["config"]).ok().map(|c| c.topic),
+                "eventhub" => cdc_sinks::eventhub::config::parse(&sink["config"]).ok().map(|c| c.eventhub),
+                _ => None,
+            };
+            let topic = template.map(|t| cdc_sinks::kafka::config::expand_topic(&t, db, nsp, rel));
+            (name, kind, topic)
+        })
+        .collect()
 }
 
 /// How long reading a sink's consumer groups may take.
@@ -116,25 +180,33 @@ fn consumers(schema: &str, oid: pg_sys::Oid, versions: &[Value]) -> (Value, Opti
             Some((v["version"].as_i64()? as i32, lsn, v["compatibility"].as_str()))
         })
         .collect();
-    let names = catalog::json(
-        "SELECT jsonb_build_object('db', current_database(), 'schema', n.nspname, 'table', c.relname)
-           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
-        &[oid.into()],
-    )
-    .unwrap_or(json!({}));
-    let (db, nsp, rel) = (
-        names["db"].as_str().unwrap_or_default().to_string(),
-        names["schema"].as_str().unwrap_or_default().to_string(),
-        names["table"].as_str().unwrap_or_default().to_string(),
-    );
+    // Each topic the table's events went to, with the versions it carries: a version with a
+    // topic of its own (cdc_create_version_topic) starts one; its consumers never read the
+    // versions before it, nor those of the topic before it the versions after.
+    let numbered: Vec<(i32, bool)> = versions
+        .iter()
+        .filter_map(|v| Some((v["version"].as_i64()? as i32, v["own_topic"].as_bool().unwrap_or(false))))
+        .collect();
+    let segments = rules::topic_segments(&numbered);
+    let topics: std::collections::HashMap<String, Option<String>> =
+        sink_topics(schema, oid).into_iter().map(|(name, _, topic)| (name, topic)).collect();
     let bootstrap = crate::gucs::string(&crate::gucs::KAFKA_BOOTSTRAP_SERVERS);
     let mut groups = serde_json::Map::new();
     let mut problems = Vec::new();
-    for sink in sinks.as_array().into_iter().flatten() {
+    let reads = sinks.as_array().into_iter().flatten().flat_map(|sink| {
         let name = sink["name"].as_str().unwrap_or_default().to_string();
+        let base = topics.get(&name).cloned().flatten();
+        segments.iter().filter_map(move |(own, numbers)| {
+            let base = base.clone()?;
+            let topic = own.map_or(base.clone(), |v| rules::version_topic(&base, v));
+            Some((sink.clone(), name.clone(), topic, numbers.clone()))
+        })
+    });
+    for (sink, name, topic, numbers) in reads {
         let Ok(cfg) = cdc_sinks::kafka::config::parse(&sink["config"]) else { continue };
         let format = cfg.common.format;
-        let topic = cdc_sinks::kafka::config::expand_topic(&cfg.topic, &db, &nsp, &rel);
+        let meta: Vec<(i32, cdc_core::Lsn, Option<&str>)> =
+            meta.iter().filter(|(n, _, _)| numbers.contains(n)).cloned().collect();
         let (b, t) = (bootstrap.clone(), topic.clone());
         let read = cdc_sinks::kafka::with_signals_blocked(move || {
             std::thread::spawn(move || {
@@ -246,7 +318,25 @@ fn record_change(schema: &str, oid: pg_sys::Oid) {
     let found = relevant_issues(&config, &changes, rules::issues(&table, &changes));
     let violated = rules::violations(evolution.mode, &found);
     let mut forced = false;
-    if !violated.is_empty() {
+    // cdc_create_version_topic armed this version: its events go to topics of their own, which
+    // no consumer of the table's topics reads, so whatever it breaks, it breaks nobody.
+    let own_topic = version_topic_requested(schema, oid, version + 1);
+    if own_topic {
+        let topics: Vec<String> = sink_topics(schema, oid)
+            .into_iter()
+            .filter_map(|(_, _, t)| t.map(|t| rules::version_topic(&t, version + 1)))
+            .collect();
+        let what = if violated.is_empty() {
+            "version".to_string()
+        } else {
+            format!("{}; version", rules::break_report(&table, version, &violated).0)
+        };
+        pgrx::notice!(
+            "pg_cdc: {what} {} of {table} goes to topics of its own (cdc_create_version_topic){}",
+            version + 1,
+            if topics.is_empty() { String::new() } else { format!(": {}", topics.join(", ")) }
+        );
+    } else if !violated.is_empty() {
         let permit = catalog::select_one_write::<bool>(
             &format!("DELETE FROM {schema}._cdc_schema_breaks WHERE table_oid = $1 RETURNING true"),
             &[oid.into()],
@@ -288,6 +378,18 @@ fn record_change(schema: &str, oid: pg_sys::Oid) {
             evolution.mode.as_str().into(),
             forced.into(),
         ],
+    );
+    announce_version(oid, version + 1);
+}
+
+/// Writes the transactional message that tells sink workers a DDL recorded `version` of a table
+/// ([`rules::VERSION_MESSAGE_PREFIX`]): one that decodes it with a history read before the DDL
+/// committed reads the history again before it encodes anything after it (or routes it to a
+/// version's topic of its own).
+fn announce_version(oid: pg_sys::Oid, version: i32) {
+    catalog::run(
+        "SELECT pg_logical_emit_message(true, $1, $2)",
+        &[rules::VERSION_MESSAGE_PREFIX.into(), format!("{} {version}", oid.to_u32()).into()],
     );
 }
 
@@ -362,13 +464,14 @@ fn cdc_schema_history(table_name: Option<pg_sys::Oid>) -> JsonB {
     let oid = required(table_name, "table_name");
     let schema = schema();
     let (_, evolution) = captured(&schema, oid, "Enable capture with cdc_enable; its history starts then.");
+    let own_topic = own_topic_sql(&schema);
     let versions = catalog::json(
         &format!(
             "SELECT coalesce(jsonb_agg(jsonb_build_object(
                         'version', version, 'timestamp', recorded_at, 'lsn', lsn::text, 'fields', fields,
                         'changes', changes, 'compatibility', compatibility, 'mode', mode, 'forced', forced,
-                        'recorded_by', recorded_by, 'schema_ids', schema_ids) ORDER BY version), '[]')
-               FROM {schema}._cdc_schema_versions WHERE table_oid = $1"
+                        'recorded_by', recorded_by, 'schema_ids', schema_ids, 'own_topic', {own_topic}) ORDER BY version), '[]')
+               FROM {schema}._cdc_schema_versions v WHERE table_oid = $1"
         ),
         &[oid.into()],
     )
@@ -410,10 +513,33 @@ fn cdc_schema_history(table_name: Option<pg_sys::Oid>) -> JsonB {
                     out["forced"] = json!(true);
                 }
             }
+            if v["own_topic"].as_bool() == Some(true) {
+                out["own_topic"] = json!(true);
+            }
             out
         })
         .collect();
-    let (consumers, unavailable) = consumers(&schema, oid, &versions);
+    // `consumers` reads which versions have a topic of their own.
+    let with_topics: Vec<Value> = versions
+        .iter()
+        .map(|v| {
+            let mut v = v.clone();
+            v["own_topic"] = json!(v["own_topic"].as_bool().unwrap_or(false));
+            v
+        })
+        .collect();
+    let (consumers, unavailable) = consumers(&schema, oid, &with_topics);
+    let armed = if has_version_topics(&schema) {
+        catalog::select_one::<i32>(
+            &format!(
+                "SELECT t.version FROM {schema}._cdc_version_topics t WHERE t.table_oid = $1
+                    AND t.version > (SELECT max(version) FROM {schema}._cdc_schema_versions WHERE table_oid = $1)"
+            ),
+            &[oid.into()],
+        )
+    } else {
+        None
+    };
     let pending_break = catalog::select_one::<bool>(
         &format!("SELECT true FROM {schema}._cdc_schema_breaks WHERE table_oid = $1"),
         &[oid.into()],
@@ -431,6 +557,9 @@ fn cdc_schema_history(table_name: Option<pg_sys::Oid>) -> JsonB {
     }
     if pending_break {
         out["next_break_allowed"] = json!(true);
+    }
+    if let Some(v) = armed {
+        out["next_version_topic"] = json!(v);
     }
     JsonB(out)
 }
@@ -465,6 +594,115 @@ fn cdc_force_schema_break(table_name: Option<pg_sys::Oid>) -> JsonB {
         &[oid.into()],
     );
     cdc_schema_history(Some(oid))
+}
+
+/// Gives version `version` of a captured table, and the versions after it, topics of their own:
+/// every Kafka and Event Hubs sink carrying the table writes its events from that version on to
+/// `<topic>.v<version>` (created with as many partitions as the table's topic), and Avro and
+/// Protobuf subjects follow the topic. Consumers of the table's topic keep reading the versions
+/// they know; new consumers read the new topic. A change that breaks the table's
+/// `compatibility_mode` is then let through, also under `"enforce": true`: it breaks nobody.
+///
+/// `version` is the table's next version (recorded by its next column change), or its current
+/// one when that was recorded in the calling transaction (`BEGIN; ALTER TABLE ...; SELECT
+/// cdc_create_version_topic(...); COMMIT`): a committed version's events may be on the table's
+/// topic already. Sinks of other types keep writing where they write. Returns the table, the
+/// version, whether it is `armed` or `recorded`, and the topics.
+///
+/// ```sql
+/// SELECT cdc_create_version_topic('orders', 3);
+/// ALTER TABLE orders ADD COLUMN required_field varchar(50) NOT NULL;  -- version 3, on cdc.public.orders.v3
+/// ```
+#[pg_extern(sql = r#"
+CREATE FUNCTION cdc_create_version_topic(table_name regclass, version integer) RETURNS jsonb
+VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
+"#)]
+fn cdc_create_version_topic(table_name: Option<pg_sys::Oid>, version: Option<i32>) -> JsonB {
+    let oid = required(table_name, "table_name");
+    let version = required(version, "version");
+    let schema = schema();
+    captured(&schema, oid, "Only captured tables have versions to give a topic.");
+    if !has_version_topics(&schema) {
+        raise(
+            CdcError::new(ErrorKind::PrerequisiteState, "this catalog predates version topics")
+                .hint("Run ALTER EXTENSION pg_cdc UPDATE."),
+        );
+    }
+    let table = table_display_name(oid);
+    let current = catalog::json_write(
+        &format!(
+            "SELECT jsonb_build_object('version', version, 'xmin', xmin::text) FROM {schema}._cdc_schema_versions
+              WHERE table_oid = $1 ORDER BY version DESC LIMIT 1 FOR UPDATE"
+        ),
+        &[oid.into()],
+    )
+    .unwrap_or(Value::Null);
+    let latest = current["version"].as_i64().unwrap_or(1) as i32;
+    // The version row was written by this transaction (or one of its subtransactions): no sink
+    // can have read an event of it yet.
+    let ours = current["xmin"].as_str().and_then(|x| x.parse::<u32>().ok()).is_some_and(|x| {
+        // SAFETY: a plain lookup in this backend's transaction state.
+        unsafe { pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(x)) }
+    });
+    let next = latest + 1;
+    let hint = format!(
+        "Name the next version, {next}, before the ALTER TABLE that records it: SELECT cdc_create_version_topic('{table}', {next}); \
+         or call it in the ALTER TABLE's transaction."
+    );
+    if version < 2 || version > next {
+        raise(
+            CdcError::new(
+                ErrorKind::InvalidParameter,
+                format!("version {version} of {table} cannot get a topic of its own: its current version is {latest}"),
+            )
+            .hint(if version < 2 { "Version 1 is the table's topic itself.".to_string() } else { hint }),
+        );
+    }
+    if version < latest || (version == latest && !ours) {
+        raise(
+            CdcError::new(
+                ErrorKind::PrerequisiteState,
+                format!(
+                    "version {version} of {table} is committed already: its events may be on the table's topic, \
+                     and a consumer there would see the rest of them go elsewhere"
+                ),
+            )
+            .hint(hint),
+        );
+    }
+    catalog::run(
+        &format!(
+            "INSERT INTO {schema}._cdc_version_topics (table_oid, version) VALUES ($1, $2)
+             ON CONFLICT (table_oid, version) DO UPDATE SET requested_by = current_user, requested_at = now()"
+        ),
+        &[oid.into(), version.into()],
+    );
+    crate::worker::launcher::catalog_changed();
+    let mut topics = Vec::new();
+    let mut elsewhere = Vec::new();
+    for (sink, kind, topic) in sink_topics(&schema, oid) {
+        match topic {
+            Some(t) => topics.push(json!({"sink": sink, "topic": rules::version_topic(&t, version)})),
+            None => elsewhere.push(json!({"sink": sink, "type": kind})),
+        }
+    }
+    if !elsewhere.is_empty() {
+        let names: Vec<&str> = elsewhere.iter().filter_map(|s| s["sink"].as_str()).collect();
+        pgrx::notice!(
+            "pg_cdc: sinks {} do not write to topics: they carry version {version} of {table} where they carry the others",
+            names.join(", ")
+        );
+    }
+    let mut out = json!({
+        "table": table,
+        "version": version,
+        "status": if version == latest { "recorded" } else { "armed" },
+        "topics": topics,
+    });
+    if !elsewhere.is_empty() {
+        out["unaffected_sinks"] = Value::Array(elsewhere);
+    }
+    JsonB(out)
 }
 
 /// Resolves a type as SQL writes it with PostgreSQL's own parser: (OID, typmod, format_type).
@@ -519,8 +757,9 @@ fn cdc_check_compatibility(table_name: Option<pg_sys::Oid>, proposed_change: Opt
         let versions = catalog::json(
             &format!(
                 "SELECT coalesce(jsonb_agg(jsonb_build_object('version', version, 'lsn', lsn::text,
-                        'compatibility', compatibility) ORDER BY version), '[]')
-                   FROM {schema}._cdc_schema_versions WHERE table_oid = $1"
+                        'compatibility', compatibility, 'own_topic', {}) ORDER BY version), '[]')
+                   FROM {schema}._cdc_schema_versions v WHERE table_oid = $1",
+                own_topic_sql(&schema)
             ),
             &[oid.into()],
         )

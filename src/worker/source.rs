@@ -215,7 +215,8 @@ pub fn history(v: &Value) -> cdc_core::schema::History {
                 version.get("fields")?.as_array()?.iter().filter_map(cdc_core::schema::Field::from_json).collect();
             let number = i32::try_from(version.get("version")?.as_i64()?).ok()?;
             let forced = version.get("forced").and_then(Value::as_bool).unwrap_or(false);
-            Some(cdc_core::schema::Version { lsn, number, forced, fields })
+            let own_topic = version.get("own_topic").and_then(Value::as_bool).unwrap_or(false);
+            Some(cdc_core::schema::Version { lsn, number, forced, own_topic, fields })
         })
         .collect();
     cdc_core::schema::History::from_versions(versions)
@@ -233,8 +234,17 @@ pub fn load_catalog() -> Catalog {
     };
     // The schema history, once the catalog has it (ALTER EXTENSION pg_cdc UPDATE to 0.4.0).
     let history = if catalog::has(&schema, "_cdc_schema_versions") {
+        // Versions with a topic of their own (cdc_create_version_topic).
+        let own_topic = if catalog::has(&schema, "_cdc_version_topics") {
+            format!(
+                "EXISTS (SELECT 1 FROM {schema}._cdc_version_topics t WHERE t.table_oid = v.table_oid AND t.version = v.version)"
+            )
+        } else {
+            "false".to_string()
+        };
         format!(
-            "(SELECT jsonb_agg(jsonb_build_object('lsn', v.lsn::text, 'fields', v.fields, 'version', v.version, 'forced', v.forced) ORDER BY v.version)
+            "(SELECT jsonb_agg(jsonb_build_object('lsn', v.lsn::text, 'fields', v.fields, 'version', v.version, 'forced', v.forced,
+                                                  'own_topic', {own_topic}) ORDER BY v.version)
                 FROM {schema}._cdc_schema_versions v WHERE v.table_oid = p.table_oid)"
         )
     } else {

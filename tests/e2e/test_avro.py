@@ -7,6 +7,7 @@ from the server setting cdc.schema_registry."""
 import datetime
 import json
 import os
+import re
 import subprocess
 import uuid
 from decimal import Decimal
@@ -260,6 +261,74 @@ def test_a_new_table_version_is_registered_and_a_v1_consumer_reads_v2_events(pg,
     assert consumers["legacy_system"]["using_version"] == 1 and consumers["legacy_system"]["status"] == "compatible"
     assert not consumers["legacy_system"]["caught_up"] and consumers["legacy_system"]["lag_offsets"] >= 1
     assert consumers["legacy_system"]["sinks"] == [{"sink": f"evo_{unique}", "topic": real_topic}]
+
+
+def test_a_version_with_a_topic_of_its_own_breaks_no_consumer(pg, sinks, unique):
+    """Seed example 3's third option: under enforcement a breaking ALTER is refused, its ERROR names
+    cdc_create_version_topic; once called, the ALTER commits and its version's events, and those
+    of the versions after it, go to <topic>.v<N> (made with the table topic's partitions) with
+    subjects of their own, so the registry accepts a schema its mode would refuse on the table's
+    subject. The consumers of the table's topic see only the versions they read; the history
+    reads the groups of both topics."""
+    import psycopg
+
+    t = f"vt_{unique}"
+    pg.execute(f"CREATE TABLE {t} (order_id varchar(50) PRIMARY KEY, total decimal(10,2))")
+    pg.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, json.dumps({"schema_evolution": {
+        "compatibility_mode": "full", "enforce": True, "schema_registry": URL}})))
+    real_topic = f"vt-{unique}.{t}"
+    create_topic(real_topic, partitions=3)
+    sinks.add(f"vt_{unique}", f"vt-{unique}.{{table}}", format="avro", tables=[t])
+    version_topic = f"{real_topic}.v2"
+    sinks.topics += [real_topic, version_topic]
+    pg.execute(f"INSERT INTO {t} VALUES ('ORD-0', 1.00)")
+    consume_avro(real_topic, 1)
+    # A new scale is a new encoding: it breaks both ways, and "enforce" refuses it.
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as refused:
+        pg.execute(f"ALTER TABLE {t} ALTER COLUMN total TYPE numeric(12,3)")
+    assert f"3. Create new topic: SELECT cdc_create_version_topic('{t}', 2)" in refused.value.diag.message_hint
+    made = pg.execute("SELECT cdc_create_version_topic(%s, 2)", (t,)).fetchone()[0]
+    assert made == {"table": t, "version": 2, "status": "armed",
+                    "topics": [{"sink": f"vt_{unique}", "topic": version_topic}]}
+    pg.execute(f"INSERT INTO {t} VALUES ('ORD-1', 2.00)")
+    pg.execute(f"ALTER TABLE {t} ALTER COLUMN total TYPE numeric(12,3)")
+    pg.execute(f"INSERT INTO {t} VALUES ('ORD-2', 3.125)")
+    # A later compatible version stays on the version's topic.
+    pg.execute(f"ALTER TABLE {t} ADD COLUMN note text")
+    pg.execute(f"INSERT INTO {t} VALUES ('ORD-3', 4.5, 'n')")
+    old = consume_avro(real_topic, 2)
+    new = consume_avro(version_topic, 2)
+    assert [m["value"]["after"]["order_id"] for m in old] == ["ORD-0", "ORD-1"], "the table's topic: version 1 only"
+    assert [m["value"]["after"]["order_id"] for m in new] == ["ORD-2", "ORD-3"]
+    assert new[0]["value"]["after"]["total"] == Decimal("3.125") and new[1]["value"]["after"]["note"] == "n"
+    from confluent_kafka.admin import AdminClient
+    meta = AdminClient({"bootstrap.servers": BOOTSTRAP}).list_topics(version_topic, timeout=15)
+    assert len(meta.topics[version_topic].partitions) == 3, "as many partitions as the table's topic"
+    client = SchemaRegistryClient({"url": URL})
+    assert client.get_versions(f"{real_topic}-value") == [1]
+    assert client.get_versions(f"{version_topic}-value") == [1, 2]
+    # The table's subject holds only the schema of scale 2; the version's subject starts with the
+    # schema of scale 3, which no reader of the table's subject meets.
+    scales = lambda m: {int(x) for x in re.findall(r'"scale":\s*(\d+)', client.get_schema(m["id"]).schema_str)}  # noqa: E731
+    assert scales(old[0]) == {2} and scales(new[0]) == {3}
+    # The history: version 2 has a topic of its own; a group that read the table's topic to its end
+    # reads version 1 and never meets version 2; one on the version's topic is on version 3.
+    commit_positions(f"old_app_{unique}", real_topic, old)
+    commit_positions(f"new_app_{unique}", version_topic, new[:1])
+    history = pg.execute("SELECT cdc_schema_history(%s)", (t,)).fetchone()[0]
+    assert [v.get("own_topic", False) for v in history["schema_versions"]] == [False, True, False]
+    assert history["schema_versions"][1]["compatibility"] == "NONE"
+    consumers = history["consumers"]
+    assert "consumers_unavailable" not in history, history
+    assert consumers[f"old_app_{unique}"]["using_version"] == 1
+    assert consumers[f"old_app_{unique}"]["status"] == "compatible" and consumers[f"old_app_{unique}"]["caught_up"]
+    assert consumers[f"old_app_{unique}"]["sinks"] == [{"sink": f"vt_{unique}", "topic": real_topic}]
+    # Its last event is of version 2; when the partition holds nothing after it, what it reads next
+    # is of the version in force now (ORD-3 may have gone to another of the 3 partitions).
+    new_app = consumers[f"new_app_{unique}"]
+    assert new_app["using_version"] == (3 if new_app["caught_up"] else 2), new_app
+    assert consumers[f"new_app_{unique}"]["status"] == "compatible", "version 3 is FULL compatible with 2"
+    assert consumers[f"new_app_{unique}"]["sinks"] == [{"sink": f"vt_{unique}", "topic": version_topic}]
 
 
 def test_a_registry_that_is_down_is_retried_and_nothing_is_lost(pg, sinks, unique):

@@ -90,6 +90,9 @@ pub struct RelationPlan {
     /// The number of the table's schema version in force (see [`crate::schema::History`]) and
     /// whether it was a forced break; `None` without a history.
     pub schema_version: Option<(i32, bool)>,
+    /// The version whose topic of its own the relation's events go to
+    /// ([`crate::schema::History::topic_version_at`]); `None`: the table's topic.
+    pub topic_version: Option<i32>,
     /// Per column, in relation order: declared NOT NULL, as the table's schema history has it at
     /// the relation's position (typed formats mark the other columns optional); without a
     /// history, the key columns (pgoutput does not say which columns are NOT NULL).
@@ -214,6 +217,7 @@ impl RelationPlan {
             branches,
             computed,
             schema_version: None,
+            topic_version: None,
             not_null: Vec::new(),
             col_keys,
             schema,
@@ -357,6 +361,9 @@ pub struct Event {
     /// A Kafka tombstone follows the message: a record with the same key and no value, so log
     /// compaction can drop the row's records (the Debezium format sets it after a DELETE).
     pub tombstone: bool,
+    /// The table version whose topic of its own the event goes to (`<topic>.v<N>`, see
+    /// [`crate::schema::version_topic`]); `None`: the table's topic.
+    pub topic_version: Option<i32>,
 }
 
 /// The images of one row change, after TOAST resolution.
@@ -674,6 +681,7 @@ impl Encoder {
             key,
             payload: out,
             tombstone: false,
+            topic_version: plan.topic_version,
         }
     }
 
@@ -737,6 +745,7 @@ impl Encoder {
             key: None,
             payload: out,
             tombstone: false,
+            topic_version: plan.topic_version,
         }
     }
 }

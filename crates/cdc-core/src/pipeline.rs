@@ -113,6 +113,17 @@ pub enum PipelineError {
         /// The column.
         column: String,
     },
+    /// A DDL recorded a version of a table the sink carries that the schema history, as the
+    /// worker read it, does not hold: it was read before that DDL committed. The sink reads the
+    /// catalog again and retries; nothing after the DDL is encoded with the older history.
+    HistoryBehind {
+        /// The table, `schema.name`.
+        table: String,
+        /// LSN of the DDL's message.
+        lsn: Lsn,
+        /// The version the DDL recorded.
+        version: i32,
+    },
     /// The sink's event format could not encode a change (see [`crate::format`]): a schema
     /// registry that is down (retried) or that refuses the schema, a value the format cannot
     /// carry (an operator must act). Nothing of the transaction is published.
@@ -134,6 +145,10 @@ impl std::fmt::Display for PipelineError {
             PipelineError::SchemaBehind { table, lsn, column } => write!(
                 f,
                 "table {table}: column \"{column}\" at LSN {lsn} is not in the schema history read so far; reading it again"
+            ),
+            PipelineError::HistoryBehind { table, lsn, version } => write!(
+                f,
+                "table {table}: version {version} of its schema, recorded at LSN {lsn}, is not in the schema history read so far; reading it again"
             ),
             PipelineError::Format { table, lsn, error } => write!(f, "table {table}, change at LSN {lsn}: {error}"),
             PipelineError::Config { table, reason } | PipelineError::Compliance { table, reason } => {
@@ -335,6 +350,33 @@ impl Assembler {
     }
 
     /// The user context a transactional message carries, if it is pg_cdc's and genuine.
+    /// A DDL recorded a version of a table the sink carries (its transactional message,
+    /// [`crate::schema::VERSION_MESSAGE_PREFIX`]): when the history the worker read is behind it
+    /// ([`crate::schema::History::behind`]), it was read before the DDL committed, and what follows
+    /// must not be encoded (nor routed to a topic) with it. The sink reads the catalog again and
+    /// retries.
+    fn check_version_message(
+        &self,
+        prefix: &str,
+        content: &[u8],
+        lsn: Lsn,
+        tables: &SinkTables,
+    ) -> Result<(), PipelineError> {
+        if prefix != crate::schema::VERSION_MESSAGE_PREFIX {
+            return Ok(());
+        }
+        let Some((oid, version)) = crate::schema::parse_version_message(content) else { return Ok(()) };
+        let Some(history) = tables.get(&oid).and_then(|c| c.history.as_ref()) else { return Ok(()) };
+        if !history.behind(version, lsn) {
+            return Ok(());
+        }
+        let table = match self.relations.get(&oid) {
+            Some(p) => format!("{}.{}", p.relation.namespace, p.relation.name),
+            None => format!("with OID {oid}"),
+        };
+        Err(PipelineError::HistoryBehind { table, lsn, version })
+    }
+
     fn context_of(&self, xid: u32, prefix: &str, content: &[u8]) -> Option<Arc<UserContext>> {
         if prefix != context::PREFIX {
             return None;
@@ -585,6 +627,7 @@ impl Assembler {
                         out.confirm_lsn = Some(lsn.max(frame.lsn));
                     }
                     if let (true, Some((xid, _))) = (transactional, open) {
+                        self.check_version_message(prefix, content, lsn, tables)?;
                         if let Some(c) = self.context_of(xid, prefix, content) {
                             ctx = Some(c);
                         }
@@ -704,7 +747,8 @@ impl Assembler {
                     }
                     return Ok(Some(idx + 1));
                 }
-                Message::LogicalMessage { transactional: true, prefix, content, .. } if txn.begun => {
+                Message::LogicalMessage { transactional: true, prefix, content, lsn } if txn.begun => {
+                    self.check_version_message(prefix, content, lsn, tables)?;
                     if let Some(c) = self.context_of(txn.info.xid, prefix, content) {
                         txn.ctx = Some(c);
                     }
@@ -775,6 +819,7 @@ impl Assembler {
                     })?;
                     let version = cfg.history.as_ref().and_then(|h| h.version_at(lsn));
                     plan.schema_version = version.map(|v| (v.number, v.forced));
+                    plan.topic_version = cfg.history.as_ref().and_then(|h| h.topic_version_at(lsn));
                     plan.not_null = (0..plan.relation.columns.len())
                         .map(|i| {
                             let name = &plan.relation.columns[i].name;

@@ -527,6 +527,7 @@ pub fn break_report(table: &str, version: i32, violated: &[&Issue]) -> (String, 
     let fix = violated.first().map(|i| i.fix.clone()).unwrap_or_default();
     hint.push(format!("1. {fix}"));
     hint.push(format!("2. Force break: SELECT cdc_force_schema_break('{table}')"));
+    hint.push(format!("3. Create new topic: SELECT cdc_create_version_topic('{table}', {})", version + 1));
     (message, detail.join("\n"), hint.join("\n"))
 }
 
@@ -550,8 +551,30 @@ pub struct Version {
     /// It was recorded under `cdc_force_schema_break`: a break its compatibility mode allowed
     /// once (a schema registry is told to accept it).
     pub forced: bool,
+    /// Its events, and those of the versions after it, go to a topic of their own
+    /// ([`version_topic`]; `cdc_create_version_topic`): its consumers start afresh there, and
+    /// the consumers of the topic before never see it.
+    pub own_topic: bool,
     /// Its columns.
     pub fields: Vec<Field>,
+}
+
+/// The topic a version with a topic of its own writes to: the table's topic with `.v<version>`
+/// appended (a Kafka topic name may hold dots; the Avro and Protobuf subjects follow it).
+pub fn version_topic(topic: &str, version: i32) -> String {
+    format!("{topic}.v{version}")
+}
+
+/// The prefix of the transactional logical message a DDL that records a version writes (content:
+/// `<table oid> <version>`): a worker that decodes it and whose history lacks that version read
+/// the history before the DDL committed, and reads it again before it encodes anything after.
+pub const VERSION_MESSAGE_PREFIX: &str = "pg_cdc.schema_version";
+
+/// The table OID and version a [`VERSION_MESSAGE_PREFIX`] message names.
+pub fn parse_version_message(content: &[u8]) -> Option<(u32, i32)> {
+    let text = std::str::from_utf8(content).ok()?;
+    let (oid, version) = text.split_once(' ')?;
+    Some((oid.parse().ok()?, version.parse().ok()?))
 }
 
 /// A relation whose columns the history does not know at its position: a version recorded
@@ -570,7 +593,7 @@ impl History {
         let numbered = versions
             .into_iter()
             .enumerate()
-            .map(|(i, (lsn, fields))| Version { lsn, number: i as i32 + 1, forced: false, fields })
+            .map(|(i, (lsn, fields))| Version { lsn, number: i as i32 + 1, forced: false, own_topic: false, fields })
             .collect();
         History { versions: numbered }
     }
@@ -586,6 +609,25 @@ impl History {
     /// transaction falls between the two). `None` for a change older than the history.
     pub fn version_at(&self, lsn: Lsn) -> Option<&Version> {
         self.versions.iter().rev().find(|v| v.lsn < lsn)
+    }
+
+    /// The version whose topic a change at `lsn` goes to: the last version with a topic of its
+    /// own up to the one in force; `None` for the table's topic.
+    pub fn topic_version_at(&self, lsn: Lsn) -> Option<i32> {
+        let at = self.version_at(lsn)?.number;
+        self.versions.iter().rev().find(|v| v.own_topic && v.number <= at).map(|v| v.number)
+    }
+
+    /// Whether it was read before the DDL that recorded version `number` committed: it lacks that
+    /// version, and holds nothing recorded after `at` (the position of the DDL's version message,
+    /// written after the version). A history holding a later version was read after that DDL, and
+    /// lacks the version because the table's history started again since (cdc_disable, then
+    /// cdc_enable): not behind.
+    pub fn behind(&self, number: i32, at: Lsn) -> bool {
+        match self.versions.last() {
+            Some(last) => last.lsn < at && !self.versions.iter().any(|v| v.number == number),
+            None => false,
+        }
     }
 
     /// The number of versions.
@@ -635,6 +677,20 @@ pub fn reader_status(versions: &[(i32, Lsn, Option<&str>)], at: Lsn) -> Option<(
     let reads_newer =
         versions.iter().filter(|(n, _, _)| *n > using).all(|(_, _, c)| matches!(c, Some("FORWARD") | Some("FULL")));
     Some((using, reads_newer))
+}
+
+/// The versions each topic of a table carries, from `versions` (number, has a topic of its own),
+/// ascending: the table's topic (`None`) up to the first version with a topic of its own, then
+/// each such version's topic up to the next one.
+pub fn topic_segments(versions: &[(i32, bool)]) -> Vec<(Option<i32>, Vec<i32>)> {
+    let mut out: Vec<(Option<i32>, Vec<i32>)> = vec![(None, Vec::new())];
+    for &(number, own_topic) in versions {
+        if own_topic {
+            out.push((Some(number), Vec::new()));
+        }
+        out.last_mut().expect("one segment at least").1.push(number);
+    }
+    out
 }
 
 /// `name` as an identifier in an expression: bare when PostgreSQL would read it back unchanged.

@@ -18,5 +18,6 @@ pub fn event(commit: u64, index: u32, id: u32) -> Event {
         key: Some(format!("{{\"id\":{id}}}").into_bytes()),
         payload: format!("{{\"after\":{{\"id\":{id}}}}}").into_bytes(),
         tombstone: false,
+        topic_version: None,
     }
 }

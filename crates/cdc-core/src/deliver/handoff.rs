@@ -413,6 +413,7 @@ mod tests {
             key: None,
             payload: vec![b'x'; bytes],
             tombstone: false,
+            topic_version: None,
         }
     }
 

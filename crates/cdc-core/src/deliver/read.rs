@@ -63,7 +63,9 @@ impl Failure {
     fn pipeline(e: PipelineError) -> Failure {
         match e {
             PipelineError::Config { .. } => Failure::new(SinkState::Error, e.to_string()),
-            PipelineError::SchemaBehind { .. } => Failure::new(SinkState::Retrying, e.to_string()),
+            PipelineError::SchemaBehind { .. } | PipelineError::HistoryBehind { .. } => {
+                Failure::new(SinkState::Retrying, e.to_string())
+            }
             PipelineError::Format { ref error, .. } => {
                 Failure::new(if error.retry { SinkState::Retrying } else { SinkState::Error }, e.to_string())
             }

@@ -879,3 +879,80 @@ fn a_config_follows_a_renamed_column_through_the_history() {
     let err = Assembler::new("golden").process(&fr, &sink, &types("basic")).unwrap_err();
     assert!(matches!(err, PipelineError::SchemaBehind { .. }), "{err}");
 }
+
+/// `cdc_create_version_topic`: the events of a version with a topic of its own, and of the
+/// versions after it, say so (the Kafka sink writes them to `<topic>.v<N>`); a DDL's version
+/// message that the history read so far lacks stops the read, so nothing after the DDL is encoded
+/// or routed with the older history.
+#[test]
+fn a_version_topic_routes_the_events_of_its_versions_and_a_stale_history_is_read_again() {
+    use crate::schema::{Field, History, Version, VERSION_MESSAGE_PREFIX};
+    let fr = frames("basic");
+    let oids = relation_oids(&fr);
+    let orders = fr
+        .iter()
+        .find_map(|f| match decode(&f.data) {
+            Ok(Message::Relation(r)) if r.name == "orders" => Some(r),
+            _ => None,
+        })
+        .unwrap();
+    let fields: Vec<Field> = orders
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Field {
+            attnum: i as i16 + 1,
+            name: c.name.clone(),
+            type_sql: String::new(),
+            type_oid: c.type_oid,
+            typmod: c.type_mod,
+            not_null: false,
+            default: None,
+            missing: None,
+        })
+        .collect();
+    let version = |number: i32, lsn: u64, own_topic: bool| Version {
+        lsn: Lsn(lsn),
+        number,
+        forced: false,
+        own_topic,
+        fields: fields.clone(),
+    };
+    let run = |history: History, frames: &[RawFrame]| {
+        let mut c = orders_config();
+        c.history = Some(Arc::new(history));
+        let sink: SinkTables = [(oids["orders"], Arc::new(c))].into_iter().collect();
+        Assembler::new("golden").process(frames, &sink, &types("basic"))
+    };
+    let topic_versions = |out: BatchOutput| -> Vec<Option<i32>> {
+        out.transactions.iter().flat_map(|t| t.events.iter().map(|e| e.topic_version)).collect()
+    };
+    // Version 2, recorded before every frame, has a topic of its own: every event goes there.
+    let own = History::from_versions(vec![version(1, 1, false), version(2, 2, true)]);
+    let routed = topic_versions(run(own, &fr).unwrap());
+    assert!(!routed.is_empty() && routed.iter().all(|v| *v == Some(2)), "{routed:?}");
+    // Negative control: the same history without the topic keeps them on the table's topic.
+    let plain = History::from_versions(vec![version(1, 1, false), version(2, 2, false)]);
+    assert!(topic_versions(run(plain.clone(), &fr).unwrap()).iter().all(Option::is_none));
+    // A DDL in the first transaction recorded version 3; the history read so far ends at 2.
+    let mut with_ddl = fr.clone();
+    let at = with_ddl[0].lsn;
+    let content = format!("{} 3", oids["orders"]);
+    with_ddl.insert(1, message_frame(at, true, VERSION_MESSAGE_PREFIX, content.as_bytes()));
+    let err = run(plain, &with_ddl).unwrap_err();
+    assert!(matches!(err, PipelineError::HistoryBehind { version: 3, .. }), "{err}");
+    assert!(err.to_string().contains("version 3"), "{err}");
+    // Read again, the history knows version 3: the read goes on.
+    let known = History::from_versions(vec![version(1, 1, false), version(2, 2, false), version(3, u64::MAX, false)]);
+    assert!(run(known, &with_ddl).is_ok());
+    // A history that started again after the message (the table disabled and enabled again) lacks
+    // version 3 for good: reading it again would change nothing, so the read goes on.
+    let restarted = History::from_versions(vec![version(1, u64::MAX, false)]);
+    assert!(run(restarted, &with_ddl).is_ok());
+    // A message about a table the sink does not carry is not its business.
+    let other = format!("{} 9", oids["orders"] + 100_000);
+    let mut unrelated = fr.clone();
+    unrelated.insert(1, message_frame(at, true, VERSION_MESSAGE_PREFIX, other.as_bytes()));
+    let plain = History::from_versions(vec![version(1, 1, false), version(2, 2, false)]);
+    assert!(run(plain, &unrelated).is_ok());
+}

@@ -62,7 +62,8 @@ fn a_required_column_without_default_breaks_backward_with_the_seed_warning() {
     assert_eq!(
         hint,
         "Options:\n1. Add default value: ALTER TABLE orders ADD COLUMN required_field character varying(50) \
-         DEFAULT 'unknown'\n2. Force break: SELECT cdc_force_schema_break('orders')"
+         DEFAULT 'unknown'\n2. Force break: SELECT cdc_force_schema_break('orders')\n\
+         3. Create new topic: SELECT cdc_create_version_topic('orders', 3)"
     );
 }
 
@@ -261,7 +262,7 @@ fn a_relation_of_any_version_finds_the_names_of_now() {
     let mut v4 = h.versions.last().unwrap().fields.clone();
     v4.retain(|c| c.name != "mail");
     let mut versions = h.versions.clone();
-    versions.push(Version { lsn: lsn(400), number: 4, forced: true, fields: v4 });
+    versions.push(Version { lsn: lsn(400), number: 4, forced: true, own_topic: false, fields: v4 });
     let h = History::from_versions(versions);
     assert_eq!(h.aliases(lsn(150), &["id", "email"]), Ok(vec![]));
     // The version in force at a change: the last recorded before it.
@@ -270,6 +271,39 @@ fn a_relation_of_any_version_finds_the_names_of_now() {
     assert_eq!(h.version_at(lsn(400)).map(|v| v.number), Some(3));
     assert_eq!(h.version_at(lsn(401)).map(|v| (v.number, v.forced)), Some((4, true)));
     assert!(History::default().aliases(lsn(1), &["x"]).unwrap().is_empty());
+}
+
+#[test]
+fn a_version_with_a_topic_of_its_own_takes_the_versions_after_it_along() {
+    let fields = orders();
+    let v = |n: i32, own_topic: bool| Version {
+        lsn: lsn(n as u64 * 100),
+        number: n,
+        forced: false,
+        own_topic,
+        fields: fields.clone(),
+    };
+    let h = History::from_versions(vec![v(1, false), v(2, false), v(3, true), v(4, false), v(5, true), v(6, false)]);
+    assert_eq!(h.topic_version_at(lsn(50)), None, "older than the history");
+    assert_eq!(h.topic_version_at(lsn(150)), None);
+    assert_eq!(h.topic_version_at(lsn(250)), None);
+    assert_eq!(h.topic_version_at(lsn(300)), None, "a change at the DDL's own position is older than it");
+    assert_eq!(h.topic_version_at(lsn(301)), Some(3));
+    assert_eq!(h.topic_version_at(lsn(450)), Some(3), "a later compatible version stays on its topic");
+    assert_eq!(h.topic_version_at(lsn(550)), Some(5));
+    assert_eq!(h.topic_version_at(lsn(9999)), Some(5));
+    assert!(!h.behind(6, lsn(650)) && h.behind(7, lsn(650)), "version 7's message after what was read");
+    assert!(!h.behind(7, lsn(550)), "a history started again after the message is not behind it");
+    assert!(!History::default().behind(2, lsn(1)));
+    assert_eq!(version_topic("cdc.shop.public.orders", 3), "cdc.shop.public.orders.v3");
+    assert_eq!(parse_version_message(b"16384 3"), Some((16384, 3)));
+    assert_eq!(parse_version_message(b"16384"), None);
+    assert_eq!(parse_version_message(b"x 3"), None);
+    assert_eq!(
+        topic_segments(&[(1, false), (2, false), (3, true), (4, false)]),
+        vec![(None, vec![1, 2]), (Some(3), vec![3, 4])]
+    );
+    assert_eq!(topic_segments(&[(1, false)]), vec![(None, vec![1])]);
 }
 
 fn resolve(t: &str) -> Option<(u32, i32, String)> {

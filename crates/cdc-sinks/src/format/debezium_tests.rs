@@ -275,7 +275,7 @@ fn req_config() -> CaptureConfig {
         missing: None,
     })
     .collect();
-    let v = Version { lsn: cdc_core::Lsn(1), number: 1, forced: false, fields };
+    let v = Version { lsn: cdc_core::Lsn(1), number: 1, forced: false, own_topic: false, fields };
     c.history = Some(Arc::new(History::from_versions(vec![v])));
     c
 }

@@ -52,9 +52,14 @@ impl Subjects {
         self.topic.contains("{table}")
     }
 
-    /// The value and key subjects of a table whose records are in `namespace`.
-    pub fn of(&self, schema: &str, table: &str, namespace: &str) -> (String, String) {
+    /// The value and key subjects of a table whose records are in `namespace`; on the topic of
+    /// its own of table version `topic_version` when there is one (`cdc_create_version_topic`).
+    pub fn of(&self, schema: &str, table: &str, namespace: &str, topic_version: Option<i32>) -> (String, String) {
         let topic = expand_topic(&self.topic, &self.database, schema, table);
+        let topic = match topic_version {
+            Some(v) => cdc_core::schema::version_topic(&topic, v),
+            None => topic,
+        };
         if self.per_table() {
             (format!("{topic}-value"), format!("{topic}-key"))
         } else {
@@ -157,7 +162,7 @@ impl AvroFormat {
             let schema = avro::parse_schema(&schemas.value).map_err(FormatError::operator)?;
             let url = self.registry_url(plan)?;
             let (value_subject, key_subject) =
-                self.subjects.of(&plan.relation.namespace, &plan.relation.name, &schemas.namespace);
+                self.subjects.of(&plan.relation.namespace, &plan.relation.name, &schemas.namespace, plan.topic_version);
             let id = self.id(&url, &value_subject, &schema, plan)?;
             if let Some((version, _)) = plan.schema_version {
                 self.registrations.push(Registration {

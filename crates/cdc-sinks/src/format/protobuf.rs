@@ -525,6 +525,10 @@ impl EventFormat for ProtobufFormat {
         if let Some(url) = registry {
             let url = checked_registry(&url)?;
             let topic = expand_topic(&self.topic, &self.database, &plan.relation.namespace, &plan.relation.name);
+            let topic = match plan.topic_version {
+                Some(v) => cdc_core::schema::version_topic(&topic, v),
+                None => topic,
+            };
             let value_id = self.id(&url, &format!("{topic}-value"), plan)?;
             value = frame(value_id, 0, &value);
             if let Some(k) = key.take() {

@@ -303,16 +303,26 @@ fn names_become_avro_names() {
 fn subjects_follow_the_topic() {
     let per_table = Subjects { topic: "cdc.{schema}.{table}".into(), database: "shop".into() };
     assert_eq!(
-        per_table.of("public", "orders", "shop.public.orders"),
+        per_table.of("public", "orders", "shop.public.orders", None),
         ("cdc.public.orders-value".to_string(), "cdc.public.orders-key".to_string())
     );
     let shared = Subjects { topic: "orders.fulfillment".into(), database: "shop".into() };
     assert_eq!(
-        shared.of("public", "orders", "shop.public.orders"),
+        shared.of("public", "orders", "shop.public.orders", None),
         (
             "orders.fulfillment-shop.public.orders.Envelope".to_string(),
             "orders.fulfillment-shop.public.orders.Key".to_string()
         )
+    );
+    // A table version with a topic of its own (cdc_create_version_topic): fresh subjects, so the
+    // registry's compatibility check of the table's topic does not refuse its break.
+    assert_eq!(
+        per_table.of("public", "orders", "shop.public.orders", Some(3)),
+        ("cdc.public.orders.v3-value".to_string(), "cdc.public.orders.v3-key".to_string())
+    );
+    assert_eq!(
+        shared.of("public", "orders", "shop.public.orders", Some(3)).0,
+        "orders.fulfillment.v3-shop.public.orders.Envelope"
     );
 }
 

@@ -157,7 +157,8 @@ pub struct KafkaSink {
     producer: BaseProducer<DeliveryCounter>,
     topic_template: String,
     database: String,
-    topics: HashMap<u32, String>,
+    /// Topic by table and the version whose topic of its own the table's events go to.
+    topics: HashMap<(u32, Option<i32>), String>,
     interrupt: Option<Box<dyn Fn() -> bool + Send>>,
     /// Connection settings without producer keys, for the admin client and the progress reader.
     client_config: ClientConfig,
@@ -398,12 +399,53 @@ impl KafkaSink {
         }
     }
 
-    /// Topic of an event's table.
-    fn topic_for(&mut self, ev: &Event) -> String {
-        self.topics
-            .entry(ev.table_oid)
-            .or_insert_with(|| expand_topic(&self.topic_template, &self.database, &ev.schema, &ev.table))
-            .clone()
+    /// Topic of an event: its table's, or the topic of its own of the table version it belongs
+    /// to (`cdc_create_version_topic`), which is created first with as many partitions as the
+    /// table's topic has.
+    fn topic_for(&mut self, ev: &Event) -> Result<String, SinkError> {
+        if let Some(t) = self.topics.get(&(ev.table_oid, ev.topic_version)) {
+            return Ok(t.clone());
+        }
+        let base = expand_topic(&self.topic_template, &self.database, &ev.schema, &ev.table);
+        let topic = match ev.topic_version {
+            Some(v) => {
+                let topic = cdc_core::schema::version_topic(&base, v);
+                self.ensure_version_topic(&base, &topic)?;
+                topic
+            }
+            None => base,
+        };
+        self.topics.insert((ev.table_oid, ev.topic_version), topic.clone());
+        Ok(topic)
+    }
+
+    /// Creates a table version's topic of its own unless it exists: as many partitions as the
+    /// table's topic (so a key keeps its partition number across the two), the broker's default
+    /// replication. When the table's topic does not exist either, the broker's defaults for both.
+    fn ensure_version_topic(&self, base: &str, topic: &str) -> Result<(), SinkError> {
+        let metadata = with_signals_blocked(|| self.producer.client().fetch_metadata(Some(base), TRANSACTION_TIMEOUT))
+            .map_err(|e| kafka_err(&format!("cannot read topic {base}'s metadata"), e))?;
+        let partitions = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == base && t.error().is_none())
+            .map_or(-1, |t| t.partitions().len() as i32);
+        let partitions = if partitions > 0 { partitions } else { -1 };
+        let admin: AdminClient<DefaultClientContext> = with_signals_blocked(|| self.client_config.create())
+            .map_err(|e| kafka_err("cannot create a Kafka admin client", e))?;
+        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
+        let opts = AdminOptions::new().operation_timeout(Some(TRANSACTION_TIMEOUT));
+        let results = futures_executor::block_on(admin.create_topics([&new], &opts))
+            .map_err(|e| kafka_err(&format!("cannot create version topic {topic}"), e))?;
+        for r in results {
+            match r {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, code)) => {
+                    return Err(kafka_err(&format!("cannot create version topic {name}"), KafkaError::AdminOp(code)));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Installs a check polled while waiting for the broker; when it returns true, `send` and `flush` give up
@@ -454,7 +496,7 @@ impl Sink for KafkaSink {
         self.begin()?;
         let mut stats = PublishStats::default();
         for ev in events {
-            let topic = self.topic_for(ev);
+            let topic = self.topic_for(ev)?;
             self.enqueue(&topic, ev.key.as_deref(), Some(&ev.payload), None)?;
             self.sent += 1;
             if ev.tombstone {
@@ -548,6 +590,7 @@ mod tests {
                 key: Some(format!("{{\"id\":{i}}}").into_bytes()),
                 payload: b"{}".to_vec(),
                 tombstone: false,
+                topic_version: None,
             })
             .collect();
         Transaction {
@@ -584,7 +627,7 @@ mod tests {
         let stats = sink.publish(&[txn(3), txn(2)], cp()).unwrap();
         assert_eq!(stats.events, 5);
         assert_eq!(stats.bytes, 5 * 2 + 3 * 8 + 2 * 8);
-        assert_eq!(sink.topics[&1], "cdc.public.orders");
+        assert_eq!(sink.topics[&(1, None)], "cdc.public.orders");
     }
 
     #[test]
