@@ -114,7 +114,8 @@ golden:
 	@$(ENV) scripts/capture-golden.sh
 
 ## golden-debezium: record what Debezium 3.6.1 itself writes for the golden workloads (the oracle of
-## `format: debezium`; builds the harness in bench/debezium with Maven once); run after `make golden`
+## `format: debezium`; builds the harness in bench/debezium with Maven once), and what Kafka Connect's
+## Avro converter makes of those records (AvroOracle: the oracle of `converter: avro`); run after `make golden`
 golden-debezium: up
 	@$(ENV) "$$PG_CDC_VENV/bin/python" scripts/capture_debezium.py
 

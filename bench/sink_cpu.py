@@ -11,7 +11,8 @@ server stores a few thousand records a second at best), so only the CPU figure c
 `kafka_avro` is the Kafka sink with `"format": "avro"` (the registry stand-in of `make up`; a schema
 is registered once, at the warm-up row, so the figure is the encoding's). `kafka_debezium` is the
 Kafka sink with `"format": "debezium"` and Debezium's defaults (every key and value carries its
-schema, as Kafka Connect's JSON converter writes them); `kafka_debezium_noschema` without schemas.
+schema, as Kafka Connect's JSON converter writes them); `kafka_debezium_noschema` without schemas;
+`kafka_debezium_avro` with Kafka Connect's Avro converter (`"converter": "avro"`, the registry stand-in).
 `kafka_protobuf` is the Kafka sink with `"format": "protobuf"` (no registry: the plain messages).
 
 Needs `make up` (PostgreSQL, Kafka, the local Kinesis server, the schema registry stand-in) and a quiet cluster (no other sinks).
@@ -58,6 +59,9 @@ def run(conn, kind, rows):
         cfg = {"topic": f"bench-cpu-{tag}", "format": "debezium"}
     elif kind == "kafka_debezium_noschema":
         cfg = {"topic": f"bench-cpu-{tag}", "format": "debezium", "debezium": {"schemas": False}}
+    elif kind == "kafka_debezium_avro":
+        cfg = {"topic": f"bench-cpu-{tag}", "format": "debezium", "schema_registry": REGISTRY,
+               "debezium": {"converter": "avro"}}
     elif kind == "kafka_protobuf":
         cfg = {"topic": f"bench-cpu-{tag}", "format": "protobuf"}
     elif kind == "kafka_at_least_once":
@@ -98,7 +102,8 @@ def main():
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--sinks",
-                    default="kafka,kafka_avro,kafka_protobuf,kafka_debezium,kafka_debezium_noschema,kafka_at_least_once,kinesis,table")
+                    default="kafka,kafka_avro,kafka_protobuf,kafka_debezium,kafka_debezium_noschema,kafka_debezium_avro,"
+                            "kafka_at_least_once,kinesis,table")
     a = ap.parse_args()
     with connect() as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_cdc")

@@ -11,6 +11,11 @@ the changes, waits until Debezium has written nothing for a while, and writes
 crates/cdc-sinks/tests/debezium/<name>.<variant>.jsonl: one line per record, {"key": ..., "value": ...}
 exactly as Debezium's JSON converter serialized them. Generated, never edited by hand.
 
+For each variant written with schemas it then writes <name>.<variant>.avro.jsonl: what Kafka
+Connect's Avro converter makes of the same records (the harness class AvroOracle: Connect's JSON
+converter reads each record back, and AvroData, as Apicurio's converter module ships it, maps it
+to an Avro schema and datum). `--avro-only` redoes that step alone from the records on disk.
+
 Run with `make golden-debezium` after `make up` (the harness is built with Maven into the cache once).
 """
 import argparse
@@ -107,9 +112,20 @@ def run_variant(name, variant, overrides, classpath, env):
     print(f"[golden-debezium] {name}.{variant}: {len(target.read_text().splitlines())} records")
 
 
+def avro_oracle(name, variant, overrides, classpath):
+    """Writes <name>.<variant>.avro.jsonl from <name>.<variant>.jsonl (variants with schemas)."""
+    if overrides.get("converter.schemas.enable") == "false":
+        return
+    source, target = OUT / f"{name}.{variant}.jsonl", OUT / f"{name}.{variant}.avro.jsonl"
+    subprocess.run(["java", "-Xmx512m", "-cp", classpath, "io.pgcdc.bench.AvroOracle", str(source), str(target)],
+                   check=True)
+    print(f"[golden-debezium] {name}.{variant}.avro: {len(target.read_text().splitlines())} records")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("workloads", nargs="*", help="workload names (default: all)")
+    p.add_argument("--avro-only", action="store_true", help="only map the records on disk to Avro")
     args = p.parse_args()
     env = os.environ
     harness = Debezium(SimpleNamespace(env=SimpleNamespace(cache=Path(env["PG_CDC_CACHE"]))))
@@ -119,7 +135,9 @@ def main():
         if args.workloads and name not in args.workloads:
             continue
         for variant, overrides in variants.items():
-            run_variant(name, variant, overrides, harness.classpath, env)
+            if not args.avro_only:
+                run_variant(name, variant, overrides, harness.classpath, env)
+            avro_oracle(name, variant, overrides, harness.classpath)
 
 
 if __name__ == "__main__":

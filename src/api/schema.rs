@@ -191,6 +191,7 @@ fn consumers(schema: &str, oid: pg_sys::Oid, versions: &[Value]) -> (Value, Opti
     let topics: std::collections::HashMap<String, Option<String>> =
         sink_topics(schema, oid).into_iter().map(|(name, _, topic)| (name, topic)).collect();
     let bootstrap = crate::gucs::string(&crate::gucs::KAFKA_BOOTSTRAP_SERVERS);
+    let table_registry = config_of(schema, oid).and_then(|c| evolution(&c).schema_registry);
     let mut groups = serde_json::Map::new();
     let mut problems = Vec::new();
     let reads = sinks.as_array().into_iter().flatten().flat_map(|sink| {
@@ -205,6 +206,17 @@ fn consumers(schema: &str, oid: pg_sys::Oid, versions: &[Value]) -> (Value, Opti
     for (sink, name, topic, numbers) in reads {
         let Ok(cfg) = cdc_sinks::kafka::config::parse(&sink["config"]) else { continue };
         let format = cfg.common.format;
+        // Debezium's records over Avro: read with their writer schema, from the sink's registry.
+        let avro_debezium = format == Format::Debezium
+            && cfg.common.debezium.converter == cdc_core::config::sink::DebeziumConverter::Avro;
+        let registry = cfg
+            .common
+            .schema_registry
+            .clone()
+            .or_else(|| table_registry.clone())
+            .or_else(|| Some(crate::gucs::string(&crate::gucs::SCHEMA_REGISTRY)).filter(|r| !r.is_empty()))
+            .map(|url| cdc_sinks::format::schema_registry::SchemaRegistry::new(&url));
+        let mut schemas: std::collections::HashMap<u32, Option<String>> = std::collections::HashMap::new();
         let meta: Vec<(i32, cdc_core::Lsn, Option<&str>)> =
             meta.iter().filter(|(n, _, _)| numbers.contains(n)).cloned().collect();
         let (b, t) = (bootstrap.clone(), topic.clone());
@@ -233,6 +245,9 @@ fn consumers(schema: &str, oid: pg_sys::Oid, versions: &[Value]) -> (Value, Opti
             let lsn = p.last.as_deref().and_then(|v| match format {
                 Format::Avro => cdc_sinks::format::avro::event_lsn(v),
                 Format::Protobuf => cdc_sinks::format::protobuf::event_lsn(v),
+                Format::Debezium if avro_debezium => cdc_sinks::format::connect_avro::debezium_lsn(v, |id| {
+                    schemas.entry(id).or_insert_with(|| registry.as_ref().and_then(|r| r.schema_text(id).ok())).clone()
+                }),
                 Format::Json | Format::Debezium => {
                     // pg_cdc's JSON event, or Debezium's (with or without its schema block).
                     let e = serde_json::from_slice::<Value>(v).ok()?;

@@ -130,8 +130,90 @@ def test_debezium_format_is_refused_where_it_does_not_fit(pg):
         ("kafka", {"topic": "x", "format": "debezium", "debezium": {"decimal_handling_mode": "exact"}}, "22023"),
         ("kafka", {"topic": "x", "format": "debezium", "debezium": {"topic_prefix": "a b"}}, "22023"),
         ("kafka", {"topic": "x", "format": "debezium", "debezium": {"tombstones": True}}, "22023"),
+        ("kafka", {"topic": "x", "format": "debezium", "debezium": {"converter": "xml"}}, "22023"),
+        ("kafka", {"topic": "x", "format": "debezium", "debezium": {"converter": "avro", "schemas": True}}, "22023"),
+        ("kafka", {"topic": "x", "format": "debezium", "schema_registry": "http://r:8081"}, "22023"),
     ]
     for sink_type, cfg, state in cases:
         with pytest.raises(psycopg.Error) as e:
             pg.execute("SELECT cdc_add_sink('dbz_refused', %s, %s::jsonb)", (sink_type, json.dumps(cfg)))
         assert e.value.sqlstate == state, (cfg, e.value)
+
+
+def test_debezium_over_avro_is_read_by_confluents_avro_deserializer(pg, sinks, unique):
+    """`converter: avro`: Debezium's key and envelope as Kafka Connect's Avro converter writes them,
+    registered with the registry (the STAND-IN of tests/schema_registry) under the topic's subjects;
+    confluent-kafka's own AvroDeserializer reads every record back, and each says what the same
+    change says through the JSON converter, the decimals exact."""
+    import base64
+    from decimal import Decimal
+
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from test_avro import URL
+
+    subprocess.run([str(REPO / "scripts" / "schema-registry.sh"), "start"], check=True, capture_output=True)
+    t, topic, json_topic = f"dbza_{unique}", f"dbza-{unique}", f"dbzj-{unique}"
+    create_topic(topic)
+    create_topic(json_topic)
+    pg.execute(f"""CREATE TABLE {t} (id int PRIMARY KEY, total numeric(10,2) NOT NULL, qty smallint,
+                   note text, at timestamptz, tags text[])""")
+    pg.execute("SELECT cdc_enable(%s, '{\"operations\": [\"INSERT\", \"UPDATE\", \"DELETE\"]}')", (t,))
+    sinks.add(f"dbza_{unique}", topic, tables=[t], format="debezium", snapshot_mode="never",
+              schema_registry=URL, debezium={"topic_prefix": "shop", "converter": "avro"})
+    sinks.add(f"dbzj_{unique}", json_topic, tables=[t], format="debezium", snapshot_mode="never",
+              debezium={"topic_prefix": "shop", "schemas": False})
+    pg.execute(f"INSERT INTO {t} VALUES (1, 10.50, 3, 'new', '2024-03-15 14:23:45.5+00', '{{a,NULL}}')")
+    pg.execute(f"UPDATE {t} SET total = -0.01, note = NULL WHERE id = 1")
+    pg.execute(f"DELETE FROM {t} WHERE id = 1")
+    msgs = read_messages(topic, 4)
+    msgs.sort(key=lambda m: m.offset())
+    client = SchemaRegistryClient({"url": URL})
+    values, keys = AvroDeserializer(client), AvroDeserializer(client)
+    got = []
+    for m in msgs:
+        assert m.key()[0] == 0 and (m.value() is None or m.value()[0] == 0), "Confluent's magic byte"
+        key = keys(m.key(), SerializationContext(topic, MessageField.KEY))
+        value = values(m.value(), SerializationContext(topic, MessageField.VALUE)) if m.value() is not None else None
+        got.append((key, value))
+    assert [v["op"] if v else None for _, v in got] == ["c", "u", "d", None], "a tombstone after the delete"
+    assert all(k == {"id": 1} for k, _ in got)
+    # The topic carries no {table}: record-name subjects, as the Avro format uses for such a topic.
+    value_subject, key_subject = f"{topic}-shop.public.{t}.Envelope", f"{topic}-shop.public.{t}.Key"
+    assert {value_subject, key_subject} <= set(client.get_subjects())
+    schema = json.loads(client.get_latest_version(value_subject).schema.schema_str)
+    assert (schema["name"], schema["namespace"], schema["connect.name"]) == ("Envelope", f"shop.public.{t}",
+                                                                               f"shop.public.{t}.Envelope")
+    # The same changes through the JSON converter, decimals decoded from their unscaled bytes.
+    expected = [v for _, v in records(json_topic, 4) if v is not None]
+
+    def exact(row):
+        if row is None:
+            return None
+        unscaled = int.from_bytes(base64.b64decode(row["total"]), "big", signed=True)
+        return {**row, "total": Decimal(unscaled).scaleb(-2)}
+
+    for (_, a), j in zip(got, expected):
+        assert a["before"] == exact(j["before"]) and a["after"] == exact(j["after"]), (a, j)
+        for f in ("connector", "name", "db", "schema", "table", "snapshot", "txId", "lsn"):
+            assert a["source"][f] == j["source"][f], f
+    assert got[0][1]["after"]["total"] == Decimal("10.50") and got[1][1]["after"]["total"] == Decimal("-0.01")
+    assert got[0][1]["after"]["tags"] == ["a", None] and got[0][1]["after"]["qty"] == 3
+    # The history records the id the registry gave the version's schema.
+    history = wait_for(lambda: (h := pg.execute("SELECT cdc_schema_history(%s)", (t,)).fetchone()[0])
+                       ["schema_versions"][0].get("registered") and h, what="the registration recorded")
+    value_id = int.from_bytes(msgs[0].value()[1:5], "big")
+    assert history["schema_versions"][0]["registered"] == [{"registry": URL, "subject": value_subject,
+                                                            "schema_id": value_id}]
+    # A consumer group that read the first record: the history reads that record's LSN with its
+    # writer schema from the registry, and places the group on version 1.
+    from confluent_kafka import Consumer, TopicPartition
+
+    from conftest import BOOTSTRAP
+    c = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"dbza_reader_{unique}", "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(topic, 0, msgs[0].offset() + 1)], asynchronous=False)
+    c.close()
+    reader = pg.execute("SELECT cdc_schema_history(%s)", (t,)).fetchone()[0]["consumers"][f"dbza_reader_{unique}"]
+    assert reader["using_version"] == 1 and not reader["caught_up"] and "unknown_partitions" not in reader, reader

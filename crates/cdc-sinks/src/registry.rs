@@ -120,7 +120,15 @@ impl SinkConfig {
                 server_registry,
             ))),
             Format::Debezium => {
-                Some(Box::new(crate::format::debezium::DebeziumFormat::new(common.debezium.clone(), database, version)))
+                let format = crate::format::debezium::DebeziumFormat::new(common.debezium.clone(), database, version);
+                Some(Box::new(match common.debezium.converter {
+                    cdc_core::config::sink::DebeziumConverter::Json => format,
+                    cdc_core::config::sink::DebeziumConverter::Avro => format.with_avro(
+                        crate::format::Subjects { topic, database: database.to_string() },
+                        common.schema_registry.clone(),
+                        server_registry,
+                    ),
+                }))
             }
             Format::Protobuf => Some(Box::new(crate::format::protobuf::ProtobufFormat::new(
                 &topic,

@@ -66,6 +66,20 @@ pub struct DebeziumOptions {
     /// `tombstones_on_delete` (default true): a record with the row's key and no value follows
     /// each DELETE event.
     pub tombstones_on_delete: bool,
+    /// `converter` (default json): how keys and values are serialized, as Kafka Connect's
+    /// converter setting chooses.
+    pub converter: DebeziumConverter,
+}
+
+/// How the Debezium format serializes keys and values (Kafka Connect's `key.converter` and
+/// `value.converter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DebeziumConverter {
+    /// Connect's JSON converter (`schemas` chooses the schema block).
+    Json,
+    /// Connect's Avro converter: the Avro schema Connect's AvroData makes of the Connect schema,
+    /// registered with the schema registry, and Confluent's wire format.
+    Avro,
 }
 
 impl Default for DebeziumOptions {
@@ -75,6 +89,7 @@ impl Default for DebeziumOptions {
             schemas: true,
             decimal_handling_mode: DecimalHandling::Precise,
             tombstones_on_delete: true,
+            converter: DebeziumConverter::Json,
         }
     }
 }
@@ -177,13 +192,6 @@ pub fn parse_common(o: &Obj<'_>) -> CdcResult<SinkCommon> {
     };
     let schema_registry =
         o.string("schema_registry")?.map(|url| super::registry_url("config.schema_registry", url)).transpose()?;
-    if schema_registry.is_some() && !matches!(format, Format::Avro | Format::Protobuf) {
-        return Err(invalid(format!(
-            "config.schema_registry is used by the avro and protobuf formats only, and this sink's format is {}",
-            format.as_str()
-        ))
-        .hint("Add \"format\": \"avro\" (or \"protobuf\"), or leave \"schema_registry\" out."));
-    }
     let debezium = match o.object("debezium")? {
         None => DebeziumOptions::default(),
         Some(_) if format != Format::Debezium => {
@@ -195,6 +203,16 @@ pub fn parse_common(o: &Obj<'_>) -> CdcResult<SinkCommon> {
         }
         Some(d) => parse_debezium(&d)?,
     };
+    let registered = matches!(format, Format::Avro | Format::Protobuf)
+        || (format == Format::Debezium && debezium.converter == DebeziumConverter::Avro);
+    if schema_registry.is_some() && !registered {
+        return Err(invalid(format!(
+            "config.schema_registry is used by the avro and protobuf formats (and debezium's avro converter) only, \
+             and this sink's format is {}",
+            format.as_str()
+        ))
+        .hint("Add \"format\": \"avro\" (or \"protobuf\"), or leave \"schema_registry\" out."));
+    }
     let partition_key = o.string("partition_key")?.map(str::to_string);
     let include_transformations = o.bool("include_transformations")?.unwrap_or(true);
     let checkpoint_interval_ms = o.int("checkpoint_interval_ms", 1, 3_600_000)?.map(|v| v as u32);
@@ -228,7 +246,22 @@ pub fn parse_common(o: &Obj<'_>) -> CdcResult<SinkCommon> {
 }
 
 fn parse_debezium(d: &Obj<'_>) -> CdcResult<DebeziumOptions> {
-    d.check_keys(&["topic_prefix", "schemas", "decimal_handling_mode", "tombstones_on_delete"])?;
+    d.check_keys(&["topic_prefix", "schemas", "decimal_handling_mode", "tombstones_on_delete", "converter"])?;
+    let converter = match d.string("converter")?.unwrap_or("json") {
+        "json" => DebeziumConverter::Json,
+        "avro" => DebeziumConverter::Avro,
+        other => {
+            return Err(invalid(format!("{}: unknown converter \"{other}\"", d.child_path("converter")))
+                .hint("Valid converters: json (the default), avro."))
+        }
+    };
+    if converter == DebeziumConverter::Avro && d.bool("schemas")?.is_some() {
+        return Err(invalid(format!(
+            "{} is the JSON converter's setting: the avro converter's schemas are in the registry",
+            d.child_path("schemas")
+        ))
+        .hint("Leave \"schemas\" out with \"converter\": \"avro\"."));
+    }
     let topic_prefix = match d.string("topic_prefix")? {
         Some(p) if p.is_empty() || !p.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) => {
             return Err(invalid(format!("{}: \"{p}\" is not a topic prefix", d.child_path("topic_prefix")))
@@ -250,6 +283,7 @@ fn parse_debezium(d: &Obj<'_>) -> CdcResult<DebeziumOptions> {
         schemas: d.bool("schemas")?.unwrap_or(true),
         decimal_handling_mode,
         tombstones_on_delete: d.bool("tombstones_on_delete")?.unwrap_or(true),
+        converter,
     })
 }
 

@@ -813,16 +813,8 @@ fn a_snapshot_chunk_is_one_transaction_of_read_events_through_the_same_stages() 
     assert_eq!(events(&out.transactions[..out.transactions.len() - 1]), events(&stream.transactions));
 }
 
-/// A column renamed after its changes were written (issue 15, "renames never leak"): the config
-/// names it as it is now, the stream's relation as it was; the history matches the two by
-/// attribute number, so the old name is redacted and included as the new one says, and the
-/// events keep the name of their version.
-#[test]
-fn a_config_follows_a_renamed_column_through_the_history() {
-    use crate::redact::{hash, Method};
-    use crate::schema::{Field, History};
-    let fr = frames("basic");
-    let oids = relation_oids(&fr);
+/// The columns of the `orders` relation of a capture, as a schema version records them.
+fn orders_fields(fr: &[RawFrame]) -> Vec<crate::schema::Field> {
     let orders = fr
         .iter()
         .find_map(|f| match decode(&f.data) {
@@ -830,11 +822,11 @@ fn a_config_follows_a_renamed_column_through_the_history() {
             _ => None,
         })
         .unwrap();
-    let then: Vec<Field> = orders
+    orders
         .columns
         .iter()
         .enumerate()
-        .map(|(i, c)| Field {
+        .map(|(i, c)| crate::schema::Field {
             attnum: i as i16 + 1,
             name: c.name.clone(),
             type_sql: String::new(),
@@ -844,7 +836,20 @@ fn a_config_follows_a_renamed_column_through_the_history() {
             default: None,
             missing: None,
         })
-        .collect();
+        .collect()
+}
+
+/// A column renamed after its changes were written (issue 15, "renames never leak"): the config
+/// names it as it is now, the stream's relation as it was; the history matches the two by
+/// attribute number, so the old name is redacted and included as the new one says, and the
+/// events keep the name of their version.
+#[test]
+fn a_config_follows_a_renamed_column_through_the_history() {
+    use crate::redact::{hash, Method};
+    use crate::schema::History;
+    let fr = frames("basic");
+    let oids = relation_oids(&fr);
+    let then = orders_fields(&fr);
     let mut now = then.clone();
     now.iter_mut().find(|c| c.name == "customer_id").unwrap().name = "client_id".into();
     // The capture config after the rename: it names client_id.
@@ -886,31 +891,10 @@ fn a_config_follows_a_renamed_column_through_the_history() {
 /// or routed with the older history.
 #[test]
 fn a_version_topic_routes_the_events_of_its_versions_and_a_stale_history_is_read_again() {
-    use crate::schema::{Field, History, Version, VERSION_MESSAGE_PREFIX};
+    use crate::schema::{History, Version, VERSION_MESSAGE_PREFIX};
     let fr = frames("basic");
     let oids = relation_oids(&fr);
-    let orders = fr
-        .iter()
-        .find_map(|f| match decode(&f.data) {
-            Ok(Message::Relation(r)) if r.name == "orders" => Some(r),
-            _ => None,
-        })
-        .unwrap();
-    let fields: Vec<Field> = orders
-        .columns
-        .iter()
-        .enumerate()
-        .map(|(i, c)| Field {
-            attnum: i as i16 + 1,
-            name: c.name.clone(),
-            type_sql: String::new(),
-            type_oid: c.type_oid,
-            typmod: c.type_mod,
-            not_null: false,
-            default: None,
-            missing: None,
-        })
-        .collect();
+    let fields = orders_fields(&fr);
     let version = |number: i32, lsn: u64, own_topic: bool| Version {
         lsn: Lsn(lsn),
         number,

@@ -7,7 +7,9 @@
 //! value: {"schema": <prefix>.<schema>.<table>.Envelope,
 //!         "payload": {"before", "after", "source": {...}, "transaction": null, "op", "ts_ms", "ts_us", "ts_ns"}}
 //! ```
-//! With `schemas` false, key and value are the payloads alone. `op` is `c`, `u`, `d`, `r`
+//! With `schemas` false, key and value are the payloads alone. With `converter: avro` they are
+//! what Kafka Connect's Avro converter writes instead ([`super::connect_avro`]): the Connect
+//! schemas mapped to Avro, registered, and the payloads as datums in Confluent's wire format. `op` is `c`, `u`, `d`, `r`
 //! (snapshot rows) or `t` (TRUNCATE; Debezium skips them unless told not to, pg_cdc sends what the
 //! table's `operations` capture: leave truncate out there to match). After a DELETE a tombstone
 //! (the key, no value) follows when `tombstones_on_delete` is set, as in Debezium.
@@ -572,12 +574,28 @@ struct Version {
     columns: Vec<Column>,
     /// Every column a key may name, by name.
     key_types: HashMap<String, Dt>,
-    /// The value schema's JSON text (with `schemas`).
+    /// The value's Connect schema, and its JSON text (with `schemas`).
+    value_connect: Json,
     value_schema: String,
     /// Key schemas' JSON texts, by the key's column names.
     key_schemas: HashMap<Vec<String>, String>,
     /// `<prefix>.<schema>.<table>`.
     name: String,
+    /// With the Avro converter: the registry's id of the value schema, and of each key schema
+    /// (with its Connect schema) by the key's column names.
+    avro_value_id: Option<u32>,
+    avro_keys: HashMap<Vec<String>, (Json, u32)>,
+}
+
+/// Where the Avro converter registers its schemas.
+struct AvroTarget {
+    subjects: super::Subjects,
+    /// The sink's `schema_registry`, and the server setting `cdc.schema_registry`.
+    sink_registry: Option<String>,
+    server_registry: Option<String>,
+    ids: super::AvroIds,
+    /// Value schemas of table versions registered since the last `take_registrations`.
+    registrations: Vec<cdc_core::format::Registration>,
 }
 
 /// The Debezium format of one sink.
@@ -594,6 +612,8 @@ pub struct DebeziumFormat {
     /// the row to another key (pg_cdc retracts the old key first), which Debezium writes as a
     /// create.
     last_delete: Option<(u32, cdc_core::Lsn)>,
+    /// With `converter: avro`: the registry to register with.
+    avro: Option<AvroTarget>,
 }
 
 impl DebeziumFormat {
@@ -607,7 +627,27 @@ impl DebeziumFormat {
             version: format!("pg_cdc-{version}"),
             tables: HashMap::new(),
             last_delete: None,
+            avro: None,
         }
+    }
+
+    /// Serializes with Kafka Connect's Avro converter (`converter: avro`): schemas registered
+    /// under `subjects`' subjects with the registry that is set first (the sink's, the table's,
+    /// the server's), records in Confluent's wire format.
+    pub fn with_avro(
+        mut self,
+        subjects: super::Subjects,
+        sink_registry: Option<String>,
+        server_registry: Option<String>,
+    ) -> DebeziumFormat {
+        self.avro = Some(AvroTarget {
+            subjects,
+            sink_registry,
+            server_registry,
+            ids: super::AvroIds::default(),
+            registrations: Vec::new(),
+        });
+        self
     }
 
     fn build(&self, plan: &Arc<RelationPlan>, types: &TypeRegistry) -> Version {
@@ -683,15 +723,18 @@ impl DebeziumFormat {
             columns,
             key_types,
             value_schema: value.to_string(),
+            value_connect: value,
             key_schemas: HashMap::new(),
             name,
+            avro_value_id: None,
+            avro_keys: HashMap::new(),
         }
     }
 
-    fn value(&self, v: &Version, ev: &JsonEvent<'_>, op: Op) -> Result<String, String> {
+    fn value(&self, v: &Version, ev: &JsonEvent<'_>, op: Op, with_schema: bool) -> Result<String, String> {
         let m = &ev.metadata;
         let mut out = String::with_capacity(512 + v.value_schema.len());
-        if self.options.schemas {
+        if with_schema {
             out.push_str("{\"schema\":");
             out.push_str(&v.value_schema);
             out.push_str(",\"payload\":");
@@ -736,13 +779,14 @@ impl DebeziumFormat {
             now.as_micros(),
             now.as_nanos()
         );
-        if self.options.schemas {
+        if with_schema {
             out.push('}');
         }
         Ok(out)
     }
 
-    fn key(&self, v: &mut Version, key: &[u8]) -> Result<String, String> {
+    /// The key's payload (and, `with_schema`, its schema) as JSON text, and its column names.
+    fn key(&self, v: &mut Version, key: &[u8], with_schema: bool) -> Result<(String, Vec<String>), String> {
         let fields: Fields<'_> =
             serde_json::from_slice(key).map_err(|e| format!("the JSON key does not parse: {e}"))?;
         let mut payload = String::with_capacity(64);
@@ -763,24 +807,92 @@ impl DebeziumFormat {
             names.push(name.0.to_string());
         }
         payload.push('}');
-        if !self.options.schemas {
-            return Ok(payload);
+        if !with_schema {
+            return Ok((payload, names));
         }
         if !v.key_schemas.contains_key(&names) {
-            let fields: Vec<Json> = names
-                .iter()
-                .map(|n| {
-                    let mut s = v.key_types[n].schema(false);
-                    s["field"] = json!(n);
-                    s
-                })
-                .collect();
-            let schema =
-                json!({"type": "struct", "fields": fields, "optional": false, "name": format!("{}.Key", v.name)});
-            v.key_schemas.insert(names.clone(), schema.to_string());
+            v.key_schemas.insert(names.clone(), key_schema(v, &names).to_string());
         }
-        Ok(format!("{{\"schema\":{},\"payload\":{payload}}}", v.key_schemas[&names]))
+        Ok((format!("{{\"schema\":{},\"payload\":{payload}}}", v.key_schemas[&names]), names))
     }
+
+    /// Encodes the value and key with Connect's Avro converter: the Connect payloads as datums
+    /// of the Avro schemas AvroData makes of their Connect schemas, registered (once per worker
+    /// and schema) under the topic's subjects, in Confluent's wire format.
+    fn encode_avro(
+        &mut self,
+        plan: &RelationPlan,
+        v: &mut Version,
+        value: &str,
+        key: Option<(String, Vec<String>)>,
+    ) -> Result<(Vec<u8>, Option<Vec<u8>>), FormatError> {
+        let target = self.avro.as_mut().expect("the Avro converter is set");
+        let url = super::configured_registry(target.sink_registry.as_deref(), plan, target.server_registry.as_deref())
+            .ok_or_else(|| {
+                FormatError::operator(
+                    "the debezium format's avro converter needs a schema registry, and none is set: give the sink a \
+                     \"schema_registry\", the table a schema_evolution.schema_registry, or set cdc.schema_registry",
+                )
+            })?;
+        let url = super::checked_registry(&url)?;
+        let (value_subject, key_subject) =
+            target.subjects.of(&plan.relation.namespace, &plan.relation.name, &v.name, plan.topic_version);
+        let mut id_of = |subject: &str, connect: &Json| -> Result<u32, FormatError> {
+            let schema = super::connect_avro::avro_schema(connect).map_err(FormatError::operator)?;
+            super::avro::parse_schema(&schema).map_err(FormatError::operator)?;
+            let text = schema.to_string();
+            target.ids.id(&url, subject, text.clone(), &text, plan)
+        };
+        let value_id = match v.avro_value_id {
+            Some(id) => id,
+            None => {
+                let id = id_of(&value_subject, &v.value_connect)?;
+                v.avro_value_id = Some(id);
+                if let Some((version, _)) = plan.schema_version {
+                    target.registrations.push(cdc_core::format::Registration {
+                        table_oid: plan.relation.oid,
+                        version,
+                        registry: super::schema_registry::label(&url),
+                        subject: value_subject.clone(),
+                        schema_id: id,
+                    });
+                }
+                id
+            }
+        };
+        let datum = |connect: &Json, text: &str, id: u32| -> Result<Vec<u8>, FormatError> {
+            let payload: Json = serde_json::from_str(text).map_err(|e| FormatError::operator(e.to_string()))?;
+            super::avro::frame(id, |out| super::connect_avro::write_datum(connect, &payload, out))
+                .map_err(FormatError::operator)
+        };
+        let value = datum(&v.value_connect, value, value_id)?;
+        let key = match key {
+            Some((payload, names)) => {
+                if !v.avro_keys.contains_key(&names) {
+                    let connect = key_schema(v, &names);
+                    let id = id_of(&key_subject, &connect)?;
+                    v.avro_keys.insert(names.clone(), (connect, id));
+                }
+                let (connect, id) = &v.avro_keys[&names];
+                Some(datum(connect, &payload, *id)?)
+            }
+            None => None,
+        };
+        Ok((value, key))
+    }
+}
+
+/// The Connect schema of a key of the columns `names`.
+fn key_schema(v: &Version, names: &[String]) -> Json {
+    let fields: Vec<Json> = names
+        .iter()
+        .map(|n| {
+            let mut s = v.key_types[n].schema(false);
+            s["field"] = json!(n);
+            s
+        })
+        .collect();
+    json!({"type": "struct", "fields": fields, "optional": false, "name": format!("{}.Key", v.name)})
 }
 
 fn op_code(op: Op) -> &'static str {
@@ -841,19 +953,30 @@ impl EventFormat for DebeziumFormat {
         let moved = event.op == Op::Update && self.last_delete == Some((plan.relation.oid, event.lsn));
         self.last_delete = (event.op == Op::Delete).then_some((plan.relation.oid, event.lsn));
         let op = if moved { Op::Insert } else { event.op };
+        let with_schema = self.options.schemas && self.avro.is_none();
         let result = (|| {
-            let value = self.value(&v, &ev, op)?;
+            let value = self.value(&v, &ev, op, with_schema)?;
             let key = match &event.key {
-                Some(k) => Some(self.key(&mut v, k)?),
+                Some(k) => Some(self.key(&mut v, k, with_schema)?),
                 None => None,
             };
             Ok::<_, String>((value, key))
-        })();
+        })()
+        .map_err(FormatError::operator);
+        let encoded = match result {
+            Ok((value, key)) if self.avro.is_some() => self.encode_avro(plan, &mut v, &value, key),
+            Ok((value, key)) => Ok((value.into_bytes(), key.map(|(k, _)| k.into_bytes()))),
+            Err(e) => Err(e),
+        };
         self.tables.insert(plan.relation.oid, v);
-        let (value, key) = result.map_err(FormatError::operator)?;
-        event.payload = value.into_bytes();
-        event.key = key.map(String::into_bytes);
+        let (value, key) = encoded?;
+        event.payload = value;
+        event.key = key;
         event.tombstone = event.op == Op::Delete && self.options.tombstones_on_delete && event.key.is_some();
         Ok(())
+    }
+
+    fn take_registrations(&mut self) -> Vec<cdc_core::format::Registration> {
+        self.avro.as_mut().map(|a| std::mem::take(&mut a.registrations)).unwrap_or_default()
     }
 }

@@ -16,6 +16,7 @@
 //! after it. With `auto_register` false the schema is only looked up, and a schema that is not
 //! registered stops the sink (state error) until someone registers it.
 pub mod avro;
+pub mod connect_avro;
 pub mod debezium;
 #[cfg(test)]
 mod debezium_tests;
@@ -88,9 +89,7 @@ pub struct AvroFormat {
     sink_registry: Option<String>,
     /// The server setting `cdc.schema_registry`.
     server_registry: Option<String>,
-    registries: HashMap<String, SchemaRegistry>,
-    /// Ids by (registry, subject, canonical form), for this worker's life.
-    ids: HashMap<(String, String, String), u32>,
+    ids: AvroIds,
     tables: HashMap<u32, Version>,
     /// Value schemas of table versions registered since the last `take_registrations`.
     registrations: Vec<Registration>,
@@ -103,8 +102,7 @@ impl AvroFormat {
             subjects,
             sink_registry,
             server_registry,
-            registries: HashMap::new(),
-            ids: HashMap::new(),
+            ids: AvroIds::default(),
             tables: HashMap::new(),
             registrations: Vec::new(),
         }
@@ -122,37 +120,9 @@ impl AvroFormat {
         checked_registry(&url)
     }
 
-    /// The id of `schema` under `subject`: registered (or looked up, without `auto_register`)
-    /// once per worker, the subject's compatibility level set first.
+    /// The id of `schema` under `subject` (see [`AvroIds::id`]).
     fn id(&mut self, url: &str, subject: &str, schema: &Schema, plan: &RelationPlan) -> Result<u32, FormatError> {
-        let canonical = schema.canonical_form();
-        let cache_key = (url.to_string(), subject.to_string(), canonical);
-        if let Some(id) = self.ids.get(&cache_key) {
-            return Ok(*id);
-        }
-        let registry = self.registries.entry(url.to_string()).or_insert_with(|| SchemaRegistry::new(url));
-        let text = json_text(schema)?;
-        let evolution = &plan.config.schema_evolution;
-        let id = if evolution.auto_register {
-            let mode = schema_registry::level(evolution.mode);
-            let forced = plan.schema_version.is_some_and(|(_, forced)| forced);
-            registry.set_compatibility(subject, if forced { "NONE" } else { mode })?;
-            let id = registry.register(subject, &text);
-            if forced {
-                registry.set_compatibility(subject, mode)?;
-            }
-            id?
-        } else {
-            registry.lookup(subject, &text)?.ok_or_else(|| {
-                FormatError::operator(format!(
-                    "schema registry {}: the schema of this table version is not registered under subject {subject}, \
-                     and the table's schema_evolution.auto_register is false: register it, or set auto_register to true",
-                    registry.label()
-                ))
-            })?
-        };
-        self.ids.insert(cache_key, id);
-        Ok(id)
+        self.ids.id(url, subject, schema.canonical_form(), &json_text(schema)?, plan)
     }
 
     fn version(&mut self, plan: &Arc<RelationPlan>, types: &TypeRegistry) -> Result<&mut Version, FormatError> {
@@ -220,6 +190,56 @@ impl EventFormat for AvroFormat {
 
     fn take_registrations(&mut self) -> Vec<Registration> {
         std::mem::take(&mut self.registrations)
+    }
+}
+
+/// The ids registries gave Avro schemas, for this worker's life.
+#[derive(Default)]
+pub(crate) struct AvroIds {
+    registries: HashMap<String, SchemaRegistry>,
+    /// By (registry, subject, the schema as cached: its canonical form, or its whole text when
+    /// its properties matter).
+    ids: HashMap<(String, String, String), u32>,
+}
+
+impl AvroIds {
+    /// The id of the Avro schema `text` under `subject`, cached by `cache_text`: registered (or
+    /// looked up, without `auto_register`) once per worker, the subject's compatibility level set
+    /// from the table's mode first (`NONE` for a version `cdc_force_schema_break` let through).
+    pub(crate) fn id(
+        &mut self,
+        url: &str,
+        subject: &str,
+        cache_text: String,
+        text: &str,
+        plan: &RelationPlan,
+    ) -> Result<u32, FormatError> {
+        let cache_key = (url.to_string(), subject.to_string(), cache_text);
+        if let Some(id) = self.ids.get(&cache_key) {
+            return Ok(*id);
+        }
+        let registry = self.registries.entry(url.to_string()).or_insert_with(|| SchemaRegistry::new(url));
+        let evolution = &plan.config.schema_evolution;
+        let id = if evolution.auto_register {
+            let mode = schema_registry::level(evolution.mode);
+            let forced = plan.schema_version.is_some_and(|(_, forced)| forced);
+            registry.set_compatibility(subject, if forced { "NONE" } else { mode })?;
+            let id = registry.register(subject, text);
+            if forced {
+                registry.set_compatibility(subject, mode)?;
+            }
+            id?
+        } else {
+            registry.lookup(subject, text)?.ok_or_else(|| {
+                FormatError::operator(format!(
+                    "schema registry {}: the schema of this table version is not registered under subject {subject}, \
+                     and the table's schema_evolution.auto_register is false: register it, or set auto_register to true",
+                    registry.label()
+                ))
+            })?
+        };
+        self.ids.insert(cache_key, id);
+        Ok(id)
     }
 }
 

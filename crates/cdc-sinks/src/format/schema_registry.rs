@@ -109,6 +109,24 @@ impl SchemaRegistry {
         }
     }
 
+    /// The text of the schema the registry gave `id` (what a consumer reads a record's writer
+    /// schema with).
+    pub fn schema_text(&self, id: u32) -> Result<String, FormatError> {
+        let path = format!("/schemas/ids/{id}");
+        let mut request = self.agent.get(format!("{}{path}", self.base)).header("Accept", CONTENT_TYPE);
+        if let Some(a) = &self.auth {
+            request = request.header("Authorization", a);
+        }
+        let mut response = request.call().map_err(|e| self.error(true, format!("GET {path}: {e}")))?;
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string().unwrap_or_default();
+        if !(200..300).contains(&status) {
+            return Err(self.error(status >= 500, format!("GET {path}: HTTP {status}")));
+        }
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        v["schema"].as_str().map(str::to_string).ok_or_else(|| self.error(false, format!("GET {path}: no schema")))
+    }
+
     fn error(&self, retry: bool, what: String) -> FormatError {
         FormatError { retry, message: format!("schema registry {}: {what}", self.label) }
     }

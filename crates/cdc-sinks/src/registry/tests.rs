@@ -156,7 +156,7 @@ fn delivery_modes() {
 
 #[test]
 fn the_debezium_format_takes_debeziums_settings_on_kafka_sinks_only() {
-    use cdc_core::config::sink::{DebeziumOptions, DecimalHandling, Format};
+    use cdc_core::config::sink::{DebeziumConverter, DebeziumOptions, DecimalHandling, Format};
     let d = kafka(json!({"topic": "t", "format": "debezium"}));
     assert_eq!((d.common.format, &d.common.debezium), (Format::Debezium, &DebeziumOptions::default()));
     let o = DebeziumOptions::default();
@@ -170,9 +170,14 @@ fn the_debezium_format_takes_debeziums_settings_on_kafka_sinks_only() {
             topic_prefix: Some("shop.eu-1".into()),
             schemas: false,
             decimal_handling_mode: DecimalHandling::Double,
-            tombstones_on_delete: false
+            tombstones_on_delete: false,
+            converter: DebeziumConverter::Json,
         }
     );
+    // Connect's Avro converter: the registry is the sink's (or the table's, or the server's).
+    let avro = kafka(json!({"topic": "t", "format": "debezium", "schema_registry": "http://registry:8081",
+                            "debezium": {"converter": "avro"}}));
+    assert_eq!(avro.common.debezium.converter, DebeziumConverter::Avro);
     let e = |v| parse_config("kafka", &v).unwrap_err();
     let without = e(json!({"topic": "t", "debezium": {"schemas": false}}));
     assert_eq!(
@@ -185,6 +190,12 @@ fn the_debezium_format_takes_debeziums_settings_on_kafka_sinks_only() {
         let p = e(json!({"topic": "t", "format": "debezium", "debezium": {"topic_prefix": bad}}));
         assert_eq!(p.kind.sqlstate(), "22023", "{bad}");
     }
+    let conv = e(json!({"topic": "t", "format": "debezium", "debezium": {"converter": "protobuf"}}));
+    assert_eq!(conv.hint.as_deref(), Some("Valid converters: json (the default), avro."));
+    let both = e(json!({"topic": "t", "format": "debezium", "debezium": {"converter": "avro", "schemas": true}}));
+    assert_eq!(both.hint.as_deref(), Some("Leave \"schemas\" out with \"converter\": \"avro\"."));
+    let json_registry = e(json!({"topic": "t", "format": "debezium", "schema_registry": "http://registry:8081"}));
+    assert_eq!(json_registry.kind.sqlstate(), "22023");
     let key = e(json!({"topic": "t", "format": "debezium", "debezium": {"schema": true}}));
     assert_eq!(key.hint.as_deref(), Some("Did you mean \"schemas\"?"));
     for (t, c) in [
