@@ -534,16 +534,7 @@ fn cdc_schema_history(table_name: Option<pg_sys::Oid>) -> JsonB {
             out
         })
         .collect();
-    // `consumers` reads which versions have a topic of their own.
-    let with_topics: Vec<Value> = versions
-        .iter()
-        .map(|v| {
-            let mut v = v.clone();
-            v["own_topic"] = json!(v["own_topic"].as_bool().unwrap_or(false));
-            v
-        })
-        .collect();
-    let (consumers, unavailable) = consumers(&schema, oid, &with_topics);
+    let (consumers, unavailable) = consumers(&schema, oid, &versions);
     let armed = if has_version_topics(&schema) {
         catalog::select_one::<i32>(
             &format!(
