@@ -28,20 +28,15 @@ use super::avro::{write_bytes, write_long};
 /// The Avro schema (JSON) of a Connect schema.
 pub fn avro_schema(connect: &Json) -> Result<Json, String> {
     let mut defined = HashSet::new();
-    let (schema, _) = convert(connect, &mut defined, None, true)?;
+    let (schema, _) = convert(connect, &mut defined, None)?;
     Ok(schema)
 }
 
-/// The Avro type of `s`; with `optional_union`, an optional schema becomes `["null", type]`.
+/// The Avro type of `s`; an optional schema becomes a union with `null`.
 /// Also returns whether the result is a union. Written as Avro writes schemas: a record's
 /// namespace only where it differs from the enclosing one (`enclosing`), a record defined
 /// already by its name (its simple name within the same namespace).
-fn convert(
-    s: &Json,
-    defined: &mut HashSet<String>,
-    enclosing: Option<&str>,
-    optional_union: bool,
-) -> Result<(Json, bool), String> {
+fn convert(s: &Json, defined: &mut HashSet<String>, enclosing: Option<&str>) -> Result<(Json, bool), String> {
     let ty = s["type"].as_str().ok_or_else(|| format!("a Connect schema without a type: {s}"))?;
     let name = s["name"].as_str();
     let base = match (ty, name) {
@@ -83,7 +78,7 @@ fn convert(
             }
         }
         ("array", _) => {
-            let (items, _) = convert(&s["items"], defined, enclosing, true)?;
+            let (items, _) = convert(&s["items"], defined, enclosing)?;
             let mut o = Map::new();
             o.insert("type".into(), json!("array"));
             o.insert("items".into(), items);
@@ -112,7 +107,7 @@ fn convert(
             }
         }
     };
-    if optional_union && s["optional"].as_bool().unwrap_or(false) {
+    if s["optional"].as_bool().unwrap_or(false) {
         let union =
             if s.get("default").is_some_and(|d| !d.is_null()) { json!([base, "null"]) } else { json!(["null", base]) };
         return Ok((union, true));
@@ -142,7 +137,7 @@ fn metadata(s: &Json, o: &mut Map<String, Json>) {
 /// A record field of a struct's field schema.
 fn field(f: &Json, defined: &mut HashSet<String>, enclosing: Option<&str>) -> Result<Json, String> {
     let name = f["field"].as_str().ok_or("a struct field without a name")?;
-    let (ty, union) = convert(f, defined, enclosing, true)?;
+    let (ty, union) = convert(f, defined, enclosing)?;
     let mut o = Map::new();
     o.insert("name".into(), json!(name));
     o.insert("type".into(), ty);

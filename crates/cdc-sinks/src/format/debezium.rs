@@ -598,6 +598,31 @@ struct AvroTarget {
     registrations: Vec<cdc_core::format::Registration>,
 }
 
+impl AvroTarget {
+    /// The registry a table's schemas go to (the sink's, the table's, the server's), and its
+    /// value and key subjects; `name` is `<prefix>.<schema>.<table>`.
+    fn place(&self, plan: &RelationPlan, name: &str) -> Result<(String, String, String), FormatError> {
+        let url = super::configured_registry(self.sink_registry.as_deref(), plan, self.server_registry.as_deref())
+            .ok_or_else(|| {
+                FormatError::operator(
+                    "the debezium format's avro converter needs a schema registry, and none is set: give the sink a \
+                     \"schema_registry\", the table a schema_evolution.schema_registry, or set cdc.schema_registry",
+                )
+            })?;
+        let url = super::checked_registry(&url)?;
+        let (value, key) = self.subjects.of(&plan.relation.namespace, &plan.relation.name, name, plan.topic_version);
+        Ok((url, value, key))
+    }
+
+    /// The id of the Avro schema of Connect schema `connect` under `subject`.
+    fn id(&mut self, url: &str, subject: &str, connect: &Json, plan: &RelationPlan) -> Result<u32, FormatError> {
+        let schema = super::connect_avro::avro_schema(connect).map_err(FormatError::operator)?;
+        super::avro::parse_schema(&schema).map_err(FormatError::operator)?;
+        let text = schema.to_string();
+        self.ids.id(url, subject, text.clone(), &text, plan)
+    }
+}
+
 /// The Debezium format of one sink.
 pub struct DebeziumFormat {
     options: DebeziumOptions,
@@ -827,33 +852,20 @@ impl DebeziumFormat {
         key: Option<(String, Vec<String>)>,
     ) -> Result<(Vec<u8>, Option<Vec<u8>>), FormatError> {
         let target = self.avro.as_mut().expect("the Avro converter is set");
-        let url = super::configured_registry(target.sink_registry.as_deref(), plan, target.server_registry.as_deref())
-            .ok_or_else(|| {
-                FormatError::operator(
-                    "the debezium format's avro converter needs a schema registry, and none is set: give the sink a \
-                     \"schema_registry\", the table a schema_evolution.schema_registry, or set cdc.schema_registry",
-                )
-            })?;
-        let url = super::checked_registry(&url)?;
-        let (value_subject, key_subject) =
-            target.subjects.of(&plan.relation.namespace, &plan.relation.name, &v.name, plan.topic_version);
-        let mut id_of = |subject: &str, connect: &Json| -> Result<u32, FormatError> {
-            let schema = super::connect_avro::avro_schema(connect).map_err(FormatError::operator)?;
-            super::avro::parse_schema(&schema).map_err(FormatError::operator)?;
-            let text = schema.to_string();
-            target.ids.id(&url, subject, text.clone(), &text, plan)
-        };
+        // The registry and the subjects are worked out only when a schema's id is not known yet:
+        // once per table version and key, not per event.
         let value_id = match v.avro_value_id {
             Some(id) => id,
             None => {
-                let id = id_of(&value_subject, &v.value_connect)?;
+                let (url, value_subject, _) = target.place(plan, &v.name)?;
+                let id = target.id(&url, &value_subject, &v.value_connect, plan)?;
                 v.avro_value_id = Some(id);
                 if let Some((version, _)) = plan.schema_version {
                     target.registrations.push(cdc_core::format::Registration {
                         table_oid: plan.relation.oid,
                         version,
                         registry: super::schema_registry::label(&url),
-                        subject: value_subject.clone(),
+                        subject: value_subject,
                         schema_id: id,
                     });
                 }
@@ -870,7 +882,8 @@ impl DebeziumFormat {
             Some((payload, names)) => {
                 if !v.avro_keys.contains_key(&names) {
                     let connect = key_schema(v, &names);
-                    let id = id_of(&key_subject, &connect)?;
+                    let (url, _, key_subject) = target.place(plan, &v.name)?;
+                    let id = target.id(&url, &key_subject, &connect, plan)?;
                     v.avro_keys.insert(names.clone(), (connect, id));
                 }
                 let (connect, id) = &v.avro_keys[&names];
