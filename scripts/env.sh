@@ -15,6 +15,11 @@ export KAFKA_VERSION="${KAFKA_VERSION:-4.1.1}"
 export KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
 export KINESIS_PORT="${KINESIS_PORT:-4568}"
 export KINESIS_ENDPOINT="${KINESIS_ENDPOINT:-http://127.0.0.1:$KINESIS_PORT}"
+# The Pub/Sub server of the tests: Google's pstest fake (scripts/pubsub.sh). Google's clients find an
+# emulator through PUBSUB_EMULATOR_HOST; pg_cdc through cdc.pubsub_endpoint (an http:// URL).
+export PUBSUB_PORT="${PUBSUB_PORT:-8085}"
+export PUBSUB_EMULATOR_HOST="${PUBSUB_EMULATOR_HOST:-127.0.0.1:$PUBSUB_PORT}"
+export PUBSUB_ENDPOINT="${PUBSUB_ENDPOINT:-http://$PUBSUB_EMULATOR_HOST}"
 # The schema registry of the tests: a stand-in (scripts/schema-registry.sh).
 export SCHEMA_REGISTRY_PORT="${SCHEMA_REGISTRY_PORT:-8081}"
 export SCHEMA_REGISTRY_URL="${SCHEMA_REGISTRY_URL:-http://127.0.0.1:$SCHEMA_REGISTRY_PORT}"

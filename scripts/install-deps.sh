@@ -63,4 +63,7 @@ fi
 
 "$here/kafka.sh" install
 "$here/kinesis.sh" install
+# Google's fake Pub/Sub server, built with Go (1.26; this machine image has it in /usr/local/go) from
+# the Go module proxy.
+"$here/pubsub.sh" install
 log "done"

@@ -5,6 +5,8 @@
 # cdc.aws_region, and their credentials the usual AWS way: the server runs with AWS_CONFIG_FILE and
 # AWS_SHARED_CREDENTIALS_FILE pointing at $PG_CDC_RUN/aws, test keys the local server accepts (it checks
 # no signature), with profiles `default` and `local` — never the postgres user's own ~/.aws.
+# Pub/Sub sinks find Google's fake Pub/Sub server (scripts/pubsub.sh) through cdc.pubsub_endpoint (an http://
+# endpoint: an emulator, reached without credentials).
 #
 #   scripts/pg.sh start     initdb the first time, then start and wait until it accepts connections
 #   scripts/pg.sh start-fresh  start, restarting first if the installed pg_cdc library differs from the loaded one
@@ -65,6 +67,7 @@ max_worker_processes = 64
 cdc.database = '$PGDATABASE'
 cdc.kafka_bootstrap_servers = '$KAFKA_BOOTSTRAP'
 cdc.kinesis_endpoint = '$KINESIS_ENDPOINT'
+cdc.pubsub_endpoint = '$PUBSUB_ENDPOINT'
 cdc.aws_region = 'us-east-1'
 log_min_messages = warning
 log_line_prefix = '%m [%p] %b '

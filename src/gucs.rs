@@ -6,6 +6,7 @@
 //! | `cdc.kafka_bootstrap_servers` | sighup | `127.0.0.1:9092` | Kafka servers for sinks whose config gives none |
 //! | `cdc.aws_region` | sighup | (none) | AWS region for Kinesis sinks whose config gives none (else the AWS default chain: `AWS_REGION`, the profile's region) |
 //! | `cdc.kinesis_endpoint` | sighup | (none) | Kinesis endpoint URL for sinks whose config gives none (else `AWS_ENDPOINT_URL_KINESIS`, `AWS_ENDPOINT_URL`, or the region's endpoint) |
+//! | `cdc.pubsub_endpoint` | sighup | (none) | Pub/Sub endpoint URL for sinks whose config gives none (else `https://pubsub.googleapis.com`); an `http://` URL is an emulator, reached without credentials |
 //! | `cdc.schema_registry` | sighup | (none) | schema registry URL of Avro sinks when neither the sink's `schema_registry` nor the table's `schema_evolution.schema_registry` names one |
 //! | `cdc.naptime_ms` | sighup | 200 | longest worker sleep when no sink had work (while changes keep coming it wakes within 5 ms of new WAL; each empty pass doubles that, up to this) |
 //! | `cdc.batch_changes` | sighup | 100000 | messages one read takes from the decoding session, one Kafka transaction (whole transactions are never split); at most min(this, 10000) frames are held in memory |
@@ -26,6 +27,8 @@ pub static KAFKA_BOOTSTRAP_SERVERS: GucSetting<Option<CString>> =
 pub static AWS_REGION: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// `cdc.kinesis_endpoint`.
 pub static KINESIS_ENDPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// `cdc.pubsub_endpoint`.
+pub static PUBSUB_ENDPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// `cdc.schema_registry`.
 pub static SCHEMA_REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// `cdc.naptime_ms`.
@@ -154,6 +157,14 @@ pub fn init() {
         c"Kinesis endpoint URL for sinks whose config names none.",
         c"Unset: AWS_ENDPOINT_URL_KINESIS, AWS_ENDPOINT_URL, or the region's endpoint.",
         &KINESIS_ENDPOINT,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"cdc.pubsub_endpoint",
+        c"Pub/Sub endpoint URL for sinks whose config names none.",
+        c"Unset: https://pubsub.googleapis.com. An http:// URL is an emulator, reached without credentials.",
+        &PUBSUB_ENDPOINT,
         GucContext::Sighup,
         GucFlags::default(),
     );

@@ -17,6 +17,7 @@ use cdc_sinks::eventhub::config::Connection;
 use cdc_sinks::kafka::config::KafkaSinkConfig;
 use cdc_sinks::kafka::{with_signals_blocked, KafkaSink, Transactional};
 use cdc_sinks::kinesis::aws::{AwsKinesis, Defaults};
+use cdc_sinks::pubsub::google::GooglePubSub;
 use cdc_sinks::table::TableSink;
 use cdc_sinks::webhook::WebhookSink;
 use cdc_sinks::{parse_config, Checkpoint, DeliveryMode, ErrorClass, Sink, SinkConfig, SinkError};
@@ -202,7 +203,7 @@ fn open_in_place(
     config: &SinkConfig,
 ) -> Result<Option<(Producer, Option<Checkpoint>)>, SinkError> {
     match config {
-        SinkConfig::Kafka(_) | SinkConfig::EventHub(_) | SinkConfig::Kinesis(_) => Ok(None),
+        SinkConfig::Kafka(_) | SinkConfig::EventHub(_) | SinkConfig::Kinesis(_) | SinkConfig::PubSub(_) => Ok(None),
         SinkConfig::Table(cfg) => {
             let mut sink = TableSink::new(SpiStore::open(schema, &row.id, cfg)?);
             let checkpoint = sink.open()?;
@@ -233,7 +234,7 @@ fn kafka_config_of(config: &SinkConfig) -> Result<Option<KafkaSinkConfig>, SinkE
             };
             Some(e.kafka_config(&connection))
         }
-        SinkConfig::Table(_) | SinkConfig::Webhook(_) | SinkConfig::Kinesis(_) => None,
+        SinkConfig::Table(_) | SinkConfig::Webhook(_) | SinkConfig::Kinesis(_) | SinkConfig::PubSub(_) => None,
     })
 }
 
@@ -258,6 +259,18 @@ fn start_open(run: &SinkRun, config: &SinkConfig, cat: &Catalog) -> Result<Openi
             std::thread::spawn(move || {
                 let mut sink = AwsKinesis::open(&cfg, &defaults)?.into_sink(&cfg);
                 sink.set_interrupt(stop_requested);
+                Ok((Box::new(sink) as Opened, None))
+            })
+        }));
+    }
+    if let SinkConfig::PubSub(cfg) = config {
+        let endpoint = Some(gucs::string(&gucs::PUBSUB_ENDPOINT)).filter(|s| !s.trim().is_empty());
+        let cfg = cfg.clone();
+        return Ok(with_signals_blocked(move || {
+            std::thread::spawn(move || {
+                let mut api = GooglePubSub::open(&cfg, endpoint.as_deref())?;
+                api.set_interrupt(stop_requested);
+                let sink = api.into_sink(&cfg);
                 Ok((Box::new(sink) as Opened, None))
             })
         }));

@@ -8,6 +8,7 @@ use serde_json::Value;
 use crate::eventhub::config::EventHubSinkConfig;
 use crate::kafka::config::KafkaSinkConfig;
 use crate::kinesis::config::KinesisSinkConfig;
+use crate::pubsub::config::PubSubSinkConfig;
 use crate::table::config::TableSinkConfig;
 use crate::webhook::config::WebhookSinkConfig;
 use crate::DeliveryMode;
@@ -25,6 +26,8 @@ pub enum SinkConfig {
     EventHub(EventHubSinkConfig),
     /// `kinesis`: an Amazon Kinesis data stream.
     Kinesis(KinesisSinkConfig),
+    /// `pubsub`: a Google Cloud Pub/Sub topic.
+    PubSub(PubSubSinkConfig),
 }
 
 type Parse = fn(&Value) -> CdcResult<SinkConfig>;
@@ -36,10 +39,11 @@ const BUILT: &[(&str, Parse)] = &[
     ("webhook", |v| crate::webhook::config::parse(v).map(SinkConfig::Webhook)),
     ("eventhub", |v| crate::eventhub::config::parse(v).map(SinkConfig::EventHub)),
     ("kinesis", |v| crate::kinesis::config::parse(v).map(SinkConfig::Kinesis)),
+    ("pubsub", |v| crate::pubsub::config::parse(v).map(SinkConfig::PubSub)),
 ];
 
 /// Sink types of the product description that are planned, not built: refused with 0A000.
-const PLANNED: &[&str] = &["pubsub", "pulsar", "postgres"];
+const PLANNED: &[&str] = &["pulsar", "postgres"];
 
 /// Every sink type name pg_cdc knows (built first).
 pub fn sink_types() -> Vec<&'static str> {
@@ -92,6 +96,7 @@ impl SinkConfig {
             SinkConfig::Webhook(c) => &c.common,
             SinkConfig::EventHub(c) => &c.common,
             SinkConfig::Kinesis(c) => &c.common,
+            SinkConfig::PubSub(c) => &c.common,
         }
     }
 
@@ -143,7 +148,7 @@ impl SinkConfig {
     pub fn delivery_mode(&self) -> DeliveryMode {
         match self {
             SinkConfig::Kafka(c) if !c.exactly_once => DeliveryMode::AtLeastOnce,
-            SinkConfig::Webhook(_) | SinkConfig::Kinesis(_) => DeliveryMode::AtLeastOnce,
+            SinkConfig::Webhook(_) | SinkConfig::Kinesis(_) | SinkConfig::PubSub(_) => DeliveryMode::AtLeastOnce,
             SinkConfig::EventHub(c) if !c.exactly_once => DeliveryMode::AtLeastOnce,
             SinkConfig::Kafka(_) | SinkConfig::Table(_) | SinkConfig::EventHub(_) => DeliveryMode::ExactlyOnce,
         }
