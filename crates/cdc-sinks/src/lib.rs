@@ -23,6 +23,15 @@ pub mod table;
 mod testutil;
 pub mod webhook;
 
+/// A key too long for a destination's partition or ordering key, as `sha256:<hex of the key>`: the
+/// same key always gives the same value (Kinesis partition keys, Pub/Sub ordering keys).
+pub(crate) fn hashed_key(key: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(key);
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
 // The ports live in the core (`cdc_core::deliver::port`), with the protocol that drives them and
 // the in-memory doubles it is tested with; each sink here is one adapter.
 pub use cdc_core::deliver::port::{Checkpoint, DeliveryMode, ErrorClass, PublishStats, Sink, SinkError};

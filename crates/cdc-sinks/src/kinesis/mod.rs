@@ -124,10 +124,7 @@ pub fn partition_key_of(ev: &Event) -> String {
     if text.chars().count() <= MAX_PARTITION_KEY_CHARS {
         return text.into_owned();
     }
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(key);
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
+    crate::hashed_key(key)
 }
 
 /// Backoff between rounds that made no progress (a throttled shard, a failed request).

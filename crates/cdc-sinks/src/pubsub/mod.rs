@@ -92,10 +92,7 @@ pub fn ordering_key_of(ev: &Event) -> String {
     if key.len() <= MAX_ORDERING_KEY_BYTES {
         return String::from_utf8_lossy(key).into_owned();
     }
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(key);
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
+    crate::hashed_key(key)
 }
 
 /// The message of an event: the event as its data, its key as the ordering key, and attributes a
