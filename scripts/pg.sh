@@ -78,6 +78,13 @@ CONF
   if [ -n "${PG_CDC_TRUST_CIDR:-}" ] && ! grep -q "$PG_CDC_TRUST_CIDR" "$PGDATA_DIR/pg_hba.conf"; then
     echo "host all all $PG_CDC_TRUST_CIDR trust" >> "$PGDATA_DIR/pg_hba.conf"
   fi
+  # The role the postgres sink's tests apply as must give a password (SCRAM), so they prove it comes
+  # from a password file: that line goes before the trusted ones (the first match wins).
+  if ! grep -q "cdc_apply_test" "$PGDATA_DIR/pg_hba.conf"; then
+    { echo "host all cdc_apply_test all scram-sha-256"; cat "$PGDATA_DIR/pg_hba.conf"; } > "$PGDATA_DIR/pg_hba.conf.new"
+    mv "$PGDATA_DIR/pg_hba.conf.new" "$PGDATA_DIR/pg_hba.conf"
+    chown postgres:postgres "$PGDATA_DIR/pg_hba.conf"
+  fi
   grep -q "include_if_exists = 'pg_cdc.conf'" "$PGDATA_DIR/postgresql.conf" \
     || echo "include_if_exists = 'pg_cdc.conf'" >> "$PGDATA_DIR/postgresql.conf"
 }

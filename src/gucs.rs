@@ -67,6 +67,12 @@ pub static TEST_SKIP_SNAPSHOT_WINDOW: GucSetting<bool> = GucSetting::<bool>::new
 /// snapshot tests can prove their oracle sees the duplicates that would cause.
 pub static TEST_SNAPSHOT_IGNORE_CHECKPOINT: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// `cdc.test_apply_shuffle`: test-only; a seed (0: off) with which postgres sinks reorder and
+/// repeat what they are sent, holding some back for later units, so the apply tests can prove the
+/// row versions make late and repeated changes harmless; a negative seed also ignores the versions
+/// (the negative control). What is held back is lost on a restart.
+pub static TEST_APPLY_SHUFFLE: GucSetting<i32> = GucSetting::<i32>::new(0);
+
 /// Registers the settings (from `_PG_init`).
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -93,6 +99,16 @@ pub fn init() {
         c"Test only: a point where the worker exits on purpose.",
         c"after_sink_commit: exit after a Kafka commit, before the slot is confirmed.",
         &TEST_FAILPOINT,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_int_guc(
+        c"cdc.test_apply_shuffle",
+        c"Test only: postgres sinks reorder and repeat what they are sent, with this seed (0: off).",
+        c"A negative seed also ignores the row versions (the negative control).",
+        &TEST_APPLY_SHUFFLE,
+        -i32::MAX,
+        i32::MAX,
         GucContext::Sighup,
         GucFlags::SUPERUSER_ONLY,
     );

@@ -28,6 +28,9 @@ SELECT cdc_add_sink('regress_bad', 'pubsub', '{}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'pulsar', '{}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'webhook', '{}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'postgres', '{}'); \echo SQLSTATE :SQLSTATE
+-- The apply sink's connection string never holds a password (a password file or service file does).
+SELECT cdc_add_sink('regress_bad', 'postgres', '{"connection": "host=/tmp password=hunter2"}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_add_sink('regress_bad', 'postgres', '{"connection": "postgresql://u:hunter2@h/db"}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_bad', 'table', '{}'); \echo SQLSTATE :SQLSTATE
 
 -- Webhooks: a URL, at-least-once, a readable secret file, headers pg_cdc does not own.

@@ -112,7 +112,11 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
                 require_secret_file("connection_string_file", "the connection string", read);
             }
         }
-        SinkConfig::Kafka(_) | SinkConfig::Table(_) | SinkConfig::Kinesis(_) | SinkConfig::PubSub(_) => {}
+        SinkConfig::Kafka(_)
+        | SinkConfig::Table(_)
+        | SinkConfig::Kinesis(_)
+        | SinkConfig::PubSub(_)
+        | SinkConfig::Postgres(_) => {}
     }
     if let SinkConfig::Table(t) = &cfg {
         if !has_table_sinks(&schema) {

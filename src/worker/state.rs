@@ -17,6 +17,8 @@ use cdc_sinks::eventhub::config::Connection;
 use cdc_sinks::kafka::config::KafkaSinkConfig;
 use cdc_sinks::kafka::{with_signals_blocked, KafkaSink, Transactional};
 use cdc_sinks::kinesis::aws::{AwsKinesis, Defaults};
+use cdc_sinks::postgres::libpq::Libpq;
+use cdc_sinks::postgres::{PostgresSink, SourceTable};
 use cdc_sinks::pubsub::google::GooglePubSub;
 use cdc_sinks::table::TableSink;
 use cdc_sinks::webhook::WebhookSink;
@@ -203,7 +205,11 @@ fn open_in_place(
     config: &SinkConfig,
 ) -> Result<Option<(Producer, Option<Checkpoint>)>, SinkError> {
     match config {
-        SinkConfig::Kafka(_) | SinkConfig::EventHub(_) | SinkConfig::Kinesis(_) | SinkConfig::PubSub(_) => Ok(None),
+        SinkConfig::Kafka(_)
+        | SinkConfig::EventHub(_)
+        | SinkConfig::Kinesis(_)
+        | SinkConfig::PubSub(_)
+        | SinkConfig::Postgres(_) => Ok(None),
         SinkConfig::Table(cfg) => {
             let mut sink = TableSink::new(SpiStore::open(schema, &row.id, cfg)?);
             let checkpoint = sink.open()?;
@@ -234,7 +240,11 @@ fn kafka_config_of(config: &SinkConfig) -> Result<Option<KafkaSinkConfig>, SinkE
             };
             Some(e.kafka_config(&connection))
         }
-        SinkConfig::Table(_) | SinkConfig::Webhook(_) | SinkConfig::Kinesis(_) | SinkConfig::PubSub(_) => None,
+        SinkConfig::Table(_)
+        | SinkConfig::Webhook(_)
+        | SinkConfig::Kinesis(_)
+        | SinkConfig::PubSub(_)
+        | SinkConfig::Postgres(_) => None,
     })
 }
 
@@ -272,6 +282,36 @@ fn start_open(run: &SinkRun, config: &SinkConfig, cat: &Catalog) -> Result<Openi
                 api.set_interrupt(stop_requested);
                 let sink = api.into_sink(&cfg);
                 Ok((Box::new(sink) as Opened, None))
+            })
+        }));
+    }
+    if let SinkConfig::Postgres(cfg) = config {
+        // The sink's tables: their keys, and their schema histories to create and alter the
+        // target tables from.
+        let sources: HashMap<u32, SourceTable> = cat
+            .tables
+            .iter()
+            .filter(|t| run.row.carries(t.oid))
+            .map(|t| {
+                let history = t.history.as_ref().map(source::history).unwrap_or_default();
+                (t.oid, SourceTable { key_columns: t.key_columns.clone(), history })
+            })
+            .collect();
+        let hex = run.row.slot.trim_start_matches("_cdc_").to_string();
+        let pipeline = format!("pg_cdc-{}-{}-{hex}", cat.system_identifier, cat.database_oid);
+        let (name, database) = (run.row.name.clone(), cat.database.clone());
+        let shuffle = gucs::TEST_APPLY_SHUFFLE.get();
+        let cfg = cfg.clone();
+        return Ok(with_signals_blocked(move || {
+            std::thread::spawn(move || {
+                let app = format!("pg_cdc-{name}");
+                let mut conn = Libpq::connect(&cfg.connection, &app, Duration::from_secs(60))
+                    .map_err(|e| SinkError { class: e.class(), message: e.message })?;
+                conn.set_interrupt(stop_requested);
+                let mut sink = PostgresSink::new(conn, &cfg, pipeline, name, database, sources);
+                sink.set_shuffle(i64::from(shuffle));
+                let checkpoint = sink.open()?;
+                Ok((Box::new(sink) as Opened, checkpoint))
             })
         }));
     }

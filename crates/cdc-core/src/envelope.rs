@@ -364,6 +364,9 @@ pub struct Event {
     /// The table version whose topic of its own the event goes to (`<topic>.v<N>`, see
     /// [`crate::schema::version_topic`]); `None`: the table's topic.
     pub topic_version: Option<i32>,
+    /// The number of the table's schema version the event was written under (see
+    /// [`RelationPlan::schema_version`]); `None` without a history.
+    pub schema_version: Option<i32>,
 }
 
 /// The images of one row change, after TOAST resolution.
@@ -682,6 +685,7 @@ impl Encoder {
             payload: out,
             tombstone: false,
             topic_version: plan.topic_version,
+            schema_version: plan.schema_version.map(|(n, _)| n),
         }
     }
 
@@ -746,6 +750,7 @@ impl Encoder {
             payload: out,
             tombstone: false,
             topic_version: plan.topic_version,
+            schema_version: plan.schema_version.map(|(n, _)| n),
         }
     }
 }

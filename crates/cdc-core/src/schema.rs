@@ -604,6 +604,11 @@ impl History {
         History { versions }
     }
 
+    /// Its versions, ascending by LSN.
+    pub fn versions(&self) -> &[Version] {
+        &self.versions
+    }
+
     /// The version in force for a change at `lsn`: the last one recorded before it (a DDL
     /// records its version before it commits, holding the table's lock, so no change of another
     /// transaction falls between the two). `None` for a change older than the history.

@@ -16,6 +16,7 @@ pub mod eventhub;
 pub mod format;
 pub mod kafka;
 pub mod kinesis;
+pub mod postgres;
 pub mod pubsub;
 pub mod registry;
 pub mod table;

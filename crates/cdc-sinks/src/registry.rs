@@ -8,6 +8,7 @@ use serde_json::Value;
 use crate::eventhub::config::EventHubSinkConfig;
 use crate::kafka::config::KafkaSinkConfig;
 use crate::kinesis::config::KinesisSinkConfig;
+use crate::postgres::config::PostgresSinkConfig;
 use crate::pubsub::config::PubSubSinkConfig;
 use crate::table::config::TableSinkConfig;
 use crate::webhook::config::WebhookSinkConfig;
@@ -28,6 +29,8 @@ pub enum SinkConfig {
     Kinesis(KinesisSinkConfig),
     /// `pubsub`: a Google Cloud Pub/Sub topic.
     PubSub(PubSubSinkConfig),
+    /// `postgres`: the stream applied to tables of a PostgreSQL database.
+    Postgres(PostgresSinkConfig),
 }
 
 type Parse = fn(&Value) -> CdcResult<SinkConfig>;
@@ -40,10 +43,11 @@ const BUILT: &[(&str, Parse)] = &[
     ("eventhub", |v| crate::eventhub::config::parse(v).map(SinkConfig::EventHub)),
     ("kinesis", |v| crate::kinesis::config::parse(v).map(SinkConfig::Kinesis)),
     ("pubsub", |v| crate::pubsub::config::parse(v).map(SinkConfig::PubSub)),
+    ("postgres", |v| crate::postgres::config::parse(v).map(SinkConfig::Postgres)),
 ];
 
 /// Sink types of the product description that are planned, not built: refused with 0A000.
-const PLANNED: &[&str] = &["pulsar", "postgres"];
+const PLANNED: &[&str] = &["pulsar"];
 
 /// Every sink type name pg_cdc knows (built first).
 pub fn sink_types() -> Vec<&'static str> {
@@ -97,6 +101,7 @@ impl SinkConfig {
             SinkConfig::EventHub(c) => &c.common,
             SinkConfig::Kinesis(c) => &c.common,
             SinkConfig::PubSub(c) => &c.common,
+            SinkConfig::Postgres(c) => &c.common,
         }
     }
 
@@ -149,6 +154,8 @@ impl SinkConfig {
         match self {
             SinkConfig::Kafka(c) if !c.exactly_once => DeliveryMode::AtLeastOnce,
             SinkConfig::Webhook(_) | SinkConfig::Kinesis(_) | SinkConfig::PubSub(_) => DeliveryMode::AtLeastOnce,
+            // Delivered again after a failure, applied once: the row versions make a repeat a no-op.
+            SinkConfig::Postgres(_) => DeliveryMode::AtLeastOnce,
             SinkConfig::EventHub(c) if !c.exactly_once => DeliveryMode::AtLeastOnce,
             SinkConfig::Kafka(_) | SinkConfig::Table(_) | SinkConfig::EventHub(_) => DeliveryMode::ExactlyOnce,
         }

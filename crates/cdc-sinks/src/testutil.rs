@@ -19,5 +19,6 @@ pub fn event(commit: u64, index: u32, id: u32) -> Event {
         payload: format!("{{\"after\":{{\"id\":{id}}}}}").into_bytes(),
         tombstone: false,
         topic_version: None,
+        schema_version: None,
     }
 }

@@ -414,6 +414,7 @@ mod tests {
             payload: vec![b'x'; bytes],
             tombstone: false,
             topic_version: None,
+            schema_version: None,
         }
     }
 

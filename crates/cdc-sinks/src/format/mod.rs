@@ -20,7 +20,7 @@ pub mod connect_avro;
 pub mod debezium;
 #[cfg(test)]
 mod debezium_tests;
-mod event;
+pub(crate) mod event;
 pub mod protobuf;
 pub mod schema_registry;
 #[cfg(test)]

@@ -591,6 +591,7 @@ mod tests {
                 payload: b"{}".to_vec(),
                 tombstone: false,
                 topic_version: None,
+                schema_version: None,
             })
             .collect();
         Transaction {
