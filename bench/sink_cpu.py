@@ -14,6 +14,9 @@ Kafka sink with `"format": "debezium"` and Debezium's defaults (every key and va
 schema, as Kafka Connect's JSON converter writes them); `kafka_debezium_noschema` without schemas;
 `kafka_debezium_avro` with Kafka Connect's Avro converter (`"converter": "avro"`, the registry stand-in).
 `kafka_protobuf` is the Kafka sink with `"format": "protobuf"` (no registry: the plain messages).
+`postgres` is the apply sink writing into a second database of the same cluster (`bench_apply_target`,
+created and dropped here); besides the worker's CPU it reports the CPU of the target's backend that
+applies the rows (the sink's connection), which the primary pays too when the target is on it.
 
 Needs `make up` (PostgreSQL, Kafka, the local Kinesis server, the schema registry stand-in) and a quiet cluster (no other sinks).
 Writes sink_cpu.md and prints the table."""
@@ -69,6 +72,12 @@ def run(conn, kind, rows):
     elif kind == "kinesis":
         cfg = {"stream_name": f"bench-cpu-{tag}"}
         cleanup = kinesis_stream(cfg["stream_name"])
+    elif kind == "postgres":
+        conn.execute("DROP DATABASE IF EXISTS bench_apply_target WITH (FORCE)")
+        conn.execute("CREATE DATABASE bench_apply_target")
+        cfg = {"connection": f"host={os.environ.get('PGHOST', '127.0.0.1')} port={os.environ.get('PGPORT', '55432')} "
+                             "dbname=bench_apply_target user=postgres"}
+        cleanup = lambda: conn.execute("DROP DATABASE IF EXISTS bench_apply_target WITH (FORCE)")  # noqa: E731
     else:
         cfg = {"table": f"bench_cpu_events_{tag}"}
     conn.execute("SELECT cdc_add_sink(%s, %s, %s::jsonb)",
@@ -78,7 +87,11 @@ def run(conn, kind, rows):
         conn.execute(f"INSERT INTO {table} VALUES (0, 0, 0, 'warm-up')")
         wait_for(lambda: delivery_status(conn, sink)["delivered"]["events"] >= 1, timeout=60, what="warm-up delivered")
         pid = worker_pid(conn)
+        # The apply sink's connection: the target's backend that does the writes.
+        applier = [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                                               (f"pg_cdc-{sink}",)).fetchall()]
         cpu0, t0 = cpu_seconds([pid]), time.time()
+        target0 = cpu_seconds(applier) if applier else 0.0
         for start in range(1, rows + 1, 100):
             with conn.transaction():
                 conn.execute(f"INSERT INTO {table} SELECT g, g %% 97, g * 1.5, 'note ' || g "
@@ -86,6 +99,7 @@ def run(conn, kind, rows):
         wait_for(lambda: delivery_status(conn, sink)["delivered"]["events"] >= rows + 1, timeout=900,
                  what=f"{kind}: every event delivered")
         wall, cpu = time.time() - t0, cpu_seconds([pid]) - cpu0
+        target_cpu = cpu_seconds(applier) - target0 if applier else None
         assert worker_pid(conn) == pid, "the worker restarted during the run"
     finally:
         conn.execute("SELECT cdc_drop_sink(%s)", (sink,))
@@ -94,7 +108,8 @@ def run(conn, kind, rows):
         if kind == "table":
             conn.execute(f"DROP TABLE {cfg['table']}")
         cleanup()
-    return {"sink": kind, "events": rows, "wall_s": wall, "cpu_s": cpu, "cpu_ms_per_1000": cpu * 1e6 / rows}
+    return {"sink": kind, "events": rows, "wall_s": wall, "cpu_s": cpu, "cpu_ms_per_1000": cpu * 1e6 / rows,
+            "target_cpu_s": target_cpu}
 
 
 def main():
@@ -103,7 +118,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--sinks",
                     default="kafka,kafka_avro,kafka_protobuf,kafka_debezium,kafka_debezium_noschema,kafka_debezium_avro,"
-                            "kafka_at_least_once,kinesis,table")
+                            "kafka_at_least_once,kinesis,table,postgres")
     a = ap.parse_args()
     with connect() as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_cdc")
@@ -118,6 +133,10 @@ def main():
     for r in results:
         lines.append(f"| {r['sink']} | {r['wall_s']:.1f} | {r['cpu_s']:.2f} | {r['cpu_ms_per_1000']:.1f} | "
                      f"{r['cpu_ms_per_1000'] / base:.2f}x |")
+    for r in results:
+        if r["target_cpu_s"] is not None:
+            lines.append(f"\n{r['sink']}: the target's backend applying the rows used {r['target_cpu_s']:.2f} s of CPU "
+                         f"({r['target_cpu_s'] * 1e6 / r['events']:.1f} ms per 1,000 events) besides the worker's.")
     lines += ["", "Wall time includes the peer (the local Kinesis server is slow); compare the CPU columns.",
               f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores."]
     text = "\n".join(lines) + "\n"

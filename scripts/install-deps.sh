@@ -10,7 +10,7 @@ source "$here/env.sh"
 log() { printf '[install] %s\n' "$*"; }
 
 need_apt=()
-for pkg in postgresql-15 postgresql-server-dev-15 postgresql-contrib libclang-dev clang cmake pkg-config \
+for pkg in postgresql-15 postgresql-server-dev-15 postgresql-contrib libpq-dev libclang-dev clang cmake pkg-config \
     libcurl4-openssl-dev libsasl2-dev libzstd-dev liblz4-dev libssl-dev zlib1g-dev \
     maven openjdk-17-jdk-headless python3-venv sudo procps openssl; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
