@@ -302,7 +302,7 @@ def test_applies_into_the_source_database_too(pg, apply_sinks, unique):
     time.sleep(2)  # nothing more to apply: the sink's own writes did not come back as work
     assert pg.execute("SELECT applied_lsn FROM cdc_apply.pipelines WHERE sink = %s",
                       (f"ap_same_{unique}",)).fetchone()[0] == applied
+    pg.execute("SELECT cdc_drop_sink(%s)", (f"ap_same_{unique}",))
     pg.execute("SELECT cdc_disable(%s)", (t,))
     pg.execute(f"DROP SCHEMA replica_{unique} CASCADE")
-    pg.execute("DELETE FROM cdc_apply.row_versions WHERE pipeline IN "
-               "(SELECT pipeline FROM cdc_apply.pipelines WHERE sink = %s)", (f"ap_same_{unique}",))
+    pg.execute("DROP SCHEMA cdc_apply CASCADE")
