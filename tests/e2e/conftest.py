@@ -130,6 +130,36 @@ def sinks(pg):
     s.drop_all()
 
 
+class TypedSinks:
+    """Sinks of one type a test adds (not Kafka's: the `sinks` fixture also deletes their topics), dropped
+    after the test on a fresh connection (the test may have crashed the server under the fixture's one)."""
+
+    def __init__(self, conn, sink_type):
+        self.conn, self.sink_type, self.names = conn, sink_type, []
+
+    def add(self, name, config):
+        """Adds sink `name` with `config` (a dict, or JSON text kept as written)."""
+        self.conn.execute("SELECT cdc_add_sink(%s, %s, %s::jsonb)",
+                          (name, self.sink_type, config if isinstance(config, str) else json.dumps(config)))
+        self.names.append(name)
+        return name
+
+    def drop_all(self):
+        with connect() as c:
+            for n in self.names:
+                c.execute("SELECT cdc_drop_sink(%s) FROM _cdc_sinks WHERE sink_name = %s", (n, n))
+
+
+@contextlib.contextmanager
+def typed_sinks(conn, sink_type):
+    """A `TypedSinks` of `sink_type` for the length of a test (its modules make it their fixture)."""
+    s = TypedSinks(conn, sink_type)
+    try:
+        yield s
+    finally:
+        s.drop_all()
+
+
 def read_messages(topic, count, timeout=30.0, extra=None):
     """Reads `count` messages (read_committed) from the start of `topic`, failing if they do not
     arrive in time; then keeps reading 1 s more to catch unexpected extra messages. Returns them

@@ -19,7 +19,7 @@ import boto3
 import psycopg
 import pytest
 
-from conftest import connect, delivery_status, sigkill_while_writing, sink_state, wait_for
+from conftest import connect, delivery_status, sigkill_while_writing, sink_state, typed_sinks, wait_for
 
 ENDPOINT = os.environ.get("KINESIS_ENDPOINT", "http://127.0.0.1:4568")
 
@@ -182,18 +182,12 @@ def proxy():
 
 @pytest.fixture
 def kinesis_sinks(pg):
-    names = []
-    yield names
-    with connect() as c:
-        for n in names:
-            c.execute("SELECT cdc_drop_sink(%s) FROM _cdc_sinks WHERE sink_name = %s", (n, n))
+    with typed_sinks(pg, "kinesis") as s:
+        yield s
 
 
-def add(pg, names, name, config):
-    pg.execute("SELECT cdc_add_sink(%s, 'kinesis', %s::jsonb)", (name, config if isinstance(config, str)
-                                                                 else json.dumps(config)))
-    names.append(name)
-    return name
+def add(pg, sinks, name, config):
+    return sinks.add(name, config)
 
 
 def test_seed_examples_run_as_written(pg, kinesis_sinks, unique):

@@ -15,7 +15,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import PG_DSN, connect, sigkill_while_writing, sink_state, wait_for
+from conftest import PG_DSN, connect, sigkill_while_writing, sink_state, typed_sinks, wait_for
 
 ROLE = "cdc_apply_test"
 PASSWORD = "apply-secret-9f3b"
@@ -49,17 +49,12 @@ def target():
 
 @pytest.fixture
 def apply_sinks(pg):
-    names = []
-    yield names
-    with connect() as c:
-        for n in names:
-            c.execute("SELECT cdc_drop_sink(%s) FROM _cdc_sinks WHERE sink_name = %s", (n, n))
+    with typed_sinks(pg, "postgres") as s:
+        yield s
 
 
-def add(pg, names, name, config):
-    pg.execute("SELECT cdc_add_sink(%s, 'postgres', %s::jsonb)", (name, json.dumps(config)))
-    names.append(name)
-    return name
+def add(pg, sinks, name, config):
+    return sinks.add(name, config)
 
 
 def rows_of(dsn, table, order="id"):

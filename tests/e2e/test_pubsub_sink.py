@@ -15,7 +15,7 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1
 
-from conftest import connect, delivery_status, sigkill_while_writing, sink_state, wait_for
+from conftest import connect, delivery_status, sigkill_while_writing, sink_state, typed_sinks, wait_for
 
 PROJECT = "helios-analytics"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,18 +29,12 @@ def clients():
 
 @pytest.fixture
 def pubsub_sinks(pg):
-    names = []
-    yield names
-    with connect() as c:
-        for n in names:
-            c.execute("SELECT cdc_drop_sink(%s) FROM _cdc_sinks WHERE sink_name = %s", (n, n))
+    with typed_sinks(pg, "pubsub") as s:
+        yield s
 
 
-def add(pg, names, name, config):
-    pg.execute("SELECT cdc_add_sink(%s, 'pubsub', %s::jsonb)",
-               (name, config if isinstance(config, str) else json.dumps(config)))
-    names.append(name)
-    return name
+def add(pg, sinks, name, config):
+    return sinks.add(name, config)
 
 
 def fresh_topic(clients, topic, subscription=True):
