@@ -203,7 +203,8 @@ def test_a_shuffled_and_repeated_stream_leaves_the_source_table(pg, apply_sinks,
 
 def test_the_target_follows_the_sources_ddl(pg, apply_sinks, target, unique):
     """ADD COLUMN with a default (rows already there read it), RENAME COLUMN, a type widened, DROP COLUMN:
-    the target table follows the schema history, its rows and column types the source's."""
+    the target table follows the schema history, its rows and column types the source's; then the table
+    renamed: its target table follows by the source table's OID."""
     t = f"ap_ddl_{unique}"
     pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, qty int, old_name text, gone text)")
     pg.execute("SELECT cdc_enable(%s)", (t,))
@@ -218,7 +219,15 @@ def test_the_target_follows_the_sources_ddl(pg, apply_sinks, target, unique):
     pg.execute(f"UPDATE {t} SET status = 'old' WHERE id <= 3")
     converged(target, t, "rows after the DDL")
     assert types_of(PG_DSN, t) == types_of(target["dsn"], f"public.{t}")
-    pg.execute("SELECT cdc_disable(%s)", (t,))
+    # The source table renamed: its target table is renamed with it, rows and versions kept.
+    renamed = f"ap_ren_{unique}"
+    pg.execute(f"ALTER TABLE {t} RENAME TO {renamed}")
+    pg.execute(f"UPDATE {renamed} SET name = 'after rename' WHERE id = 5")
+    pg.execute(f"DELETE FROM {renamed} WHERE id = 6")
+    converged(target, renamed, "rows after the table's rename")
+    with psycopg.connect(target["dsn"], autocommit=True) as c:
+        assert c.execute("SELECT to_regclass(%s)", (f"public.{t}",)).fetchone()[0] is None
+    pg.execute("SELECT cdc_disable(%s)", (renamed,))
 
 
 def test_sigkill_during_delivery_loses_nothing(pg, apply_sinks, target, unique):

@@ -21,7 +21,8 @@
 //! once in effect. Target tables that are missing are created from the source table's schema
 //! history (columns nullable, the key as the primary key); after an `ALTER TABLE` of the source
 //! the target follows the history's diff (columns added, with the value earlier rows read,
-//! dropped, renamed, retyped); a change the target cannot take stops the sink with the reason.
+//! dropped, renamed, retyped), and a renamed source table (known by its OID) renames its target
+//! table; a change the target cannot take stops the sink with the reason.
 pub mod config;
 pub mod libpq;
 #[cfg(test)]
@@ -137,6 +138,7 @@ pub fn state_ddl(state_schema: &str) -> String {
              applied_lsn pg_lsn, applied_at timestamptz);
          CREATE TABLE IF NOT EXISTS {s}.tables (
              pipeline text NOT NULL, table_name text NOT NULL, source_table text NOT NULL,
+             source_oid bigint, target_schema text, target_name text,
              schema_version integer, truncated_commit_lsn pg_lsn, truncated_lsn pg_lsn,
              PRIMARY KEY (pipeline, table_name));
          CREATE TABLE IF NOT EXISTS {s}.row_versions (
@@ -526,9 +528,17 @@ impl<T: Target> PostgresSink<T> {
         let schema = self.cfg.schema.clone().unwrap_or_else(|| src_schema.to_string());
         let name = src_name.to_string();
         let source_table = format!("{src_schema}.{src_name}");
+        // The relation's names come with each event: one renamed since is looked up (and followed) again.
+        let label = format!("{schema}.{name}");
+        if self.tables.get(&oid).is_some_and(|t| t.label != label) {
+            self.tables.remove(&oid);
+        }
         if !self.tables.contains_key(&oid) {
             let table = match self.load_table(&schema, &name, &src.key_columns)? {
                 Some(t) => t,
+                None if self.follow_rename(oid, &schema, &name)? => self
+                    .load_table(&schema, &name, &src.key_columns)?
+                    .ok_or_else(|| operator(format!("target table {schema}.{name} cannot be read after its rename")))?,
                 None => {
                     let Some(v) = &version else {
                         return Err(operator(format!(
@@ -551,7 +561,7 @@ impl<T: Target> PostgresSink<T> {
                     }
                     let sql = create_table_sql(&schema, &name, &v.fields, &src.key_columns);
                     self.q(&format!("cannot create target table {schema}.{}", name), &sql, &[])?;
-                    self.record_version(&format!("{schema}.{name}"), &source_table, v.number)?;
+                    self.record_version(oid, (&schema, &name), &source_table, v.number)?;
                     let mut t = self.load_table(&schema, &name, &src.key_columns)?.ok_or_else(|| {
                         operator(format!("target table {schema}.{} was created but cannot be read", name))
                     })?;
@@ -565,8 +575,7 @@ impl<T: Target> PostgresSink<T> {
         let (Some(v), Some(t)) = (version, self.tables.get(&oid)) else { return Ok(()) };
         match t.synced {
             None => {
-                let label = t.label.clone();
-                self.record_version(&label, &source_table, v.number)?;
+                self.record_version(oid, (&schema, &name), &source_table, v.number)?;
                 self.tables.get_mut(&oid).expect("loaded").synced = Some(v.number);
             }
             Some(n) if n < v.number => {
@@ -591,7 +600,7 @@ impl<T: Target> PostgresSink<T> {
                         )?;
                     }
                 }
-                self.record_version(&label, &source_table, v.number)?;
+                self.record_version(oid, (&schema, &name), &source_table, v.number)?;
                 let mut fresh = self
                     .load_table(&schema, &name, &src.key_columns)?
                     .ok_or_else(|| operator(format!("target table {label} disappeared")))?;
@@ -603,20 +612,93 @@ impl<T: Target> PostgresSink<T> {
         Ok(())
     }
 
-    fn record_version(&mut self, label: &str, source_table: &str, number: i32) -> Result<(), SinkError> {
+    fn record_version(
+        &mut self,
+        oid: u32,
+        target: (&str, &str),
+        source_table: &str,
+        number: i32,
+    ) -> Result<(), SinkError> {
         let st = self.state();
         let n = number.to_string();
         let p = self.pipeline.clone();
+        let label = format!("{}.{}", target.0, target.1);
         self.q(
             "cannot write the sink's bookkeeping",
             &format!(
-                "INSERT INTO {st}.tables (pipeline, table_name, source_table, schema_version) VALUES ($1, $2, $3, $4)
+                "INSERT INTO {st}.tables (pipeline, table_name, source_table, source_oid, target_schema, target_name,
+                                          schema_version)
+                 VALUES ($1, $2, $3, $4::int8, $5, $6, $7)
                  ON CONFLICT (pipeline, table_name) DO UPDATE SET schema_version = EXCLUDED.schema_version,
-                        source_table = EXCLUDED.source_table"
+                        source_table = EXCLUDED.source_table, source_oid = EXCLUDED.source_oid,
+                        target_schema = EXCLUDED.target_schema, target_name = EXCLUDED.target_name"
             ),
-            &[Some(&p), Some(label), Some(source_table), Some(&n)],
+            &[
+                Some(&p),
+                Some(&label),
+                Some(source_table),
+                Some(&oid.to_string()),
+                Some(target.0),
+                Some(target.1),
+                Some(&n),
+            ],
         )?;
         Ok(())
+    }
+
+    /// The source table was renamed (or moved to another schema) since its target table was made:
+    /// the target table of the same source table (by OID) is renamed to match, with its
+    /// bookkeeping. Returns whether it did.
+    fn follow_rename(&mut self, oid: u32, schema: &str, name: &str) -> Result<bool, SinkError> {
+        let st = self.state();
+        let p = self.pipeline.clone();
+        let label = format!("{schema}.{name}");
+        let found = self.q(
+            "cannot read the sink's bookkeeping",
+            &format!(
+                "SELECT table_name, target_schema, target_name FROM {st}.tables
+                  WHERE pipeline = $1 AND source_oid = $2::int8 AND table_name <> $3
+                    AND to_regclass(format('%I.%I', target_schema, target_name)) IS NOT NULL"
+            ),
+            &[Some(&p), Some(&oid.to_string()), Some(&label)],
+        )?;
+        let Some(row) = found.first() else { return Ok(false) };
+        let get = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+        let (old_label, old_schema, old_name) = (get(0), get(1), get(2));
+        let what = format!("cannot follow the rename of {old_label} to {label}");
+        if old_schema != schema {
+            let sql = format!(
+                "CREATE SCHEMA IF NOT EXISTS {s}; ALTER TABLE {}.{} SET SCHEMA {s}",
+                quote_ident(&old_schema),
+                quote_ident(&old_name),
+                s = quote_ident(schema)
+            );
+            self.q(&what, &sql, &[])?;
+        }
+        if old_name != name {
+            let sql = format!(
+                "ALTER TABLE {}.{} RENAME TO {}",
+                quote_ident(schema),
+                quote_ident(&old_name),
+                quote_ident(name)
+            );
+            self.q(&what, &sql, &[])?;
+        }
+        for table in ["tables", "row_versions"] {
+            self.q(
+                &what,
+                &format!("UPDATE {st}.{table} SET table_name = $3 WHERE pipeline = $1 AND table_name = $2"),
+                &[Some(&p), Some(&old_label), Some(&label)],
+            )?;
+        }
+        self.q(
+            &what,
+            &format!(
+                "UPDATE {st}.tables SET target_schema = $3, target_name = $4 WHERE pipeline = $1 AND table_name = $2"
+            ),
+            &[Some(&p), Some(&label), Some(schema), Some(name)],
+        )?;
+        Ok(true)
     }
 
     /// The schema version an event was written under: the event says (the pipeline's history),
