@@ -139,7 +139,7 @@ pub fn state_ddl(state_schema: &str) -> String {
          CREATE TABLE IF NOT EXISTS {s}.tables (
              pipeline text NOT NULL, table_name text NOT NULL, source_table text NOT NULL,
              source_oid bigint, target_schema text, target_name text,
-             schema_version integer, truncated_commit_lsn pg_lsn, truncated_lsn pg_lsn,
+             schema_version integer, schema_lsn pg_lsn, truncated_commit_lsn pg_lsn, truncated_lsn pg_lsn,
              PRIMARY KEY (pipeline, table_name));
          CREATE TABLE IF NOT EXISTS {s}.row_versions (
              pipeline text NOT NULL, table_name text NOT NULL, key jsonb NOT NULL,
@@ -169,8 +169,9 @@ struct TargetTable {
     columns: Vec<Column>,
     /// The key columns' indexes in `columns`, in the source key's order.
     key: Vec<usize>,
-    /// The source schema version it has (`None`: not recorded yet).
-    synced: Option<i32>,
+    /// The source schema version it has, by number and the LSN the history recorded it at (`None`:
+    /// not recorded yet).
+    synced: Option<(i32, u64)>,
     /// The version of the last TRUNCATE applied.
     truncated: Version,
 }
@@ -484,14 +485,19 @@ impl<T: Target> PostgresSink<T> {
         let info = self.q(
             "cannot read the sink's bookkeeping",
             &format!(
-                "SELECT schema_version::text, truncated_commit_lsn::text, truncated_lsn::text FROM {st}.tables
+                "SELECT schema_version::text, truncated_commit_lsn::text, truncated_lsn::text, schema_lsn::text
+                   FROM {st}.tables
                   WHERE pipeline = $1 AND table_name = $2"
             ),
             &[Some(&self.pipeline.clone()), Some(&label)],
         )?;
         let (synced, truncated) = match info.first() {
             Some(r) => (
-                r.first().cloned().flatten().and_then(|v| v.parse().ok()),
+                r.first()
+                    .cloned()
+                    .flatten()
+                    .and_then(|v| v.parse().ok())
+                    .map(|n| (n, parse_lsn(r.get(3).and_then(Option::as_ref)))),
                 (parse_lsn(r.get(1).and_then(Option::as_ref)), parse_lsn(r.get(2).and_then(Option::as_ref))),
             ),
             None => (None, (0, 0)),
@@ -561,11 +567,11 @@ impl<T: Target> PostgresSink<T> {
                     }
                     let sql = create_table_sql(&schema, &name, &v.fields, &src.key_columns);
                     self.q(&format!("cannot create target table {schema}.{}", name), &sql, &[])?;
-                    self.record_version(oid, (&schema, &name), &source_table, v.number)?;
+                    self.record_version(oid, (&schema, &name), &source_table, v)?;
                     let mut t = self.load_table(&schema, &name, &src.key_columns)?.ok_or_else(|| {
                         operator(format!("target table {schema}.{} was created but cannot be read", name))
                     })?;
-                    t.synced = Some(v.number);
+                    t.synced = Some((v.number, v.lsn.0));
                     t
                 }
             };
@@ -573,10 +579,33 @@ impl<T: Target> PostgresSink<T> {
         }
         // Follow the source's DDL: the target moves forward to the version of the change.
         let (Some(v), Some(t)) = (version, self.tables.get(&oid)) else { return Ok(()) };
-        match t.synced {
+        // A version the history does not have (the table was disabled and enabled again: its history
+        // started over) is as good as none.
+        let synced = t
+            .synced
+            .filter(|(n, l)| src.history.versions().iter().any(|x| x.number == *n && x.lsn.0 == *l))
+            .map(|(n, _)| n);
+        match synced {
             None => {
-                self.record_version(oid, (&schema, &name), &source_table, v.number)?;
-                self.tables.get_mut(&oid).expect("loaded").synced = Some(v.number);
+                // No version recorded (a table the sink did not create, or a history that started
+                // over): the columns of the version in force that the target lacks are added; what
+                // else differs is left as it is.
+                let missing: Vec<Change> = v
+                    .fields
+                    .iter()
+                    .filter(|f| t.column(&f.name).is_none())
+                    .map(|f| Change::AddField { field: f.clone() })
+                    .collect();
+                let (quoted, label) = (t.quoted.clone(), t.label.clone());
+                for stmt in alter_statements(&quoted, &missing) {
+                    self.q(&format!("cannot add the source's columns to {label}"), &stmt, &[])?;
+                }
+                self.record_version(oid, (&schema, &name), &source_table, &v)?;
+                let mut fresh = self
+                    .load_table(&schema, &name, &src.key_columns)?
+                    .ok_or_else(|| operator(format!("target table {label} disappeared")))?;
+                fresh.synced = Some((v.number, v.lsn.0));
+                self.tables.insert(oid, fresh);
             }
             Some(n) if n < v.number => {
                 // One version at a time: each step's diff is what that DDL did (an ADD COLUMN's
@@ -600,11 +629,11 @@ impl<T: Target> PostgresSink<T> {
                         )?;
                     }
                 }
-                self.record_version(oid, (&schema, &name), &source_table, v.number)?;
+                self.record_version(oid, (&schema, &name), &source_table, &v)?;
                 let mut fresh = self
                     .load_table(&schema, &name, &src.key_columns)?
                     .ok_or_else(|| operator(format!("target table {label} disappeared")))?;
-                fresh.synced = Some(v.number);
+                fresh.synced = Some((v.number, v.lsn.0));
                 self.tables.insert(oid, fresh);
             }
             Some(_) => {}
@@ -617,19 +646,21 @@ impl<T: Target> PostgresSink<T> {
         oid: u32,
         target: (&str, &str),
         source_table: &str,
-        number: i32,
+        version: &cdc_core::schema::Version,
     ) -> Result<(), SinkError> {
         let st = self.state();
-        let n = number.to_string();
+        let n = version.number.to_string();
+        let at = version.lsn.to_string();
         let p = self.pipeline.clone();
         let label = format!("{}.{}", target.0, target.1);
         self.q(
             "cannot write the sink's bookkeeping",
             &format!(
                 "INSERT INTO {st}.tables (pipeline, table_name, source_table, source_oid, target_schema, target_name,
-                                          schema_version)
-                 VALUES ($1, $2, $3, $4::int8, $5, $6, $7)
+                                          schema_version, schema_lsn)
+                 VALUES ($1, $2, $3, $4::int8, $5, $6, $7, $8::pg_lsn)
                  ON CONFLICT (pipeline, table_name) DO UPDATE SET schema_version = EXCLUDED.schema_version,
+                        schema_lsn = EXCLUDED.schema_lsn,
                         source_table = EXCLUDED.source_table, source_oid = EXCLUDED.source_oid,
                         target_schema = EXCLUDED.target_schema, target_name = EXCLUDED.target_name"
             ),
@@ -641,6 +672,7 @@ impl<T: Target> PostgresSink<T> {
                 Some(target.0),
                 Some(target.1),
                 Some(&n),
+                Some(&at),
             ],
         )?;
         Ok(())
