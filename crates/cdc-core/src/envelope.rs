@@ -90,6 +90,9 @@ pub struct RelationPlan {
     /// The number of the table's schema version in force (see [`crate::schema::History`]) and
     /// whether it was a forced break; `None` without a history.
     pub schema_version: Option<(i32, bool)>,
+    /// The LSN the history recorded that version at: with its number, the version's identity (a
+    /// history that starts over, the table disabled and enabled again, numbers from 1 again).
+    pub schema_version_lsn: Option<Lsn>,
     /// The version whose topic of its own the relation's events go to
     /// ([`crate::schema::History::topic_version_at`]); `None`: the table's topic.
     pub topic_version: Option<i32>,
@@ -217,6 +220,7 @@ impl RelationPlan {
             branches,
             computed,
             schema_version: None,
+            schema_version_lsn: None,
             topic_version: None,
             not_null: Vec::new(),
             col_keys,
@@ -364,9 +368,9 @@ pub struct Event {
     /// The table version whose topic of its own the event goes to (`<topic>.v<N>`, see
     /// [`crate::schema::version_topic`]); `None`: the table's topic.
     pub topic_version: Option<i32>,
-    /// The number of the table's schema version the event was written under (see
-    /// [`RelationPlan::schema_version`]); `None` without a history.
-    pub schema_version: Option<i32>,
+    /// The table's schema version the event was written under: its number and the LSN the history
+    /// recorded it at (see [`RelationPlan::schema_version`]); `None` without a history.
+    pub schema_version: Option<(i32, Lsn)>,
 }
 
 /// The images of one row change, after TOAST resolution.
@@ -685,7 +689,7 @@ impl Encoder {
             payload: out,
             tombstone: false,
             topic_version: plan.topic_version,
-            schema_version: plan.schema_version.map(|(n, _)| n),
+            schema_version: plan.schema_version.zip(plan.schema_version_lsn).map(|((n, _), at)| (n, at)),
         }
     }
 
@@ -750,7 +754,7 @@ impl Encoder {
             payload: out,
             tombstone: false,
             topic_version: plan.topic_version,
-            schema_version: plan.schema_version.map(|(n, _)| n),
+            schema_version: plan.schema_version.zip(plan.schema_version_lsn).map(|((n, _), at)| (n, at)),
         }
     }
 }

@@ -819,6 +819,7 @@ impl Assembler {
                     })?;
                     let version = cfg.history.as_ref().and_then(|h| h.version_at(lsn));
                     plan.schema_version = version.map(|v| (v.number, v.forced));
+                    plan.schema_version_lsn = version.map(|v| v.lsn);
                     plan.topic_version = cfg.history.as_ref().and_then(|h| h.topic_version_at(lsn));
                     plan.not_null = (0..plan.relation.columns.len())
                         .map(|i| {

@@ -99,9 +99,9 @@ pub type Version = (u64, u64);
 /// Columns of a row image: name and value (JSON text until converted; `None`: NULL).
 pub type Image = Vec<(String, Option<String>)>;
 
-/// A table's part of a segment: its row changes, its latest TRUNCATE, its schema version and its
-/// first event (for the relation's names).
-type TablePart<'e> = (Vec<RowChange>, Option<Version>, Option<i32>, &'e Event);
+/// A table's part of a segment: its row changes, its latest TRUNCATE, its schema version (number
+/// and LSN) and its first event (for the relation's names).
+type TablePart<'e> = (Vec<RowChange>, Option<Version>, Option<(i32, Lsn)>, &'e Event);
 
 /// Quotes an identifier.
 pub fn quote_ident(name: &str) -> String {
@@ -507,7 +507,13 @@ impl<T: Target> PostgresSink<T> {
 
     /// The target table of source table `oid`, its schema at least at `version` (read, created
     /// or altered as needed).
-    fn table_for(&mut self, oid: u32, number: Option<i32>, src_schema: &str, src_name: &str) -> Result<(), SinkError> {
+    fn table_for(
+        &mut self,
+        oid: u32,
+        number: Option<(i32, Lsn)>,
+        src_schema: &str,
+        src_name: &str,
+    ) -> Result<(), SinkError> {
         let Some(src) = self.sources.get(&oid).cloned() else {
             // A table added to the sink since it opened: the worker opens it again with the table.
             return Err(SinkError {
@@ -516,15 +522,18 @@ impl<T: Target> PostgresSink<T> {
             });
         };
         let version = match number {
-            Some(n) => match src.history.versions().iter().find(|v| v.number == n) {
+            // The version itself (a history that started over since the sink read it, the table
+            // disabled and enabled again, numbers from 1 again at other LSNs).
+            Some((n, at)) => match src.history.versions().iter().find(|v| v.number == n && v.lsn == at) {
                 Some(v) => Some(v.clone()),
                 None => {
                     // A DDL since the sink opened: opened again, it reads the history with it.
                     return Err(SinkError {
                         class: ErrorClass::Retry,
                         message: format!(
-                            "table {src_schema}.{src_name} is at schema version {n}, newer than the history the \
-                             sink read; it is opened again to read it"
+                            "table {src_schema}.{src_name} is at schema version {n}, which the history the sink \
+                             read does not have there (a DDL, or the table enabled again, since it opened); it is \
+                             opened again to read it"
                         ),
                     });
                 }
@@ -733,11 +742,12 @@ impl<T: Target> PostgresSink<T> {
         Ok(true)
     }
 
-    /// The schema version an event was written under: the event says (the pipeline's history),
-    /// else the sink's history at the change's position.
-    fn schema_version(&self, e: &Event) -> Option<i32> {
-        e.schema_version
-            .or_else(|| self.sources.get(&e.table_oid).and_then(|s| s.history.version_at(e.lsn)).map(|v| v.number))
+    /// The schema version an event was written under, by number and the LSN the history recorded
+    /// it at: the event says (the pipeline's history), else the sink's history at the change.
+    fn schema_version(&self, e: &Event) -> Option<(i32, Lsn)> {
+        e.schema_version.or_else(|| {
+            self.sources.get(&e.table_oid).and_then(|s| s.history.version_at(e.lsn)).map(|v| (v.number, v.lsn))
+        })
     }
 
     /// Applies a run of events (stream order, or any order in the shuffle test).
@@ -745,9 +755,10 @@ impl<T: Target> PostgresSink<T> {
         // Split where a table's schema version moves forward: the changes before a DDL are applied
         // before the target follows it.
         let mut start = 0;
-        let mut seen: HashMap<u32, Option<i32>> = HashMap::new();
+        let mut seen: HashMap<u32, Option<Lsn>> = HashMap::new();
         for (i, e) in events.iter().enumerate() {
-            let v = self.schema_version(e);
+            // Versions follow each other in LSN order (a history that started over numbers from 1 again).
+            let v = self.schema_version(e).map(|(_, at)| at);
             match seen.get(&e.table_oid) {
                 Some(prev) if *prev < v => {
                     self.apply_segment(&events[start..i])?;
@@ -777,7 +788,9 @@ impl<T: Target> PostgresSink<T> {
                 order.push(e.table_oid);
                 (Vec::new(), None, None, e)
             });
-            entry.2 = entry.2.max(schema_version);
+            if schema_version.map(|(_, at)| at) > entry.2.map(|(_, at)| at) {
+                entry.2 = schema_version;
+            }
             if src.is_none() {
                 continue;
             }
