@@ -783,7 +783,6 @@ impl<T: Target> PostgresSink<T> {
         for e in events {
             let schema_version = self.schema_version(e);
             let src = self.sources.get(&e.table_oid);
-            let key_columns = src.map(|s| s.key_columns.clone()).unwrap_or_default();
             let entry = per_table.entry(e.table_oid).or_insert_with(|| {
                 order.push(e.table_oid);
                 (Vec::new(), None, None, e)
@@ -791,10 +790,8 @@ impl<T: Target> PostgresSink<T> {
             if schema_version.map(|(_, at)| at) > entry.2.map(|(_, at)| at) {
                 entry.2 = schema_version;
             }
-            if src.is_none() {
-                continue;
-            }
-            match read_event(e, &key_columns).map_err(operator)? {
+            let Some(src) = src else { continue };
+            match read_event(e, &src.key_columns).map_err(operator)? {
                 Applied::Rows(rows) => entry.0.extend(rows),
                 Applied::Truncate(v) => entry.1 = entry.1.max(Some(v)),
             }
