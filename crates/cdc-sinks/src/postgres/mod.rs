@@ -594,6 +594,7 @@ impl<T: Target> PostgresSink<T> {
             .synced
             .filter(|(n, l)| src.history.versions().iter().any(|x| x.number == *n && x.lsn.0 == *l))
             .map(|(n, _)| n);
+        let (quoted, label) = (t.quoted.clone(), t.label.clone());
         match synced {
             None => {
                 // No version recorded (a table the sink did not create, or a history that started
@@ -605,16 +606,9 @@ impl<T: Target> PostgresSink<T> {
                     .filter(|f| t.column(&f.name).is_none())
                     .map(|f| Change::AddField { field: f.clone() })
                     .collect();
-                let (quoted, label) = (t.quoted.clone(), t.label.clone());
                 for stmt in alter_statements(&quoted, &missing) {
                     self.q(&format!("cannot add the source's columns to {label}"), &stmt, &[])?;
                 }
-                self.record_version(oid, (&schema, &name), &source_table, &v)?;
-                let mut fresh = self
-                    .load_table(&schema, &name, &src.key_columns)?
-                    .ok_or_else(|| operator(format!("target table {label} disappeared")))?;
-                fresh.synced = Some((v.number, v.lsn.0));
-                self.tables.insert(oid, fresh);
             }
             Some(n) if n < v.number => {
                 // One version at a time: each step's diff is what that DDL did (an ADD COLUMN's
@@ -628,7 +622,6 @@ impl<T: Target> PostgresSink<T> {
                         t.label
                     )));
                 }
-                let (quoted, label) = (t.quoted.clone(), t.label.clone());
                 for pair in steps.windows(2) {
                     for stmt in alter_statements(&quoted, &diff(&pair[0].fields, &pair[1].fields)) {
                         self.q(
@@ -638,15 +631,16 @@ impl<T: Target> PostgresSink<T> {
                         )?;
                     }
                 }
-                self.record_version(oid, (&schema, &name), &source_table, &v)?;
-                let mut fresh = self
-                    .load_table(&schema, &name, &src.key_columns)?
-                    .ok_or_else(|| operator(format!("target table {label} disappeared")))?;
-                fresh.synced = Some((v.number, v.lsn.0));
-                self.tables.insert(oid, fresh);
             }
-            Some(_) => {}
+            Some(_) => return Ok(()),
         }
+        // Read again as altered, at the version recorded.
+        self.record_version(oid, (&schema, &name), &source_table, &v)?;
+        let mut fresh = self
+            .load_table(&schema, &name, &src.key_columns)?
+            .ok_or_else(|| operator(format!("target table {label} disappeared")))?;
+        fresh.synced = Some((v.number, v.lsn.0));
+        self.tables.insert(oid, fresh);
         Ok(())
     }
 
