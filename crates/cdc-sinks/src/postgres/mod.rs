@@ -367,7 +367,6 @@ pub struct PostgresSink<T> {
     sources: HashMap<u32, SourceTable>,
     tables: HashMap<u32, TargetTable>,
     in_unit: bool,
-    sent: bool,
     last_expiry: Option<Instant>,
     shuffle: Option<Shuffle>,
 }
@@ -399,7 +398,6 @@ impl<T: Target> PostgresSink<T> {
             sources,
             tables: HashMap::new(),
             in_unit: false,
-            sent: false,
             last_expiry: None,
             shuffle: None,
         }
@@ -1136,7 +1134,6 @@ impl<T: Target> Sink for PostgresSink<T> {
             }
             None => self.apply(events)?,
         }
-        self.sent |= !events.is_empty();
         Ok(stats)
     }
 
@@ -1172,7 +1169,6 @@ impl<T: Target> Sink for PostgresSink<T> {
         }
         self.q("cannot commit in the target", "COMMIT", &[])?;
         self.in_unit = false;
-        self.sent = false;
         Ok(())
     }
 
@@ -1182,7 +1178,6 @@ impl<T: Target> Sink for PostgresSink<T> {
             let _ = self.target.query("ROLLBACK", &[]);
             self.in_unit = false;
         }
-        self.sent = false;
         // What was read of the target may be stale after a rollback (a table created in it).
         self.tables.clear();
     }
