@@ -23,3 +23,11 @@ export PUBSUB_ENDPOINT="${PUBSUB_ENDPOINT:-http://$PUBSUB_EMULATOR_HOST}"
 # The schema registry of the tests: a stand-in (scripts/schema-registry.sh).
 export SCHEMA_REGISTRY_PORT="${SCHEMA_REGISTRY_PORT:-8081}"
 export SCHEMA_REGISTRY_URL="${SCHEMA_REGISTRY_URL:-http://127.0.0.1:$SCHEMA_REGISTRY_PORT}"
+# The Pulsar broker of the tests: a real standalone broker (scripts/pulsar.sh), jars from Maven Central.
+# Clients reach it at PULSAR_SERVICE_URL (binary protocol) and PULSAR_ADMIN_URL (admin REST, /admin/v2/...).
+export PULSAR_VERSION="${PULSAR_VERSION:-4.2.4}"
+export PULSAR_HOST="${PULSAR_HOST:-127.0.0.1}"
+export PULSAR_PORT="${PULSAR_PORT:-6650}"
+export PULSAR_HTTP_PORT="${PULSAR_HTTP_PORT:-8080}"
+export PULSAR_SERVICE_URL="${PULSAR_SERVICE_URL:-pulsar://$PULSAR_HOST:$PULSAR_PORT}"
+export PULSAR_ADMIN_URL="${PULSAR_ADMIN_URL:-http://$PULSAR_HOST:$PULSAR_HTTP_PORT}"
