@@ -11,7 +11,8 @@ CREATE TABLE _cdc_publications (
     key_columns      text[] NOT NULL DEFAULT '{}',
     lookup_oids      oid[] NOT NULL DEFAULT '{}',
     previous_replica_identity "char",
-    previous_replica_identity_index oid
+    previous_replica_identity_index oid,
+    routing_lsn      pg_lsn
 );
 COMMENT ON TABLE _cdc_publications IS 'pg_cdc: one row per captured table (cdc_enable / cdc_disable)';
 COMMENT ON COLUMN _cdc_publications.table_name IS 'the table as regclass::text printed it when capture was enabled';
@@ -20,6 +21,7 @@ COMMENT ON COLUMN _cdc_publications.table_oid IS 'the captured table; internal l
 COMMENT ON COLUMN _cdc_publications.key_columns IS 'resolved message key: key_columns, else the primary key, else the replica identity index';
 COMMENT ON COLUMN _cdc_publications.lookup_oids IS 'the lookup table of each enrich transformation, in config order';
 COMMENT ON COLUMN _cdc_publications.previous_replica_identity IS 'relreplident before include_before_image set FULL; cdc_disable restores it';
+COMMENT ON COLUMN _cdc_publications.routing_lsn IS 'where the table''s regional_routing last changed (its pg_cdc_routing message); routing applies to changes after it';
 
 CREATE TABLE _cdc_sinks (
     sink_id          uuid PRIMARY KEY,
@@ -178,10 +180,28 @@ CREATE TABLE _cdc_version_topics (
 );
 COMMENT ON TABLE _cdc_version_topics IS 'pg_cdc: table versions whose events (and those of the versions after them) go to a topic of their own, <topic>.v<version> (cdc_create_version_topic); a row for the next version arms it';
 
+-- Per sink, table and regional_routing route: the events delivered since the routing took effect
+-- (routing_lsn), for cdc_multicloud_status. Written with _cdc_offsets, in the same transaction.
+CREATE TABLE _cdc_route_offsets (
+    sink_name        text NOT NULL REFERENCES _cdc_sinks (sink_name) ON DELETE CASCADE,
+    table_oid        oid NOT NULL,
+    route            text NOT NULL,
+    routing_lsn      pg_lsn NOT NULL,
+    events           bigint NOT NULL DEFAULT 0,
+    last_commit_at   timestamptz,
+    last_acked_at    timestamptz,
+    PRIMARY KEY (sink_name, table_oid, route)
+);
+COMMENT ON TABLE _cdc_route_offsets IS 'pg_cdc: events delivered per sink, table and regional_routing route since the routing took effect (cdc_multicloud_status)';
+COMMENT ON COLUMN _cdc_route_offsets.routing_lsn IS 'the routing the counts belong to (_cdc_publications.routing_lsn); rows of an older routing start again from 0';
+COMMENT ON COLUMN _cdc_route_offsets.last_commit_at IS 'commit time of the last delivered transaction with an event of the route';
+COMMENT ON COLUMN _cdc_route_offsets.last_acked_at IS 'when the worker recorded that delivery, right after the sink acknowledged it';
+
 -- Catalog rows hold sink configs that may carry credentials, and copies of lookup tables: nobody
 -- but the owner reads them.
 REVOKE ALL ON _cdc_publications, _cdc_sinks, _cdc_offsets, _cdc_lookups, _cdc_lookup_rows, _cdc_table_sinks,
-    _cdc_consumers, _cdc_snapshots, _cdc_schema_versions, _cdc_schema_breaks, _cdc_version_topics FROM PUBLIC;
+    _cdc_consumers, _cdc_snapshots, _cdc_schema_versions, _cdc_schema_breaks, _cdc_version_topics, _cdc_route_offsets
+    FROM PUBLIC;
 
 -- The publication every sink's slot reads. It must exist before any slot is created, because
 -- pgoutput looks it up as of the WAL position being decoded. A leftover from an earlier install is

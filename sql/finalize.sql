@@ -14,6 +14,8 @@ REVOKE EXECUTE ON FUNCTION cdc_schema_history(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_force_schema_break(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_create_version_topic(regclass, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_check_compatibility(regclass, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_enable_multicloud(regclass, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_multicloud_status(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION _cdc_schema_changed(oid[]) FROM PUBLIC;
 
 -- Consumes an in-database sink's events in commit order: returns up to max_events events after
@@ -101,6 +103,8 @@ BEGIN
         RETURN;
     END IF;
     DELETE FROM @extschema@._cdc_offsets o USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = o.table_oid;
+    DELETE FROM @extschema@._cdc_route_offsets o USING pg_event_trigger_dropped_objects() d
      WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = o.table_oid;
     -- Copies of a dropped lookup table, and of the lookups of a dropped captured table.
     DELETE FROM @extschema@._cdc_lookups l USING pg_event_trigger_dropped_objects() d

@@ -175,6 +175,32 @@ CREATE FUNCTION @extschema@.cdc_check_compatibility(table_name regclass, propose
 VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_check_compatibility_wrapper';
 REVOKE EXECUTE ON FUNCTION @extschema@.cdc_check_compatibility(regclass, text) FROM PUBLIC;
 
+-- Regional routing (cdc_enable_multicloud): where a table's routing last changed, and the events
+-- each sink delivered per route since.
+ALTER TABLE @extschema@._cdc_publications ADD COLUMN routing_lsn pg_lsn;
+COMMENT ON COLUMN @extschema@._cdc_publications.routing_lsn IS 'where the table''s regional_routing last changed (its pg_cdc_routing message); routing applies to changes after it';
+CREATE TABLE @extschema@._cdc_route_offsets (
+    sink_name        text NOT NULL REFERENCES @extschema@._cdc_sinks (sink_name) ON DELETE CASCADE,
+    table_oid        oid NOT NULL,
+    route            text NOT NULL,
+    routing_lsn      pg_lsn NOT NULL,
+    events           bigint NOT NULL DEFAULT 0,
+    last_commit_at   timestamptz,
+    last_acked_at    timestamptz,
+    PRIMARY KEY (sink_name, table_oid, route)
+);
+COMMENT ON TABLE @extschema@._cdc_route_offsets IS 'pg_cdc: events delivered per sink, table and regional_routing route since the routing took effect (cdc_multicloud_status)';
+COMMENT ON COLUMN @extschema@._cdc_route_offsets.routing_lsn IS 'the routing the counts belong to (_cdc_publications.routing_lsn); rows of an older routing start again from 0';
+COMMENT ON COLUMN @extschema@._cdc_route_offsets.last_commit_at IS 'commit time of the last delivered transaction with an event of the route';
+COMMENT ON COLUMN @extschema@._cdc_route_offsets.last_acked_at IS 'when the worker recorded that delivery, right after the sink acknowledged it';
+REVOKE ALL ON @extschema@._cdc_route_offsets FROM PUBLIC;
+CREATE FUNCTION @extschema@.cdc_enable_multicloud(table_name regclass, config jsonb) RETURNS uuid
+VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_enable_multicloud_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.cdc_enable_multicloud(regclass, jsonb) FROM PUBLIC;
+CREATE FUNCTION @extschema@.cdc_multicloud_status(table_name regclass DEFAULT NULL) RETURNS SETOF jsonb
+VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_multicloud_status_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.cdc_multicloud_status(regclass) FROM PUBLIC;
+
 -- A dropped table's history goes with it.
 CREATE OR REPLACE FUNCTION @extschema@._cdc_forget_dropped_tables() RETURNS event_trigger
 LANGUAGE plpgsql SET search_path = pg_catalog AS $$
@@ -183,6 +209,8 @@ BEGIN
         RETURN;
     END IF;
     DELETE FROM @extschema@._cdc_offsets o USING pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = o.table_oid;
+    DELETE FROM @extschema@._cdc_route_offsets o USING pg_event_trigger_dropped_objects() d
      WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = o.table_oid;
     -- Copies of a dropped lookup table, and of the lookups of a dropped captured table.
     DELETE FROM @extschema@._cdc_lookups l USING pg_event_trigger_dropped_objects() d

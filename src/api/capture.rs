@@ -110,23 +110,37 @@ VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
     let oid = required(table_name, "table_name");
     let config = required(config, "config");
+    enable(oid, config.0)
+}
+
+/// What `cdc_enable` does, for it and `cdc_enable_multicloud`: validates `config` against the
+/// table, then records it (replacing an earlier one).
+pub(crate) fn enable(oid: pg_sys::Oid, config: Value) -> Uuid {
     check_prerequisites();
     let schema = schema();
     let (info, shape) = table_shape(oid);
-    let cfg = parse_capture_config(&config.0, &shape).or_raise();
+    let cfg = parse_capture_config(&config, &shape).or_raise();
     super::sinks::refuse_event_table(&schema, oid, &shape.display_name);
     if cfg.tokenizes() {
         crate::keys::require_token_key(&format!("the capture config of {}", shape.display_name));
     }
+    // Regional routing needs the 0.4.0 catalog; its sinks must exist and carry the table.
+    let has_routing = catalog::has(&schema, "_cdc_route_offsets");
+    if let Some(routing) = &cfg.routing {
+        super::multicloud::check_routes(&schema, oid, &shape.display_name, routing, has_routing);
+    }
     let qualified = str_field(&info, "qualified").to_string();
 
+    let routing_col = if has_routing { "routing_lsn::text" } else { "NULL::text" };
     let existing = catalog::json(
         &format!(
-            "SELECT jsonb_build_object('id', publication_id, 'prev', previous_replica_identity::text, 'prev_index', previous_replica_identity_index::bigint) \
+            "SELECT jsonb_build_object('id', publication_id, 'prev', previous_replica_identity::text, 'prev_index', previous_replica_identity_index::bigint, \
+                    'routing_lsn', {routing_col}) \
              FROM {schema}._cdc_publications WHERE table_oid = $1"
         ),
         &[oid.into()],
     );
+    let was_routed = existing.as_ref().is_some_and(|e| e.get("routing_lsn").is_some_and(|v| !v.is_null()));
 
     // Before images need REPLICA IDENTITY FULL; remember what it was so cdc_disable can restore it.
     let current_ri = shape.replica_identity;
@@ -151,7 +165,7 @@ fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
         prev_index = None;
     }
 
-    let lookup_oids = resolve_lookups(oid, &cfg, &config.0);
+    let lookup_oids = resolve_lookups(oid, &cfg, &config);
     // Insert-only tables go into the publication that publishes no updates or deletes, unless a
     // captured table enriches from them (its copy needs every change).
     let is_lookup = lookup_oids.contains(&oid.to_u32()) || used_as_lookup(&schema, oid.to_u32(), Some(oid.to_u32()));
@@ -162,7 +176,13 @@ fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
 
     let key_columns = cfg.key_columns.clone();
     let previous_lookups = previous_lookup_oids(&schema, oid.to_u32());
-    let config_value = config.0.clone();
+    let config_value = config.clone();
+    // A routing that starts, changes or ends takes effect at a WAL position every sink sees.
+    let routing_lsn = if cfg.routing.is_some() || was_routed {
+        Some(super::multicloud::mark_routing_change(&qualified, oid))
+    } else {
+        None
+    };
     crate::worker::launcher::catalog_changed();
     let id = Spi::get_one_with_args::<Uuid>(
         &format!(
@@ -179,7 +199,7 @@ fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
         ),
         &[
             shape.display_name.clone().into(),
-            config.into(),
+            JsonB(config).into(),
             oid.into(),
             key_columns.into(),
             prev_ri.into(),
@@ -189,6 +209,12 @@ fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
     )
     .unwrap_or_else(|e| pgrx::error!("pg_cdc: cannot record the captured table: {e}"))
     .unwrap_or_else(|| pgrx::error!("pg_cdc: INSERT returned no row"));
+    if let Some(lsn) = routing_lsn {
+        catalog::run(
+            &format!("UPDATE {schema}._cdc_publications SET routing_lsn = $2::pg_lsn WHERE table_oid = $1"),
+            &[oid.into(), lsn.into()],
+        );
+    }
     super::schema::record_first_version(&schema, oid, cfg.schema_evolution.mode);
     if existing.is_none() {
         // The sinks that carry it from now on deliver the rows it holds too.

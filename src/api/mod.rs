@@ -3,6 +3,7 @@
 pub mod capture;
 pub mod context;
 pub mod monitor;
+pub mod multicloud;
 pub mod preview;
 pub mod schema;
 pub mod sinks;

@@ -154,6 +154,9 @@ pub struct TableRow {
     /// older than 0.4.0).
     #[serde(default)]
     pub history: Option<Value>,
+    /// Where its `regional_routing` last changed (absent on a catalog older than 0.4.0).
+    #[serde(default)]
+    pub routing_lsn: Option<String>,
 }
 
 /// A replication slot of this database.
@@ -250,6 +253,7 @@ pub fn load_catalog() -> Catalog {
     } else {
         "NULL::jsonb".to_string()
     };
+    let routing_lsn = if catalog::has(&schema, "_cdc_route_offsets") { "p.routing_lsn::text" } else { "NULL::text" };
     let mut cat = load(&format!(
         r#"SELECT jsonb_build_object(
   'installed', true,
@@ -263,7 +267,8 @@ pub fn load_catalog() -> Catalog {
                 'tables', table_oids::bigint[], 'state', state, 'last_error', last_error) ORDER BY created_at), '[]')
               FROM {schema}._cdc_sinks),
   'tables', (SELECT coalesce(jsonb_agg(jsonb_build_object('oid', table_oid::bigint, 'config', config, 'key_columns', key_columns,
-                                                         'name', table_name, 'history', {history})), '[]')
+                                                         'name', table_name, 'history', {history},
+                                                         'routing_lsn', {routing_lsn})), '[]')
                FROM {schema}._cdc_publications p WHERE status = 'active'),
   'slots', {SLOTS_SQL},
   'publications', (SELECT coalesce(jsonb_agg(pubname::text), '[]') FROM pg_publication
@@ -427,6 +432,36 @@ pub fn record_progress(schema: &str, sink_name: &str, progress: &HashMap<u32, Ta
              ON CONFLICT (sink_name, table_name) DO UPDATE
                 SET last_lsn = EXCLUDED.last_lsn, last_timestamp = EXCLUDED.last_timestamp,
                     events_published = o.events_published + EXCLUDED.events_published, table_oid = EXCLUDED.table_oid"
+        ),
+        &[sink_name.into(), pgrx::JsonB(Value::Array(rows)).into()],
+    );
+}
+
+/// Records the per-route progress of a delivered read (`_cdc_route_offsets`): counts of an older
+/// routing of the table start again from these.
+pub fn record_route_progress(
+    schema: &str,
+    sink_name: &str,
+    routes: &HashMap<(u32, std::sync::Arc<str>, cdc_core::Lsn), (u64, i64)>,
+) {
+    if routes.is_empty() {
+        return;
+    }
+    let rows: Vec<Value> = routes
+        .iter()
+        .map(|((oid, route, at), (n, ts))| {
+            json!({"table_oid": oid, "route": &**route, "routing_lsn": at.to_string(), "n": n, "ts": ts})
+        })
+        .collect();
+    catalog::run(
+        &format!(
+            "INSERT INTO {schema}._cdc_route_offsets AS o (sink_name, table_oid, route, routing_lsn, events, last_commit_at, last_acked_at)
+             SELECT $1, x.table_oid, x.route, x.routing_lsn::pg_lsn, x.n, 'epoch'::timestamptz + x.ts * interval '1 microsecond', now()
+               FROM jsonb_to_recordset($2) AS x(table_oid oid, route text, routing_lsn text, n bigint, ts bigint)
+             ON CONFLICT (sink_name, table_oid, route) DO UPDATE
+                SET events = CASE WHEN o.routing_lsn = EXCLUDED.routing_lsn THEN o.events + EXCLUDED.events ELSE EXCLUDED.events END,
+                    routing_lsn = EXCLUDED.routing_lsn, last_commit_at = EXCLUDED.last_commit_at,
+                    last_acked_at = EXCLUDED.last_acked_at"
         ),
         &[sink_name.into(), pgrx::JsonB(Value::Array(rows)).into()],
     );

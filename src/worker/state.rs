@@ -86,6 +86,9 @@ pub struct SinkRun {
     delivered: Option<Lsn>,
     /// Per-table progress of what was delivered since the last confirm (written with it).
     unrecorded: HashMap<u32, TableProgress>,
+    /// Per `regional_routing` route, what was delivered since the last confirm (see
+    /// [`cdc_core::deliver::read::Batch::routes`]).
+    unrecorded_routes: RouteProgress,
     /// When the slot was last confirmed.
     last_confirm: Option<Instant>,
     /// Units read and handed to the sink that are not delivered yet, oldest first: their
@@ -125,6 +128,7 @@ struct Handed {
     commits: bool,
     exactly_once: bool,
     progress: HashMap<u32, TableProgress>,
+    routes: RouteProgress,
     counted: DeliveryCounters,
     tables: HashMap<u32, TableCounters>,
     sent_log: Vec<Sent>,
@@ -153,7 +157,12 @@ impl SinkRun {
     }
 
     /// Adds a delivery's per-table progress to what the next confirm records.
-    fn add_progress(&mut self, progress: &HashMap<u32, TableProgress>) {
+    fn add_progress(&mut self, progress: &HashMap<u32, TableProgress>, routes: &RouteProgress) {
+        for (key, (n, at)) in routes {
+            let u = self.unrecorded_routes.entry(key.clone()).or_default();
+            u.0 += n;
+            u.1 = u.1.max(*at);
+        }
         for (oid, p) in progress {
             let u = self.unrecorded.entry(*oid).or_default();
             u.events += p.events;
@@ -164,6 +173,10 @@ impl SinkRun {
         }
     }
 }
+
+/// Events per `regional_routing` route (table OID, route, routing LSN): count, and the commit
+/// time of the last delivered transaction with one (Unix microseconds).
+type RouteProgress = HashMap<(u32, Arc<str>, Lsn), (u64, i64)>;
 
 /// A sink's open destination, by type: besides building it, the one place the worker names sink
 /// types; everything else goes through the `Sink` port.
@@ -432,14 +445,16 @@ fn confirm_delivered(schema: Option<&str>, run: &mut SinkRun, confirmed: Lsn) ->
     let (Some(schema), Some(session)) = (schema, run.session.as_mut()) else {
         return Err("the slot's decoding session is gone".into());
     };
-    let (name, progress) = (run.row.name.clone(), &run.unrecorded);
+    let (name, progress, routes) = (run.row.name.clone(), &run.unrecorded, &run.unrecorded_routes);
     let registrations = run.assembler.take_registrations();
     run_tx(|| {
         source::record_progress(schema, &name, progress);
+        source::record_route_progress(schema, &name, routes);
         source::record_registrations(schema, &registrations);
         session.confirm(lsn);
     })?;
     run.unrecorded.clear();
+    run.unrecorded_routes.clear();
     run.last_confirm = Some(Instant::now());
     Ok(())
 }
@@ -705,12 +720,18 @@ impl Worker {
         let mut unreadable = HashMap::new();
         for t in &cat.tables {
             let history = t.history.as_ref().map(ToString::to_string).unwrap_or_default();
-            let text = t.config.to_string() + &t.key_columns.join("\u{1}") + "\u{2}" + &history;
+            let text = t.config.to_string()
+                + &t.key_columns.join("\u{1}")
+                + "\u{2}"
+                + &history
+                + "\u{2}"
+                + t.routing_lsn.as_deref().unwrap_or_default();
             let parsed = match self.configs.remove(&t.oid) {
                 Some((old_text, cfg)) if old_text == text => cfg,
                 _ => match parse_stored_capture_config(&t.config, t.key_columns.clone()) {
                     Ok(mut cfg) => {
                         cfg.history = t.history.as_ref().map(|h| Arc::new(source::history(h)));
+                        cfg.routing_lsn = t.routing_lsn.as_deref().and_then(|l| l.parse().ok());
                         Arc::new(cfg)
                     }
                     Err(e) => {
@@ -832,6 +853,7 @@ impl Worker {
                 }
                 let config = parse_config(&row.sink_type, &row.config).map_err(|e| e.to_string());
                 let mut assembler = Assembler::new(&cat.database);
+                assembler.set_sink_name(&row.name);
                 if let Ok(c) = &config {
                     assembler.set_transformations(c.common().include_transformations);
                     assembler.set_partition_key(c.common().partition_key.clone());
@@ -864,6 +886,7 @@ impl Worker {
                         session: None,
                         delivered: None,
                         unrecorded: HashMap::new(),
+                        unrecorded_routes: HashMap::new(),
                         last_confirm: None,
                         handed: VecDeque::new(),
                         last_delivered: None,
@@ -997,6 +1020,7 @@ impl Worker {
             run.session = None;
             run.delivered = None;
             run.unrecorded.clear();
+            run.unrecorded_routes.clear();
             run.handed.clear();
         }
         // A session that failed to open may hold the slot already.
@@ -1284,6 +1308,7 @@ impl Worker {
             commits: batch.sent || !run.producer.as_ref().is_some_and(Producer::in_source_database),
             exactly_once: mode == DeliveryMode::ExactlyOnce,
             progress: batch.progress,
+            routes: batch.routes,
             counted: batch.counted,
             tables: batch.tables,
             sent_log: batch.sent_log,
@@ -1571,7 +1596,7 @@ impl Worker {
         }
         let Some(run) = self.sinks.get_mut(id) else { return false };
         run.delivered = Some(lsn);
-        run.add_progress(&done.progress);
+        run.add_progress(&done.progress, &done.routes);
         if !done.exactly_once {
             crate::stats::update(&row.id, |c| c.committed_lsn = c.committed_lsn.max(lsn.0));
         }

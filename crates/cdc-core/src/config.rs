@@ -112,6 +112,11 @@ pub struct CaptureConfig {
     /// The table's schema history, when the worker read one: the config's column names are those
     /// of its latest version, and a relation of an earlier version finds them through it.
     pub history: Option<Arc<crate::schema::History>>,
+    /// `regional_routing`, when enabled (see [`crate::routing`]).
+    pub routing: Option<crate::routing::Routing>,
+    /// Where the table's routing last changed: the LSN of its routing message, from the catalog
+    /// (`_cdc_publications.routing_lsn`); routing applies to changes after it.
+    pub routing_lsn: Option<crate::Lsn>,
 }
 
 /// The validated `schema_evolution` block. Without one, a breaking DDL is checked against
@@ -214,6 +219,8 @@ impl CaptureConfig {
             exactly_once_required: false,
             schema_evolution: SchemaEvolution::default(),
             history: None,
+            routing: None,
+            routing_lsn: None,
         }
     }
 
@@ -286,6 +293,7 @@ pub const CAPTURE_KEYS: &[&str] = &[
     "exactly_once",
     "schema_evolution",
     "transformations",
+    "regional_routing",
 ];
 
 fn check_column(shape: &TableShape, path: &str, col: &str) -> CdcResult<()> {
@@ -423,10 +431,18 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
             .hint("Give the row filter as \"filter_expression\": \"status <> 'draft'\"."));
     }
 
+    let routing = crate::routing::parse(o.object("regional_routing")?, check_column)?;
     let before_image = match o.bool("before_image")? {
         Some(b) => b,
-        None => o.bool("include_before_image")?.unwrap_or(audit),
+        None => o.bool("include_before_image")?.unwrap_or(audit || routing.is_some()),
     };
+    if routing.is_some() && !before_image {
+        return Err(invalid(
+            "config.regional_routing needs before images: a row whose routing value changes is a DELETE for its old \
+             route's sinks, which only its before image tells",
+        )
+        .hint("Leave include_before_image out (routing turns it on) or set it to true."));
+    }
     let include_transaction_info = o.bool("include_transaction_info")?.unwrap_or(audit);
     if audit && !before_image {
         return Err(audit_refuses(
@@ -700,6 +716,8 @@ fn parse_capture(config: &Value, shape: Option<&TableShape>) -> CdcResult<Captur
         exactly_once_required,
         schema_evolution,
         history: None,
+        routing,
+        routing_lsn: None,
     })
 }
 

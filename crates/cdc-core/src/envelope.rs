@@ -100,6 +100,8 @@ pub struct RelationPlan {
     /// the relation's position (typed formats mark the other columns optional); without a
     /// history, the key columns (pgoutput does not say which columns are NOT NULL).
     pub not_null: Vec<bool>,
+    /// The table's `regional_routing` as this sink sees it (see [`crate::routing`]).
+    pub route: Option<crate::routing::RoutePlan>,
     /// Each column's `"name":`, escaped once.
     col_keys: Vec<Vec<u8>>,
     /// Schema and table names, shared by every event of the relation.
@@ -223,10 +225,16 @@ impl RelationPlan {
             schema_version_lsn: None,
             topic_version: None,
             not_null: Vec::new(),
+            route: None,
             col_keys,
             schema,
             table,
         })
+    }
+
+    /// The index of a column, by the name the capture config knows it by.
+    pub fn column_index(&self, name: &str) -> Option<usize> {
+        self.names.iter().position(|c| c == name)
     }
 
     /// The branch of the filter a row matched (for `metadata.filter_matched`).
@@ -371,6 +379,10 @@ pub struct Event {
     /// The table's schema version the event was written under: its number and the LSN the history
     /// recorded it at (see [`RelationPlan::schema_version`]); `None` without a history.
     pub schema_version: Option<(i32, Lsn)>,
+    /// The `regional_routing` routes of this sink the event is a change of, with the routing's LSN
+    /// (see [`crate::routing`]): the route of its row, and for an UPDATE that moved the row between
+    /// two routes of the sink, both; empty when the table is not routed or the change came before.
+    pub routes: Vec<(Arc<str>, Lsn)>,
 }
 
 /// The images of one row change, after TOAST resolution.
@@ -690,6 +702,7 @@ impl Encoder {
             tombstone: false,
             topic_version: plan.topic_version,
             schema_version: plan.schema_version.zip(plan.schema_version_lsn).map(|((n, _), at)| (n, at)),
+            routes: Vec::new(),
         }
     }
 
@@ -755,6 +768,7 @@ impl Encoder {
             tombstone: false,
             topic_version: plan.topic_version,
             schema_version: plan.schema_version.zip(plan.schema_version_lsn).map(|((n, _), at)| (n, at)),
+            routes: Vec::new(),
         }
     }
 }

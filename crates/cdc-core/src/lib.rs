@@ -25,6 +25,7 @@ pub mod lsn;
 pub mod metrics;
 pub mod pipeline;
 pub mod redact;
+pub mod routing;
 pub mod schema;
 pub mod snapshot;
 pub mod state;

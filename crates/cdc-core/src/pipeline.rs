@@ -124,6 +124,15 @@ pub enum PipelineError {
         /// The version the DDL recorded.
         version: i32,
     },
+    /// A table's `regional_routing` changed at a position after the catalog copy the worker read
+    /// (see [`crate::routing`]): it reads the catalog again and retries, so nothing after the change
+    /// is routed by the older routing.
+    RoutingBehind {
+        /// The table, `schema.name`.
+        table: String,
+        /// LSN of the routing message.
+        lsn: Lsn,
+    },
     /// The sink's event format could not encode a change (see [`crate::format`]): a schema
     /// registry that is down (retried) or that refuses the schema, a value the format cannot
     /// carry (an operator must act). Nothing of the transaction is published.
@@ -149,6 +158,10 @@ impl std::fmt::Display for PipelineError {
             PipelineError::HistoryBehind { table, lsn, version } => write!(
                 f,
                 "table {table}: version {version} of its schema, recorded at LSN {lsn}, is not in the schema history read so far; reading it again"
+            ),
+            PipelineError::RoutingBehind { table, lsn } => write!(
+                f,
+                "table {table}: its regional_routing changed at LSN {lsn}, after the catalog was read; reading it again"
             ),
             PipelineError::Format { table, lsn, error } => write!(f, "table {table}, change at LSN {lsn}: {error}"),
             PipelineError::Config { table, reason } | PipelineError::Compliance { table, reason } => {
@@ -209,6 +222,28 @@ impl Pending<'_> {
     }
 }
 
+/// The routes of this sink an event is a change of (see [`Event::routes`]): the route of `row`,
+/// the image the event carries, and the route of `left`, the image the row had before when the
+/// event also stands for its leaving that route (an UPDATE without a retraction).
+fn route_tags(
+    plan: &RelationPlan,
+    lsn: Lsn,
+    row: Option<&Tuple<'_>>,
+    left: Option<&Tuple<'_>>,
+) -> Vec<(Arc<str>, Lsn)> {
+    let Some(r) = plan.route.as_ref().filter(|r| r.applies(lsn)) else { return Vec::new() };
+    let mut out: Vec<(Arc<str>, Lsn)> = Vec::new();
+    let fallback = left.map(Vec::as_slice);
+    let candidates = [row.and_then(|t| r.route_of(t, fallback)), left.and_then(|t| r.route_of(t, None))];
+    for route in candidates.into_iter().flatten() {
+        let name = r.name(route);
+        if r.carries(Some(route)) && !out.iter().any(|(n, _)| *n == name) {
+            out.push((name, r.since));
+        }
+    }
+    out
+}
+
 /// Whether an UPDATE retracts its old key first: the key changed, and the consumer has the old
 /// row (not when the row just entered the filter: its old version was never published).
 fn retracts(plan: &RelationPlan, kind: OldKind, old: &Tuple<'_>, new: &Tuple<'_>, mark: &FilterMark) -> bool {
@@ -249,6 +284,8 @@ pub struct Assembler {
     lookups: Lookups,
     /// The sink's event format, when it is not JSON.
     format: Option<Box<dyn EventFormat>>,
+    /// The sink's name (the routes of `regional_routing` name sinks).
+    sink: String,
 }
 
 impl Assembler {
@@ -263,6 +300,15 @@ impl Assembler {
             context_key: None,
             lookups: Lookups::default(),
             format: None,
+            sink: String::new(),
+        }
+    }
+
+    /// Sets the sink's name, which `regional_routing` routes name.
+    pub fn set_sink_name(&mut self, name: &str) {
+        if self.sink != name {
+            self.sink = name.to_string();
+            self.relations.clear();
         }
     }
 
@@ -377,6 +423,30 @@ impl Assembler {
         Err(PipelineError::HistoryBehind { table, lsn, version })
     }
 
+    /// A table's routing changed (its transactional message, [`crate::routing::ROUTING_MESSAGE_PREFIX`]):
+    /// when the sink's copy of its config is from before, the sink reads the catalog again.
+    fn check_routing_message(
+        &self,
+        prefix: &str,
+        content: &[u8],
+        lsn: Lsn,
+        tables: &SinkTables,
+    ) -> Result<(), PipelineError> {
+        if prefix != crate::routing::ROUTING_MESSAGE_PREFIX {
+            return Ok(());
+        }
+        let Some(oid) = crate::routing::parse_message(content) else { return Ok(()) };
+        let Some(cfg) = tables.get(&oid) else { return Ok(()) };
+        if cfg.routing_lsn.is_some_and(|at| at >= lsn) {
+            return Ok(());
+        }
+        let table = match self.relations.get(&oid) {
+            Some(p) => format!("{}.{}", p.relation.namespace, p.relation.name),
+            None => format!("with OID {oid}"),
+        };
+        Err(PipelineError::RoutingBehind { table, lsn })
+    }
+
     fn context_of(&self, xid: u32, prefix: &str, content: &[u8]) -> Option<Arc<UserContext>> {
         if prefix != context::PREFIX {
             return None;
@@ -406,6 +476,62 @@ impl Assembler {
     /// over in [`Transaction::counters`]).
     pub fn take_counters(&mut self) -> HashMap<u32, TableCounters> {
         std::mem::take(&mut self.counters)
+    }
+
+    /// Applies the table's `regional_routing` to a change for this sink (see [`crate::routing`]):
+    /// `None` when the sink gets nothing of it, else the change as the sink gets it (an UPDATE that
+    /// moved the row out of the sink's routes becomes the DELETE of its before image, one that
+    /// moved it in the INSERT of its after image). Before the filter: the filter then judges what
+    /// the sink gets.
+    fn route<'a>(&self, p: Pending<'a>) -> Option<Pending<'a>> {
+        let (plan, op, lsn, old, new, ctx, mark) = match p {
+            Pending::Row { plan, op, lsn, old, new, ctx, mark } => (plan, op, lsn, old, new, ctx, mark),
+            Pending::Truncate { plans, options, lsn, ctx } => {
+                // A TRUNCATE empties every route: it goes to the sinks of any route.
+                let plans: Vec<_> = plans
+                    .into_iter()
+                    .filter(|p| p.route.as_ref().is_none_or(|r| !r.applies(lsn) || r.in_any()))
+                    .collect();
+                return (!plans.is_empty()).then_some(Pending::Truncate { plans, options, lsn, ctx });
+            }
+        };
+        let Some(r) = plan.route.as_ref().filter(|r| r.applies(lsn)) else {
+            return Some(Pending::Row { plan, op, lsn, old, new, ctx, mark });
+        };
+        let full_old = match &old {
+            Some((OldKind::Full, t)) => Some(t.as_slice()),
+            _ => None,
+        };
+        let old_in = full_old.map(|o| r.carries(r.route_of(o, None)));
+        let new_in = new.as_ref().map(|n| r.carries(r.route_of(n, full_old)));
+        let keep = |op, old, new| {
+            Some(Pending::Row { plan: plan.clone(), op, lsn, old, new, ctx: ctx.clone(), mark: mark.clone() })
+        };
+        match op {
+            Op::Insert | Op::Read => (new_in == Some(true)).then(|| keep(op, old, new)).flatten(),
+            // Without a full before image the route is unknown: the sinks get the DELETE.
+            Op::Delete => (old_in != Some(false)).then(|| keep(op, old, new)).flatten(),
+            Op::Update => match (old_in, new_in) {
+                (Some(true) | None, Some(true)) => keep(op, old, new),
+                (Some(true), _) => keep(Op::Delete, old, None),
+                (Some(false), Some(true)) => {
+                    // The row entered the sink's routes: an INSERT of its whole after image (a
+                    // value the UPDATE left unchanged in TOAST is the before image's).
+                    let new = match (new, full_old) {
+                        (Some(n), Some(o)) => Some(
+                            n.iter()
+                                .zip(o)
+                                .map(|(v, ov)| if *v == TupleValue::UnchangedToast { *ov } else { *v })
+                                .collect(),
+                        ),
+                        (n, _) => n,
+                    };
+                    keep(Op::Insert, None, new)
+                }
+                _ => None,
+            },
+            Op::Truncate => keep(op, old, new),
+        }
     }
 
     /// Applies the table's row filter to a change: `Ok` with the change as published (marked, or
@@ -605,9 +731,10 @@ impl Assembler {
                                 ctx: None,
                                 mark: FilterMark::None,
                             };
-                            match self.apply_filter(p, true) {
-                                Ok(p) => pending.push(p),
-                                Err(p) => dropped.push(p),
+                            match self.route(p).map(|p| self.apply_filter(p, true)) {
+                                Some(Ok(p)) => pending.push(p),
+                                Some(Err(p)) => dropped.push(p),
+                                None => {}
                             }
                         }
                     }
@@ -628,6 +755,7 @@ impl Assembler {
                     }
                     if let (true, Some((xid, _))) = (transactional, open) {
                         self.check_version_message(prefix, content, lsn, tables)?;
+                        self.check_routing_message(prefix, content, lsn, tables)?;
                         if let Some(c) = self.context_of(xid, prefix, content) {
                             ctx = Some(c);
                         }
@@ -638,9 +766,10 @@ impl Assembler {
                         lookup_changes.push(lc);
                     }
                     if let Some(p) = self.change(msg, frame.lsn, open.is_some(), tables, types)? {
-                        match self.apply_filter(p.with_context(&ctx), true) {
-                            Ok(p) => pending.push(p),
-                            Err(p) => dropped.push(p),
+                        match self.route(p).map(|p| self.apply_filter(p.with_context(&ctx), true)) {
+                            Some(Ok(p)) => pending.push(p),
+                            Some(Err(p)) => dropped.push(p),
+                            None => {}
                         }
                     }
                 }
@@ -749,6 +878,7 @@ impl Assembler {
                 }
                 Message::LogicalMessage { transactional: true, prefix, content, lsn } if txn.begun => {
                     self.check_version_message(prefix, content, lsn, tables)?;
+                    self.check_routing_message(prefix, content, lsn, tables)?;
                     if let Some(c) = self.context_of(txn.info.xid, prefix, content) {
                         txn.ctx = Some(c);
                     }
@@ -761,7 +891,8 @@ impl Assembler {
                         let at = txn.info.commit_lsn;
                         self.lookups.apply(at, &[lc]).map_err(|r| proto(format!("enrich: {r}")))?;
                     }
-                    if let Some(p) = self.change(msg, frame.lsn, txn.begun, tables, types)? {
+                    if let Some(p) = self.change(msg, frame.lsn, txn.begun, tables, types)?.and_then(|p| self.route(p))
+                    {
                         // Counted once, in the pass that encodes.
                         let filtered = self.apply_filter(p.with_context(&txn.ctx), encode.is_some());
                         match (filtered, encode.as_mut()) {
@@ -832,6 +963,17 @@ impl Assembler {
                         .collect();
                     if let Some(column) = &self.partition_key {
                         plan.override_partition_key(column);
+                    }
+                    if let Some(routing) = cfg.routing.as_ref().filter(|_| !self.sink.is_empty()) {
+                        let column = plan.column_index(&routing.column).ok_or_else(|| PipelineError::Config {
+                            table: table.clone(),
+                            reason: format!(
+                                "from LSN {lsn} on, its routing column \"{}\" does not exist",
+                                routing.column
+                            ),
+                        })?;
+                        let since = cfg.routing_lsn.unwrap_or_default();
+                        plan.route = Some(crate::routing::RoutePlan::new(routing, &self.sink, column, since));
                     }
                     if self.transformations && !cfg.enrich.is_empty() {
                         plan.bind_lookups(&self.lookups)
@@ -960,7 +1102,8 @@ impl Assembler {
                             enriched: &enriched,
                         };
                         index += 1;
-                        let ev = self.encoder.encode_row(types, &del, txn, index);
+                        let mut ev = self.encoder.encode_row(types, &del, txn, index);
+                        ev.routes = route_tags(plan, *lsn, Some(o), None);
                         self.emit(plan, types, ev, out)?;
                     }
                 }
@@ -981,7 +1124,13 @@ impl Assembler {
                     enriched: &enriched,
                 };
                 index += 1;
-                let ev = self.encoder.encode_row(types, &ch, txn, index);
+                let mut ev = self.encoder.encode_row(types, &ch, txn, index);
+                // An UPDATE that retracted its old key counted the route it left with the retraction.
+                let left = match (op, old) {
+                    (Op::Update, Some((OldKind::Full, o))) if index == done + 1 => Some(o),
+                    _ => None,
+                };
+                ev.routes = route_tags(plan, *lsn, image, left);
                 self.emit(plan, types, ev, out)?;
             }
             Pending::Truncate { plans, options, lsn, ctx } => {
@@ -1029,7 +1178,12 @@ pub struct LargeTransaction {
     ctx: Option<Arc<UserContext>>,
     /// Events per table OID, as the counting pass found them.
     per_table: Vec<(u32, u64)>,
+    /// Events per route, as the counting pass found them.
+    per_route: Vec<RouteCount>,
 }
+
+/// Events of one `regional_routing` route: ((table OID, route, routing LSN), events).
+pub type RouteCount = ((u32, Arc<str>, Lsn), u64);
 
 impl Default for LargeTransaction {
     fn default() -> Self {
@@ -1041,6 +1195,7 @@ impl Default for LargeTransaction {
             end_lsn: None,
             ctx: None,
             per_table: Vec::new(),
+            per_route: Vec::new(),
         }
     }
 }
@@ -1055,11 +1210,38 @@ impl LargeTransaction {
             Pending::Row { plan, .. } => add(plan.relation.oid, p.event_count()),
             Pending::Truncate { plans, .. } => plans.iter().for_each(|plan| add(plan.relation.oid, 1)),
         }
+        if let Pending::Row { plan, op, lsn, old, new, mark, .. } = p {
+            let old_t = old.as_ref().map(|(_, t)| t);
+            let mut tags = Vec::with_capacity(2);
+            let mut left = match (op, old) {
+                (Op::Update, Some((OldKind::Full, o))) => Some(o),
+                _ => None,
+            };
+            if let (Op::Update, Some((kind, o)), Some(n)) = (op, old, new) {
+                if retracts(plan, *kind, o, n, mark) {
+                    tags.extend(route_tags(plan, *lsn, Some(o), None));
+                    left = None;
+                }
+            }
+            tags.extend(route_tags(plan, *lsn, new.as_ref().or(old_t), left));
+            for (route, at) in tags {
+                let key = (plan.relation.oid, route, at);
+                match self.per_route.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, c)) => *c += 1,
+                    None => self.per_route.push((key, 1)),
+                }
+            }
+        }
     }
 
     /// Events per table OID found by the counting pass ([`Assembler::count_large`]).
     pub fn table_counts(&self) -> &[(u32, u64)] {
         &self.per_table
+    }
+
+    /// Events per table OID, `regional_routing` route and routing LSN found by the counting pass.
+    pub fn route_counts(&self) -> &[RouteCount] {
+        &self.per_route
     }
 
     /// Transaction id (once the Begin was seen).

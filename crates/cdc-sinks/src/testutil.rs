@@ -20,5 +20,6 @@ pub fn event(commit: u64, index: u32, id: u32) -> Event {
         tombstone: false,
         topic_version: None,
         schema_version: None,
+        routes: Vec::new(),
     }
 }

@@ -415,6 +415,7 @@ mod tests {
             tombstone: false,
             topic_version: None,
             schema_version: None,
+            routes: Vec::new(),
         }
     }
 

@@ -17,11 +17,12 @@
 //! transaction and the sink's own queue. Nothing here commits: the caller flushes the sink with
 //! the checkpoint [`super::protocol::plan_flush`] gives, then confirms the slot.
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::port::{ChangeSource, Checkpoint, ErrorClass, Sink, SinkError};
 use crate::decode::{decode, Message};
 use crate::envelope::Event;
-use crate::pipeline::{Assembler, LargeTransaction, PipelineError, RawFrame, SinkTables};
+use crate::pipeline::{Assembler, LargeTransaction, PipelineError, RawFrame, RouteCount, SinkTables};
 use crate::state::SinkState;
 use crate::stats::{DeliveryCounters, TableCounters};
 use crate::time::pg_to_unix_micros;
@@ -63,9 +64,9 @@ impl Failure {
     fn pipeline(e: PipelineError) -> Failure {
         match e {
             PipelineError::Config { .. } => Failure::new(SinkState::Error, e.to_string()),
-            PipelineError::SchemaBehind { .. } | PipelineError::HistoryBehind { .. } => {
-                Failure::new(SinkState::Retrying, e.to_string())
-            }
+            PipelineError::SchemaBehind { .. }
+            | PipelineError::HistoryBehind { .. }
+            | PipelineError::RoutingBehind { .. } => Failure::new(SinkState::Retrying, e.to_string()),
             PipelineError::Format { ref error, .. } => {
                 Failure::new(if error.retry { SinkState::Retrying } else { SinkState::Error }, e.to_string())
             }
@@ -105,6 +106,9 @@ pub struct Batch {
     pub sent: bool,
     /// Per-table progress of what was sent.
     pub progress: HashMap<u32, TableProgress>,
+    /// Per `regional_routing` route of a table (table OID, route, routing LSN): events sent, and
+    /// the commit time (Unix microseconds) of the last transaction with one.
+    pub routes: HashMap<(u32, Arc<str>, Lsn), (u64, i64)>,
     /// Counter increments (events, bytes, duplicates, large transactions).
     pub counted: DeliveryCounters,
     /// Filter and transformation counts of what was sent, by table OID.
@@ -266,7 +270,7 @@ fn send_whole(u: &mut Unit<'_>, inputs: &Inputs<'_>, frames: &[RawFrame], b: &mu
             b.counted.duplicate_events_detected += t.events.len() as u64;
             if inputs.dedup {
                 b.counted.duplicate_events_filtered += t.events.len() as u64;
-                record_unrecorded(u, b, &per_table(&t.events), t.commit_lsn, t.commit_time);
+                record_unrecorded(u, b, &per_table(&t.events), &per_route(&t.events), t.commit_lsn, t.commit_time);
                 continue;
             }
         }
@@ -315,7 +319,7 @@ fn send_large(u: &mut Unit<'_>, inputs: &Inputs<'_>, b: &mut Batch) -> Result<()
             b.counted.duplicate_events_detected += lt.event_count() as u64;
             if inputs.dedup {
                 b.counted.duplicate_events_filtered += lt.event_count() as u64;
-                record_unrecorded(u, b, lt.table_counts(), lt.commit_lsn(), lt.commit_time());
+                record_unrecorded(u, b, lt.table_counts(), lt.route_counts(), lt.commit_lsn(), lt.commit_time());
                 b.target = lt.end_lsn();
                 return Ok(());
             }
@@ -355,20 +359,49 @@ fn send_large(u: &mut Unit<'_>, inputs: &Inputs<'_>, b: &mut Batch) -> Result<()
 /// one transaction that writes both). Its events are counted now for each table whose recorded
 /// position is before it; a transaction re-read because the slot went back after a crash was
 /// recorded already (its position is at or past it) and is not counted twice.
-fn record_unrecorded(u: &mut Unit<'_>, b: &mut Batch, per_table: &[(u32, u64)], commit_lsn: Lsn, commit_time: i64) {
+fn record_unrecorded(
+    u: &mut Unit<'_>,
+    b: &mut Batch,
+    per_table: &[(u32, u64)],
+    per_route: &[RouteCount],
+    commit_lsn: Lsn,
+    commit_time: i64,
+) {
     if per_table.is_empty() {
         return;
     }
-    let recorded = b.recorded.get_or_insert_with(|| u.source.recorded_offsets());
-    for &(oid, n) in per_table {
-        if recorded.get(&oid).is_some_and(|&at| at >= commit_lsn.0) {
-            continue;
-        }
+    let recorded = b.recorded.get_or_insert_with(|| u.source.recorded_offsets()).clone();
+    let unrecorded = |oid: &u32| recorded.get(oid).is_none_or(|&at| at < commit_lsn.0);
+    for &(oid, n) in per_table.iter().filter(|(oid, _)| unrecorded(oid)) {
         let p = b.progress.entry(oid).or_default();
         p.events += n;
         p.last_commit_lsn = p.last_commit_lsn.max(commit_lsn.0);
         p.last_commit_unix_micros = pg_to_unix_micros(commit_time);
     }
+    for (key, n) in per_route.iter().filter(|((oid, _, _), _)| unrecorded(oid)) {
+        add_route(b, key, *n, pg_to_unix_micros(commit_time));
+    }
+}
+
+/// Adds `n` events of a route to what a read sent.
+fn add_route(b: &mut Batch, key: &(u32, Arc<str>, Lsn), n: u64, commit_unix_micros: i64) {
+    let r = b.routes.entry(key.clone()).or_default();
+    r.0 += n;
+    r.1 = r.1.max(commit_unix_micros);
+}
+
+/// The events of each `regional_routing` route among `events`.
+fn per_route(events: &[Event]) -> Vec<RouteCount> {
+    let mut out: Vec<RouteCount> = Vec::new();
+    for ev in events {
+        for (route, at) in &ev.routes {
+            match out.iter_mut().find(|((oid, r, a), _)| *oid == ev.table_oid && r == route && a == at) {
+                Some((_, n)) => *n += 1,
+                None => out.push(((ev.table_oid, route.clone(), *at), 1)),
+            }
+        }
+    }
+    out
 }
 
 /// Adds the tables of `events` to `touched` (once each).
@@ -410,6 +443,7 @@ fn send(
         return Ok(());
     }
     let tables = per_table(&events);
+    let routes = per_route(&events);
     if !b.sent {
         if let Some(f) = inputs.on_open {
             f();
@@ -427,6 +461,9 @@ fn send(
         p.last_commit_lsn = commit_lsn.0;
         p.last_commit_unix_micros = sent.commit_unix_micros;
         b.tables.entry(oid).or_default().events += n;
+    }
+    for (key, n) in &routes {
+        add_route(b, key, *n, sent.commit_unix_micros);
     }
     b.sent_log.push(sent);
     Ok(())

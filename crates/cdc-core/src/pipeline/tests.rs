@@ -940,3 +940,110 @@ fn a_version_topic_routes_the_events_of_its_versions_and_a_stale_history_is_read
     let plain = History::from_versions(vec![version(1, 1, false), version(2, 2, false)]);
     assert!(run(plain, &unrelated).is_ok());
 }
+
+/// The `basic` capture through sink `sink`, the orders table routed by status.
+fn routed(
+    sink: &str,
+    routing: serde_json::Value,
+    routing_lsn: u64,
+    extra: &[RawFrame],
+) -> Result<BatchOutput, PipelineError> {
+    let mut fr = frames("basic");
+    let oids = relation_oids(&fr);
+    let root = json!({ "regional_routing": routing });
+    let o = crate::config::object::Obj::root("config", &root).unwrap();
+    let mut c = orders_config();
+    c.routing = crate::routing::parse(o.object("regional_routing").unwrap(), |_, _| Ok(())).unwrap();
+    c.routing_lsn = Some(Lsn(routing_lsn));
+    let sink_tables: SinkTables =
+        [(oids["orders"], Arc::new(c)), (oids["plain"], Arc::new(config(&["id"])))].into_iter().collect();
+    for f in extra {
+        fr.insert(1, f.clone());
+    }
+    let mut a = Assembler::new("golden");
+    a.set_sink_name(sink);
+    a.process(&fr, &sink_tables, &types("basic"))
+}
+
+fn routed_summary(out: &BatchOutput) -> Vec<String> {
+    let ev = events(&out.transactions);
+    let routes = out.transactions.iter().flat_map(|t| t.events.iter().map(|e| e.routes.clone()));
+    summary(&ev)
+        .into_iter()
+        .zip(routes)
+        .filter(|(s, _)| !s.starts_with("plain") || s.contains("TRUNCATE"))
+        .map(|(s, r)| r.iter().fold(s, |s, (route, _)| format!("{s} @{route}")))
+        .collect()
+}
+
+#[test]
+fn regional_routing_sends_each_row_to_the_sinks_of_its_route() {
+    let routes = json!({
+        "routing_column": "status",
+        "routes": {"pending": ["p", "both"], "confirmed": ["c", "both"]}
+    });
+    let p = routed_summary(&routed("p", routes.clone(), 0, &[]).unwrap());
+    // The row left the sink's route (pending -> confirmed): the DELETE of its before image.
+    assert_eq!(
+        p,
+        [
+            "orders INSERT ORD-12345 @pending",
+            "orders DELETE ORD-12345 @pending",
+            "orders INSERT ORD-2 @pending",
+            "orders DELETE ORD-2 @pending",
+            "plain TRUNCATE ",
+            "orders TRUNCATE "
+        ]
+    );
+    let out = routed("c", routes.clone(), 0, &[]).unwrap();
+    // It entered the route of "c": the INSERT of its whole after image.
+    assert_eq!(routed_summary(&out), ["orders INSERT ORD-12345 @confirmed", "plain TRUNCATE ", "orders TRUNCATE "]);
+    let ev = events(&out.transactions);
+    assert_eq!(ev[0].1["after"]["status"], "confirmed");
+    assert_eq!(ev[0].1["after"]["total"], json!(150.00));
+    assert_eq!(ev[0].1["before"], Value::Null);
+    // A sink in both routes gets the UPDATE.
+    assert_eq!(
+        routed_summary(&routed("both", routes.clone(), 0, &[]).unwrap()),
+        [
+            "orders INSERT ORD-12345 @pending",
+            "orders UPDATE ORD-12345 @confirmed @pending",
+            "orders INSERT ORD-2 @pending",
+            "orders DELETE ORD-2 @pending",
+            "plain TRUNCATE ",
+            "orders TRUNCATE "
+        ]
+    );
+    // A sink in no route gets nothing of the table, not even its TRUNCATE.
+    assert_eq!(routed_summary(&routed("other", routes.clone(), 0, &[]).unwrap()), ["plain TRUNCATE "]);
+    // Drafts take the default route.
+    let mut with_default = routes.clone();
+    with_default["default_route"] = json!("pending");
+    let p = routed_summary(&routed("p", with_default, 0, &[]).unwrap());
+    assert!(p.contains(&"orders INSERT ORD-3 @pending".to_string()), "{p:?}");
+    assert!(p.contains(&"orders DELETE ORD-3 @pending".to_string()), "the key change retracts ORD-3: {p:?}");
+    assert!(p.contains(&"orders UPDATE ORD-3B @pending".to_string()), "{p:?}");
+    // Negative control: before the routing's LSN every sink gets every change, unrouted.
+    let before = routed_summary(&routed("c", routes.clone(), u64::MAX - 1, &[]).unwrap());
+    assert_eq!(before.len(), 9, "{before:?}");
+    assert!(before.iter().all(|s| !s.contains('@')), "{before:?}");
+}
+
+#[test]
+fn a_routing_change_after_the_catalog_was_read_reads_it_again() {
+    use crate::routing::ROUTING_MESSAGE_PREFIX;
+    let fr = frames("basic");
+    let oids = relation_oids(&fr);
+    let at = fr[0].lsn;
+    let msg = message_frame(at, true, ROUTING_MESSAGE_PREFIX, oids["orders"].to_string().as_bytes());
+    let routes = json!({"routing_column": "status", "routes": {"pending": ["p"]}});
+    // The copy's routing is older than the message: read the catalog again.
+    let err = routed("p", routes.clone(), at.0 - 1, std::slice::from_ref(&msg)).unwrap_err();
+    assert!(matches!(err, PipelineError::RoutingBehind { .. }), "{err}");
+    assert!(err.to_string().contains("regional_routing changed"), "{err}");
+    // The copy has it (its LSN is the message's end, past its start): the read goes on.
+    assert!(routed("p", routes.clone(), at.0 + 10, std::slice::from_ref(&msg)).is_ok());
+    // A message about a table the sink does not carry is not its business.
+    let other = message_frame(at, true, ROUTING_MESSAGE_PREFIX, (oids["orders"] + 100_000).to_string().as_bytes());
+    assert!(routed("p", routes, at.0 - 1, &[other]).is_ok());
+}

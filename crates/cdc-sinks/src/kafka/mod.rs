@@ -592,6 +592,7 @@ mod tests {
                 tombstone: false,
                 topic_version: None,
                 schema_version: None,
+                routes: Vec::new(),
             })
             .collect();
         Transaction {

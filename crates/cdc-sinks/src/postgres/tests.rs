@@ -48,6 +48,7 @@ fn event(op: Op, commit: u64, lsn: u64, before: Option<&str>, after: Option<&str
         tombstone: false,
         topic_version: None,
         schema_version: None,
+        routes: Vec::new(),
     }
 }
 
