@@ -796,6 +796,7 @@ pub fn rename_in_config(config: &Value, from: &str, to: &str) -> Option<Value> {
         }
     };
     rename_str(out.get_mut("partition_key"));
+    rename_str(out.pointer_mut("/regional_routing/routing_column"));
     if let Some(Value::Array(ts)) = out.get_mut("transformations") {
         for t in ts.iter_mut() {
             rename_str(t.get_mut("column"));

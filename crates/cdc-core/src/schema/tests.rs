@@ -212,6 +212,7 @@ fn configs_follow_a_rename() {
         "partition_key": "email",
         "compliance": {"redact_pii": true, "pii_columns": ["email"]},
         "filter": "email IS NOT NULL",
+        "regional_routing": {"routing_column": "email", "routes": {"email": ["s"]}},
         "transformations": [{"type": "mask", "column": "email", "method": "hash"},
                             {"type": "compute", "name": "domain", "expression": "split_part(email, '@', 2)"},
                             {"type": "enrich", "source_column": "email", "lookup_table": "people",
@@ -226,6 +227,8 @@ fn configs_follow_a_rename() {
             "partition_key": "mail",
             "compliance": {"redact_pii": true, "pii_columns": ["mail"]},
             "filter": "mail IS NOT NULL",
+            // The routes' values are the column's values, not column names: unchanged.
+            "regional_routing": {"routing_column": "mail", "routes": {"email": ["s"]}},
             "transformations": [{"type": "mask", "column": "mail", "method": "hash"},
                                 {"type": "compute", "name": "domain", "expression": "split_part(mail, '@', 2)"},
                                 // The lookup table's columns are another table's: unchanged.
