@@ -1125,9 +1125,14 @@ impl Assembler {
                 };
                 index += 1;
                 let mut ev = self.encoder.encode_row(types, &ch, txn, index);
-                // An UPDATE that retracted its old key counted the route it left with the retraction.
+                // An UPDATE that retracted its old key counted the route it left with the retraction;
+                // one that entered the filter was never published in the route it left.
                 let left = match (op, old) {
-                    (Op::Update, Some((OldKind::Full, o))) if index == done + 1 => Some(o),
+                    (Op::Update, Some((OldKind::Full, o)))
+                        if index == done + 1 && !matches!(mark, FilterMark::Entered(_)) =>
+                    {
+                        Some(o)
+                    }
                     _ => None,
                 };
                 ev.routes = route_tags(plan, *lsn, image, left);
@@ -1214,7 +1219,7 @@ impl LargeTransaction {
             let old_t = old.as_ref().map(|(_, t)| t);
             let mut tags = Vec::with_capacity(2);
             let mut left = match (op, old) {
-                (Op::Update, Some((OldKind::Full, o))) => Some(o),
+                (Op::Update, Some((OldKind::Full, o))) if !matches!(mark, FilterMark::Entered(_)) => Some(o),
                 _ => None,
             };
             if let (Op::Update, Some((kind, o)), Some(n)) = (op, old, new) {

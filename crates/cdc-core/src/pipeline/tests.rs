@@ -948,6 +948,17 @@ fn routed(
     routing_lsn: u64,
     extra: &[RawFrame],
 ) -> Result<BatchOutput, PipelineError> {
+    routed_filtered(sink, routing, routing_lsn, extra, None)
+}
+
+/// [`routed`] with a row filter on orders.
+fn routed_filtered(
+    sink: &str,
+    routing: serde_json::Value,
+    routing_lsn: u64,
+    extra: &[RawFrame],
+    filter: Option<&str>,
+) -> Result<BatchOutput, PipelineError> {
     let mut fr = frames("basic");
     let oids = relation_oids(&fr);
     let root = json!({ "regional_routing": routing });
@@ -955,6 +966,7 @@ fn routed(
     let mut c = orders_config();
     c.routing = crate::routing::parse(o.object("regional_routing").unwrap(), |_, _| Ok(())).unwrap();
     c.routing_lsn = Some(Lsn(routing_lsn));
+    c.filter = filter.map(str::to_string);
     let sink_tables: SinkTables =
         [(oids["orders"], Arc::new(c)), (oids["plain"], Arc::new(config(&["id"])))].into_iter().collect();
     for f in extra {
@@ -1027,6 +1039,18 @@ fn regional_routing_sends_each_row_to_the_sinks_of_its_route() {
     let before = routed_summary(&routed("c", routes.clone(), u64::MAX - 1, &[]).unwrap());
     assert_eq!(before.len(), 9, "{before:?}");
     assert!(before.iter().all(|s| !s.contains('@')), "{before:?}");
+}
+
+#[test]
+fn a_row_entering_the_filter_counts_only_for_the_route_it_entered() {
+    let routes = json!({"routing_column": "status", "routes": {"pending": ["p", "both"], "confirmed": ["both"]}});
+    let filter = Some("status = 'confirmed'");
+    // pending -> confirmed enters the filter: "both" never had the row in "pending".
+    let both = routed_summary(&routed_filtered("both", routes.clone(), 0, &[], filter).unwrap());
+    assert_eq!(both[0], "orders UPDATE ORD-12345 entered @confirmed", "{both:?}");
+    // "p" never had it either (the filter kept it out): the row leaving "pending" is nothing to it.
+    let p = routed_summary(&routed_filtered("p", routes, 0, &[], filter).unwrap());
+    assert!(p.iter().all(|s| !s.contains("ORD-12345")), "{p:?}");
 }
 
 #[test]
