@@ -416,11 +416,7 @@ impl Assembler {
         if !history.behind(version, lsn) {
             return Ok(());
         }
-        let table = match self.relations.get(&oid) {
-            Some(p) => format!("{}.{}", p.relation.namespace, p.relation.name),
-            None => format!("with OID {oid}"),
-        };
-        Err(PipelineError::HistoryBehind { table, lsn, version })
+        Err(PipelineError::HistoryBehind { table: self.table_name(oid), lsn, version })
     }
 
     /// A table's routing changed (its transactional message, [`crate::routing::ROUTING_MESSAGE_PREFIX`]):
@@ -440,11 +436,15 @@ impl Assembler {
         if cfg.routing_lsn.is_some_and(|at| at >= lsn) {
             return Ok(());
         }
-        let table = match self.relations.get(&oid) {
+        Err(PipelineError::RoutingBehind { table: self.table_name(oid), lsn })
+    }
+
+    /// A table's `schema.name` as its relation says, for messages (`with OID <oid>` before one).
+    fn table_name(&self, oid: u32) -> String {
+        match self.relations.get(&oid) {
             Some(p) => format!("{}.{}", p.relation.namespace, p.relation.name),
             None => format!("with OID {oid}"),
-        };
-        Err(PipelineError::RoutingBehind { table, lsn })
+        }
     }
 
     fn context_of(&self, xid: u32, prefix: &str, content: &[u8]) -> Option<Arc<UserContext>> {
