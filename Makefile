@@ -19,16 +19,19 @@ install: deps
 	@scripts/install-ext.sh
 
 ## up: start PostgreSQL 15 (pg_cdc preloaded), a single-node Kafka, a local Kinesis server, Google's Pub/Sub
-## fake server and the schema registry stand-in; restarts PostgreSQL when the extension changed
+## fake server, a Pulsar standalone broker and the schema registry stand-in; restarts PostgreSQL when the
+## extension changed
 up: install
 	@scripts/pg.sh start-fresh
 	@scripts/kafka.sh start
 	@scripts/kinesis.sh start
 	@scripts/pubsub.sh start
+	@scripts/pulsar.sh start
 	@scripts/schema-registry.sh start
 
 down:
 	@scripts/schema-registry.sh stop
+	@scripts/pulsar.sh stop
 	@scripts/pubsub.sh stop
 	@scripts/kinesis.sh stop
 	@scripts/kafka.sh stop

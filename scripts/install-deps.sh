@@ -12,7 +12,7 @@ log() { printf '[install] %s\n' "$*"; }
 need_apt=()
 for pkg in postgresql-15 postgresql-server-dev-15 postgresql-contrib libpq-dev libclang-dev clang cmake pkg-config \
     libcurl4-openssl-dev libsasl2-dev libzstd-dev liblz4-dev libssl-dev zlib1g-dev \
-    maven openjdk-17-jdk-headless python3-venv sudo procps openssl; do
+    maven openjdk-17-jdk-headless python3-venv sudo procps openssl protobuf-compiler; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -73,6 +73,11 @@ pub static TEST_SNAPSHOT_IGNORE_CHECKPOINT: GucSetting<bool> = GucSetting::<bool
 /// (the negative control). What is held back is lost on a restart.
 pub static TEST_APPLY_SHUFFLE: GucSetting<i32> = GucSetting::<i32>::new(0);
 
+/// `cdc.test_pulsar_reuse_producer_name`: test-only; pulsar sinks name every producer
+/// `<producer_name>` alone, as a client that reuses a name would (the negative control of the
+/// naming that keeps broker-side deduplication from dropping a new producer's first messages).
+pub static TEST_PULSAR_REUSE_PRODUCER_NAME: GucSetting<bool> = GucSetting::<bool>::new(false);
+
 /// Registers the settings (from `_PG_init`).
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -109,6 +114,14 @@ pub fn init() {
         &TEST_APPLY_SHUFFLE,
         -i32::MAX,
         i32::MAX,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_bool_guc(
+        c"cdc.test_pulsar_reuse_producer_name",
+        c"Test only: pulsar sinks reuse their producer name across producers.",
+        c"The negative control of the producer naming (broker-side deduplication drops the new producer's messages).",
+        &TEST_PULSAR_REUSE_PRODUCER_NAME,
         GucContext::Sighup,
         GucFlags::SUPERUSER_ONLY,
     );

@@ -116,6 +116,7 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         | SinkConfig::Table(_)
         | SinkConfig::Kinesis(_)
         | SinkConfig::PubSub(_)
+        | SinkConfig::Pulsar(_)
         | SinkConfig::Postgres(_) => {}
     }
     if let SinkConfig::Table(t) = &cfg {

@@ -20,6 +20,7 @@ use cdc_sinks::kinesis::aws::{AwsKinesis, Defaults};
 use cdc_sinks::postgres::libpq::Libpq;
 use cdc_sinks::postgres::{PostgresSink, SourceTable};
 use cdc_sinks::pubsub::google::GooglePubSub;
+use cdc_sinks::pulsar::client::PulsarClient;
 use cdc_sinks::table::TableSink;
 use cdc_sinks::webhook::WebhookSink;
 use cdc_sinks::{parse_config, Checkpoint, DeliveryMode, ErrorClass, Sink, SinkConfig, SinkError};
@@ -222,6 +223,7 @@ fn open_in_place(
         | SinkConfig::EventHub(_)
         | SinkConfig::Kinesis(_)
         | SinkConfig::PubSub(_)
+        | SinkConfig::Pulsar(_)
         | SinkConfig::Postgres(_) => Ok(None),
         SinkConfig::Table(cfg) => {
             let mut sink = TableSink::new(SpiStore::open(schema, &row.id, cfg)?);
@@ -257,6 +259,7 @@ fn kafka_config_of(config: &SinkConfig) -> Result<Option<KafkaSinkConfig>, SinkE
         | SinkConfig::Webhook(_)
         | SinkConfig::Kinesis(_)
         | SinkConfig::PubSub(_)
+        | SinkConfig::Pulsar(_)
         | SinkConfig::Postgres(_) => None,
     })
 }
@@ -294,6 +297,18 @@ fn start_open(run: &SinkRun, config: &SinkConfig, cat: &Catalog) -> Result<Openi
                 let mut api = GooglePubSub::open(&cfg, endpoint.as_deref())?;
                 api.set_interrupt(stop_requested);
                 let sink = api.into_sink(&cfg);
+                Ok((Box::new(sink) as Opened, None))
+            })
+        }));
+    }
+    if let SinkConfig::Pulsar(cfg) = config {
+        let (cfg, name, database) = (cfg.clone(), run.row.name.clone(), cat.database.clone());
+        let reuse_names = gucs::TEST_PULSAR_REUSE_PRODUCER_NAME.get();
+        return Ok(with_signals_blocked(move || {
+            std::thread::spawn(move || {
+                let mut api = PulsarClient::open(&cfg, &name, reuse_names)?;
+                api.set_interrupt(stop_requested);
+                let sink = api.into_sink(&cfg, &database);
                 Ok((Box::new(sink) as Opened, None))
             })
         }));

@@ -18,6 +18,7 @@ pub mod kafka;
 pub mod kinesis;
 pub mod postgres;
 pub mod pubsub;
+pub mod pulsar;
 pub mod registry;
 pub mod table;
 #[cfg(test)]

@@ -10,6 +10,7 @@ use crate::kafka::config::KafkaSinkConfig;
 use crate::kinesis::config::KinesisSinkConfig;
 use crate::postgres::config::PostgresSinkConfig;
 use crate::pubsub::config::PubSubSinkConfig;
+use crate::pulsar::config::PulsarSinkConfig;
 use crate::table::config::TableSinkConfig;
 use crate::webhook::config::WebhookSinkConfig;
 use crate::DeliveryMode;
@@ -31,6 +32,8 @@ pub enum SinkConfig {
     PubSub(PubSubSinkConfig),
     /// `postgres`: the stream applied to tables of a PostgreSQL database.
     Postgres(PostgresSinkConfig),
+    /// `pulsar`: Apache Pulsar topics.
+    Pulsar(PulsarSinkConfig),
 }
 
 type Parse = fn(&Value) -> CdcResult<SinkConfig>;
@@ -44,14 +47,12 @@ const BUILT: &[(&str, Parse)] = &[
     ("kinesis", |v| crate::kinesis::config::parse(v).map(SinkConfig::Kinesis)),
     ("pubsub", |v| crate::pubsub::config::parse(v).map(SinkConfig::PubSub)),
     ("postgres", |v| crate::postgres::config::parse(v).map(SinkConfig::Postgres)),
+    ("pulsar", |v| crate::pulsar::config::parse(v).map(SinkConfig::Pulsar)),
 ];
 
-/// Sink types of the product description that are planned, not built: refused with 0A000.
-const PLANNED: &[&str] = &["pulsar"];
-
-/// Every sink type name pg_cdc knows (built first).
+/// Every sink type name pg_cdc knows.
 pub fn sink_types() -> Vec<&'static str> {
-    BUILT.iter().map(|(name, _)| *name).chain(PLANNED.iter().copied()).collect()
+    BUILT.iter().map(|(name, _)| *name).collect()
 }
 
 /// Validates a sink type and its config.
@@ -75,14 +76,6 @@ pub fn parse_config(sink_type: &str, config: &Value) -> CdcResult<SinkConfig> {
         }
         return Ok(parsed);
     }
-    let built: Vec<&str> = BUILT.iter().map(|(name, _)| *name).collect();
-    if PLANNED.contains(&sink_type) {
-        return Err(CdcError::new(
-            ErrorKind::FeatureNotSupported,
-            format!("sink type \"{sink_type}\" is not supported yet"),
-        )
-        .hint(format!("Sink types available in this version: {}.", built.join(", "))));
-    }
     let all = sink_types();
     let e = CdcError::new(ErrorKind::InvalidParameter, format!("unknown sink type \"{sink_type}\""));
     Err(match did_you_mean(sink_type, all.iter().copied()) {
@@ -102,6 +95,7 @@ impl SinkConfig {
             SinkConfig::Kinesis(c) => &c.common,
             SinkConfig::PubSub(c) => &c.common,
             SinkConfig::Postgres(c) => &c.common,
+            SinkConfig::Pulsar(c) => &c.common,
         }
     }
 
@@ -153,7 +147,9 @@ impl SinkConfig {
     pub fn delivery_mode(&self) -> DeliveryMode {
         match self {
             SinkConfig::Kafka(c) if !c.exactly_once => DeliveryMode::AtLeastOnce,
-            SinkConfig::Webhook(_) | SinkConfig::Kinesis(_) | SinkConfig::PubSub(_) => DeliveryMode::AtLeastOnce,
+            SinkConfig::Webhook(_) | SinkConfig::Kinesis(_) | SinkConfig::PubSub(_) | SinkConfig::Pulsar(_) => {
+                DeliveryMode::AtLeastOnce
+            }
             // Delivered again after a failure, applied once: the row versions make a repeat a no-op.
             SinkConfig::Postgres(_) => DeliveryMode::AtLeastOnce,
             SinkConfig::EventHub(c) if !c.exactly_once => DeliveryMode::AtLeastOnce,

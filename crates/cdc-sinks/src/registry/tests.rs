@@ -86,7 +86,7 @@ fn sink_types() {
     let e = parse_config("kafak", &json!({})).unwrap_err();
     assert_eq!(e.kind.sqlstate(), "22023");
     assert!(e.hint.unwrap().starts_with("Did you mean \"kafka\"?"));
-    assert_eq!(parse_config("pulsar", &json!({})).unwrap_err().kind.sqlstate(), "0A000");
+    assert_eq!(parse_config("pulsar", &json!({})).unwrap_err().kind.sqlstate(), "22023");
     assert_eq!(parse_config("pubsub", &json!({})).unwrap_err().kind.sqlstate(), "22023");
     assert!(parse_config("nope", &json!({}))
         .unwrap_err()
