@@ -370,7 +370,8 @@ fn record_unrecorded(
     if per_table.is_empty() {
         return;
     }
-    let recorded = b.recorded.get_or_insert_with(|| u.source.recorded_offsets()).clone();
+    // Taken out while `b` is written, and put back: read once per read, never copied.
+    let recorded = b.recorded.take().unwrap_or_else(|| u.source.recorded_offsets());
     let unrecorded = |oid: &u32| recorded.get(oid).is_none_or(|&at| at < commit_lsn.0);
     for &(oid, n) in per_table.iter().filter(|(oid, _)| unrecorded(oid)) {
         let p = b.progress.entry(oid).or_default();
@@ -381,6 +382,7 @@ fn record_unrecorded(
     for (key, n) in per_route.iter().filter(|((oid, _, _), _)| unrecorded(oid)) {
         add_route(b, key, *n, pg_to_unix_micros(commit_time));
     }
+    b.recorded = Some(recorded);
 }
 
 /// Adds `n` events of a route to what a read sent.
