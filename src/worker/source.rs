@@ -195,6 +195,9 @@ pub struct Catalog {
     pub now: String,
     /// pg_current_wal_insert_lsn() as text.
     pub wal_insert_lsn: String,
+    /// pg_current_snapshot() of the catalog query as text: the transactions the copy reflects.
+    #[serde(default)]
+    pub snapshot: Option<String>,
     /// Sinks.
     pub sinks: Vec<SinkRow>,
     /// Captured tables.
@@ -262,6 +265,7 @@ pub fn load_catalog() -> Catalog {
   'database', current_database(),
   'now', clock_timestamp()::text,
   'wal_insert_lsn', pg_current_wal_insert_lsn()::text,
+  'snapshot', pg_current_snapshot()::text,
   'sinks', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'id', sink_id, 'name', sink_name, 'type', sink_type, 'config', config, 'slot', slot_name,
                 'tables', table_oids::bigint[], 'state', state, 'last_error', last_error) ORDER BY created_at), '[]')

@@ -8,7 +8,7 @@ use cdc_core::config::{checkpoint_interval, parse_stored_capture_config, Capture
 use cdc_core::failpoint::{Armed, Failpoint};
 use cdc_core::pipeline::{Assembler, SinkTables};
 use cdc_core::redact::TokenKey;
-use cdc_core::snapshot::{ChunkSource, SnapshotReader};
+use cdc_core::snapshot::{ChunkSource, MvccSnapshot, SnapshotReader};
 use cdc_core::state::SinkState;
 use cdc_core::stats::DeliveryCounters;
 use cdc_core::types::TypeRegistry;
@@ -914,6 +914,11 @@ impl Worker {
                 );
             } else if let Some(r) = self.sinks.get_mut(&row.id) {
                 r.row = row.clone();
+            }
+            // Which transactions the catalog copy reflects (capture and version messages of
+            // later ones make the sink read it again).
+            if let Some(r) = self.sinks.get_mut(&row.id) {
+                r.assembler.set_catalog_snapshot(cat.snapshot.as_deref().and_then(|t| MvccSnapshot::parse(t).ok()));
             }
         }
     }

@@ -228,20 +228,17 @@ def test_the_target_follows_the_sources_ddl(pg, apply_sinks, target, unique):
     with psycopg.connect(target["dsn"], autocommit=True) as c:
         assert c.execute("SELECT to_regclass(%s)", (f"public.{t}",)).fetchone()[0] is None
     # Disabled and enabled again, the table's history starts over at version 1: its next DDL is
-    # still followed (the target's recorded version belongs to the old history).
-    pg.execute("SELECT cdc_disable(%s)", (renamed,))
-    pg.execute("SELECT cdc_enable(%s)", (renamed,))
-    pg.execute(f"ALTER TABLE {renamed} ADD COLUMN late text")
-    pg.execute(f"UPDATE {renamed} SET late = 'yes' WHERE id <= 2")
-    try:
-        converged(target, renamed, "rows after the history started over")
-    except AssertionError as e:
-        # KNOWN BUG, open in issue 18's note (session 23): about one run in two here, the column added
-        # after the table was disabled and enabled again never reaches the target (the sink keeps
-        # running). Reported as an expected failure, not hidden: pytest lists it as xfailed.
+    # still followed (the target's recorded version belongs to the old history). Four times: the
+    # worker may read its catalog between the disable and the enable, and the changes after the
+    # enable must not be decoded with that copy (regression: about one round in three lost the
+    # column, its changes and the added snapshot's rows; see the capture message in pipeline.rs).
+    for n in range(4):
         pg.execute("SELECT cdc_disable(%s)", (renamed,))
-        pytest.xfail(f"known intermittent bug: {e}")
-    assert types_of(PG_DSN, renamed) == types_of(target["dsn"], f"public.{renamed}")
+        pg.execute("SELECT cdc_enable(%s)", (renamed,))
+        pg.execute(f"ALTER TABLE {renamed} ADD COLUMN late{n} text")
+        pg.execute(f"UPDATE {renamed} SET late{n} = 'yes' WHERE id <= 2 + {n}")
+        converged(target, renamed, f"rows after the history started over ({n + 1})", timeout=30)
+        assert types_of(PG_DSN, renamed) == types_of(target["dsn"], f"public.{renamed}")
     pg.execute("SELECT cdc_disable(%s)", (renamed,))
 
 

@@ -23,11 +23,19 @@ use crate::envelope::{Encoder, Event, FilterMark, Op, RelationPlan, RowChange, T
 use crate::format::EventFormat;
 use crate::lookup::{Answer, LookupChange, LookupRow, Lookups};
 use crate::lsn::Lsn;
+use crate::snapshot::MvccSnapshot;
 use crate::stats::TableCounters;
 use crate::types::TypeRegistry;
 
 /// Prefix of the logical messages pg_cdc emits to move idle slots forward.
 pub const HEARTBEAT_PREFIX: &str = "pg_cdc.heartbeat";
+
+/// The prefix of the transactional logical message `cdc_enable` writes (content: `<table oid>`):
+/// the table is captured, with that config, from its transaction on. A worker whose catalog copy
+/// was read before that transaction committed reads the catalog again before it decodes anything
+/// after the message: no change of a table enabled (or enabled again) since is decoded with a copy
+/// that does not carry it, or carries its older config and schema history.
+pub const CAPTURE_MESSAGE_PREFIX: &str = "pg_cdc.capture";
 
 /// One pgoutput message and its LSN, as logical decoding writes it (a row of
 /// `pg_logical_slot_peek_binary_changes`, or one write of the worker's decoding session).
@@ -133,6 +141,16 @@ pub enum PipelineError {
         /// LSN of the routing message.
         lsn: Lsn,
     },
+    /// A table was enabled for capture (or its capture config replaced) by a transaction that
+    /// committed after the catalog copy the worker read ([`CAPTURE_MESSAGE_PREFIX`]): it reads the
+    /// catalog again and retries, so nothing after it is decoded without the table or with its
+    /// older config.
+    CaptureBehind {
+        /// The table, `schema.name`.
+        table: String,
+        /// LSN of the capture message.
+        lsn: Lsn,
+    },
     /// The sink's event format could not encode a change (see [`crate::format`]): a schema
     /// registry that is down (retried) or that refuses the schema, a value the format cannot
     /// carry (an operator must act). Nothing of the transaction is published.
@@ -162,6 +180,10 @@ impl std::fmt::Display for PipelineError {
             PipelineError::RoutingBehind { table, lsn } => write!(
                 f,
                 "table {table}: its regional_routing changed at LSN {lsn}, after the catalog was read; reading it again"
+            ),
+            PipelineError::CaptureBehind { table, lsn } => write!(
+                f,
+                "table {table}: its capture was enabled or its capture config replaced at LSN {lsn}, after the catalog was read; reading it again"
             ),
             PipelineError::Format { table, lsn, error } => write!(f, "table {table}, change at LSN {lsn}: {error}"),
             PipelineError::Config { table, reason } | PipelineError::Compliance { table, reason } => {
@@ -286,6 +308,10 @@ pub struct Assembler {
     format: Option<Box<dyn EventFormat>>,
     /// The sink's name (the routes of `regional_routing` name sinks).
     sink: String,
+    /// The MVCC snapshot the catalog copy (the `tables` of each call) was read in: which
+    /// transactions it reflects. `None`: unknown (the capture and version messages then fall back
+    /// to what the copy itself says).
+    catalog_snapshot: Option<MvccSnapshot>,
 }
 
 impl Assembler {
@@ -301,7 +327,15 @@ impl Assembler {
             lookups: Lookups::default(),
             format: None,
             sink: String::new(),
+            catalog_snapshot: None,
         }
+    }
+
+    /// Sets the MVCC snapshot the catalog copy passed to the next calls was read in
+    /// (`pg_current_snapshot()` of the catalog query): a capture or version message of a
+    /// transaction it does not see committed means the copy is older than that transaction.
+    pub fn set_catalog_snapshot(&mut self, snapshot: Option<MvccSnapshot>) {
+        self.catalog_snapshot = snapshot;
     }
 
     /// Sets the sink's name, which `regional_routing` routes name.
@@ -406,6 +440,7 @@ impl Assembler {
         prefix: &str,
         content: &[u8],
         lsn: Lsn,
+        xid: u32,
         tables: &SinkTables,
     ) -> Result<(), PipelineError> {
         if prefix != crate::schema::VERSION_MESSAGE_PREFIX {
@@ -413,10 +448,33 @@ impl Assembler {
         }
         let Some((oid, version)) = crate::schema::parse_version_message(content) else { return Ok(()) };
         let Some(history) = tables.get(&oid).and_then(|c| c.history.as_ref()) else { return Ok(()) };
-        if !history.behind(version, lsn) {
+        // With the catalog's snapshot known, exactly: the copy holds the DDL's version iff it was
+        // read after the DDL committed. (A history of the same table from before a cdc_disable
+        // and cdc_enable may hold another version of the same number.)
+        let behind = match &self.catalog_snapshot {
+            Some(seen) => !seen.sees_committed(xid),
+            None => history.behind(version, lsn),
+        };
+        if !behind {
             return Ok(());
         }
         Err(PipelineError::HistoryBehind { table: self.table_name(oid), lsn, version })
+    }
+
+    /// A table was enabled for capture, or its capture config replaced
+    /// ([`CAPTURE_MESSAGE_PREFIX`]), by transaction `xid`: when the catalog copy was read before
+    /// it committed, the sink reads the catalog again.
+    fn check_capture_message(&self, prefix: &str, content: &[u8], lsn: Lsn, xid: u32) -> Result<(), PipelineError> {
+        if prefix != CAPTURE_MESSAGE_PREFIX {
+            return Ok(());
+        }
+        let Some(seen) = &self.catalog_snapshot else { return Ok(()) };
+        if seen.sees_committed(xid) {
+            return Ok(());
+        }
+        let oid = std::str::from_utf8(content).ok().and_then(|t| t.trim().parse::<u32>().ok());
+        let table = oid.map(|o| self.table_name(o)).unwrap_or_else(|| "(unnamed)".into());
+        Err(PipelineError::CaptureBehind { table, lsn })
     }
 
     /// A table's routing changed (its transactional message, [`crate::routing::ROUTING_MESSAGE_PREFIX`]):
@@ -754,7 +812,8 @@ impl Assembler {
                         out.confirm_lsn = Some(lsn.max(frame.lsn));
                     }
                     if let (true, Some((xid, _))) = (transactional, open) {
-                        self.check_version_message(prefix, content, lsn, tables)?;
+                        self.check_capture_message(prefix, content, lsn, xid)?;
+                        self.check_version_message(prefix, content, lsn, xid, tables)?;
                         self.check_routing_message(prefix, content, lsn, tables)?;
                         if let Some(c) = self.context_of(xid, prefix, content) {
                             ctx = Some(c);
@@ -877,7 +936,8 @@ impl Assembler {
                     return Ok(Some(idx + 1));
                 }
                 Message::LogicalMessage { transactional: true, prefix, content, lsn } if txn.begun => {
-                    self.check_version_message(prefix, content, lsn, tables)?;
+                    self.check_capture_message(prefix, content, lsn, txn.info.xid)?;
+                    self.check_version_message(prefix, content, lsn, txn.info.xid, tables)?;
                     self.check_routing_message(prefix, content, lsn, tables)?;
                     if let Some(c) = self.context_of(txn.info.xid, prefix, content) {
                         txn.ctx = Some(c);

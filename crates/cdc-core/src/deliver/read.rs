@@ -66,7 +66,8 @@ impl Failure {
             PipelineError::Config { .. } => Failure::new(SinkState::Error, e.to_string()),
             PipelineError::SchemaBehind { .. }
             | PipelineError::HistoryBehind { .. }
-            | PipelineError::RoutingBehind { .. } => Failure::new(SinkState::Retrying, e.to_string()),
+            | PipelineError::RoutingBehind { .. }
+            | PipelineError::CaptureBehind { .. } => Failure::new(SinkState::Retrying, e.to_string()),
             PipelineError::Format { ref error, .. } => {
                 Failure::new(if error.retry { SinkState::Retrying } else { SinkState::Error }, e.to_string())
             }
