@@ -1,6 +1,9 @@
 # pg_cdc — every command a developer or CI needs. All set-up is in scripts/ and idempotent.
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
+# Build outputs live in the cache beside the other installs (scripts/env.sh says the same): a fresh clone
+# then compiles only pg_cdc's own crates, not its dependencies again.
+export CARGO_TARGET_DIR ?= $(or $(PG_CDC_CACHE),/var/cache/pg_cdc)/target
 
 .PHONY: demo test deps install up down restart psql unit lint regress e2e chaos chaos-long golden golden-debezium bench bench-e2e bench-sinks bench-read-path bench-snapshot clean logs
 

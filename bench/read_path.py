@@ -34,7 +34,8 @@ from conftest import connect  # noqa: E402
 from e2e_bench import cpu_seconds  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-PROBE = os.path.join(ROOT, "target", "release", "examples", "stream_probe")
+# Where cargo builds (scripts/env.sh sets CARGO_TARGET_DIR to the cache).
+PROBE = os.path.join(os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"), "release", "examples", "stream_probe")
 OPTS = "'proto_version', '1', 'publication_names', 'rp_bench_pub', 'messages', 'true'"
 
 

@@ -3,6 +3,8 @@ export PGRX_VERSION="${PGRX_VERSION:-0.18.0}"
 export PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 export PG_CDC_CACHE="${PG_CDC_CACHE:-/var/cache/pg_cdc}"
 export PG_CDC_VENV="${PG_CDC_VENV:-$PG_CDC_CACHE/venv}"
+# Cargo's build outputs: in the cache, so a fresh clone compiles only pg_cdc's own crates again.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PG_CDC_CACHE/target}"
 export PG_CDC_RUN="${PG_CDC_RUN:-/var/tmp/pg_cdc}"
 export PGHOST="${PGHOST:-127.0.0.1}"
 export PGPORT="${PGPORT:-55432}"

@@ -14,7 +14,8 @@ import pytest
 from conftest import connect, wait_for
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-PROBE = os.path.join(ROOT, "target", "release", "examples", "stream_probe")
+# Where cargo builds (scripts/env.sh sets CARGO_TARGET_DIR to the cache).
+PROBE = os.path.join(os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"), "release", "examples", "stream_probe")
 SOCK = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), "sock")
 PORT = os.environ.get("PGPORT", "55432")
 DB = os.environ.get("PGDATABASE", "postgres")
