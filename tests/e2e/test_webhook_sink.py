@@ -165,7 +165,7 @@ def test_sigkill_during_delivery_loses_nothing(pg, hooks, hook, unique):
     t = captured(pg, f"whk_{unique}")
     hook.delay = 0.02
     add(pg, hooks, f"whk_{unique}", hook.url, batch_max_events=20)
-    sigkill_while_writing(pg, t, 10, ready=lambda: len(hook.requests) > 5)
+    sigkill_while_writing(pg, t, 10, ready=lambda: len(hook.requests) > 5, pause=0.01)
     with connect() as c:
         total = c.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
         wait_for(lambda: len({r["id"] for r in hook.delivered()}) >= total, timeout=120, what="every row posted")
