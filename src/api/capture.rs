@@ -512,6 +512,10 @@ fn cdc_disable(table_name: Option<pg_sys::Oid>) {
         }
     }
     catalog::run(&format!("DELETE FROM {schema}._cdc_offsets WHERE table_oid = $1"), &[oid.into()]);
+    if catalog::has(&schema, "_cdc_route_offsets") {
+        // Its regional_routing goes with its config; so do the counts of its routes.
+        catalog::run(&format!("DELETE FROM {schema}._cdc_route_offsets WHERE table_oid = $1"), &[oid.into()]);
+    }
     catalog::run(&format!("DELETE FROM {schema}._cdc_lookups WHERE table_oid = $1"), &[oid.into()]);
     super::schema::forget(&schema, oid);
     for l in previous_lookups {

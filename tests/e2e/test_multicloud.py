@@ -146,6 +146,9 @@ def test_seed_example_5_routes_each_region_to_its_clouds(pg, three_clouds, clien
     assert s["cross_cloud_consistency"]["max_lag_ms"] == max(
         v["lag_ms"] for d in s["regional_distribution"].values() for v in d["sinks"].values())
     pg.execute("SELECT cdc_disable(%s)", (table,))
+    # Disabled, the table's route counts go with its capture config (regression: they stayed).
+    left = pg.execute("SELECT count(*) FROM _cdc_route_offsets WHERE table_oid = %s::regclass", (table,)).fetchone()[0]
+    assert left == 0, left
     pg.execute(f"DROP TABLE {table}")
 
 
