@@ -24,6 +24,7 @@ pub mod table;
 #[cfg(test)]
 mod testutil;
 pub mod webhook;
+pub mod window;
 
 /// A key too long for a destination's partition or ordering key, as `sha256:<hex of the key>`: the
 /// same key always gives the same value (Kinesis partition keys, Pub/Sub ordering keys).

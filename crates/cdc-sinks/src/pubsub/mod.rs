@@ -25,6 +25,7 @@ use std::time::Duration;
 use cdc_core::envelope::Event;
 
 use self::config::{PubSubSinkConfig, MAX_MESSAGE_BYTES};
+use crate::window::Outstanding;
 use crate::{Checkpoint, DeliveryMode, ErrorClass, PublishStats, Sink, SinkError};
 
 /// The longest ordering key Pub/Sub takes, in bytes.
@@ -116,9 +117,7 @@ pub struct PubSubSink<A: PubSubApi> {
     api: A,
     topic: String,
     timeout: Duration,
-    max_outstanding: usize,
-    outstanding: usize,
-    outstanding_bytes: usize,
+    outstanding: Outstanding,
 }
 
 impl<A: PubSubApi> PubSubSink<A> {
@@ -128,9 +127,7 @@ impl<A: PubSubApi> PubSubSink<A> {
             api,
             topic: cfg.topic_path(),
             timeout: Duration::from_millis(cfg.timeout_ms),
-            max_outstanding: cfg.max_outstanding_messages,
-            outstanding: 0,
-            outstanding_bytes: 0,
+            outstanding: Outstanding::new(cfg.max_outstanding_messages, MAX_OUTSTANDING_BYTES),
         }
     }
 
@@ -144,8 +141,7 @@ impl<A: PubSubApi> PubSubSink<A> {
     }
 
     fn wait(&mut self) -> Result<(), SinkError> {
-        self.outstanding = 0;
-        self.outstanding_bytes = 0;
+        self.outstanding.clear();
         self.api.wait(self.timeout).map_err(|e| self.error(e.class, e.message))
     }
 }
@@ -154,25 +150,14 @@ impl<A: PubSubApi> Sink for PubSubSink<A> {
     fn send(&mut self, events: &[Event]) -> Result<PublishStats, SinkError> {
         let mut stats = PublishStats::default();
         for ev in events {
-            if ev.payload.len() > MAX_MESSAGE_BYTES {
+            if let Err(e) = self.outstanding.admit(ev, MAX_MESSAGE_BYTES, &mut stats) {
                 return Err(self.error(
                     ErrorClass::Operator,
-                    format!(
-                        "the event of {}.{} at LSN {} is {} bytes, more than a Pub/Sub message holds ({} with its attributes)",
-                        ev.schema,
-                        ev.table,
-                        ev.lsn,
-                        ev.payload.len(),
-                        MAX_MESSAGE_BYTES
-                    ),
+                    format!("{e}, more than a Pub/Sub message holds ({MAX_MESSAGE_BYTES} with its attributes)"),
                 ));
             }
-            stats.events += 1;
-            stats.bytes += (ev.payload.len() + ev.key.as_ref().map_or(0, Vec::len)) as u64;
-            self.outstanding += 1;
-            self.outstanding_bytes += ev.payload.len();
             self.api.publish(message_of(ev));
-            if self.outstanding >= self.max_outstanding || self.outstanding_bytes >= MAX_OUTSTANDING_BYTES {
+            if self.outstanding.full() {
                 self.wait()?;
             }
         }
@@ -184,8 +169,7 @@ impl<A: PubSubApi> Sink for PubSubSink<A> {
     }
 
     fn abort(&mut self) {
-        self.outstanding = 0;
-        self.outstanding_bytes = 0;
+        self.outstanding.clear();
         self.api.abandon();
     }
 

@@ -30,6 +30,7 @@ use cdc_core::envelope::Event;
 
 use self::config::PulsarSinkConfig;
 use crate::kafka::config::expand_topic;
+use crate::window::Outstanding;
 use crate::{Checkpoint, DeliveryMode, ErrorClass, PublishStats, Sink, SinkError};
 
 /// Messages handed over and not yet acknowledged at most, before the sink waits.
@@ -125,8 +126,7 @@ pub struct PulsarSink<A: PulsarApi> {
     template: String,
     database: String,
     timeout: Duration,
-    outstanding: usize,
-    outstanding_bytes: usize,
+    outstanding: Outstanding,
 }
 
 impl<A: PulsarApi> PulsarSink<A> {
@@ -138,8 +138,7 @@ impl<A: PulsarApi> PulsarSink<A> {
             template: cfg.topic.clone(),
             database: database.to_string(),
             timeout: Duration::from_millis(cfg.timeout_ms),
-            outstanding: 0,
-            outstanding_bytes: 0,
+            outstanding: Outstanding::new(MAX_OUTSTANDING, MAX_OUTSTANDING_BYTES),
         }
     }
 
@@ -158,8 +157,7 @@ impl<A: PulsarApi> PulsarSink<A> {
     }
 
     fn wait(&mut self) -> Result<(), SinkError> {
-        self.outstanding = 0;
-        self.outstanding_bytes = 0;
+        self.outstanding.clear();
         self.api.wait(self.timeout).map_err(|e| self.error(e.class, e.message))
     }
 }
@@ -168,26 +166,15 @@ impl<A: PulsarApi> Sink for PulsarSink<A> {
     fn send(&mut self, events: &[Event]) -> Result<PublishStats, SinkError> {
         let mut stats = PublishStats::default();
         for ev in events {
-            if ev.payload.len() > MAX_MESSAGE_BYTES {
+            if let Err(e) = self.outstanding.admit(ev, MAX_MESSAGE_BYTES, &mut stats) {
                 return Err(self.error(
                     ErrorClass::Operator,
-                    format!(
-                        "the event of {}.{} at LSN {} is {} bytes, more than a Pulsar message holds by default ({})",
-                        ev.schema,
-                        ev.table,
-                        ev.lsn,
-                        ev.payload.len(),
-                        MAX_MESSAGE_BYTES
-                    ),
+                    format!("{e}, more than a Pulsar message holds by default ({MAX_MESSAGE_BYTES})"),
                 ));
             }
-            stats.events += 1;
-            stats.bytes += (ev.payload.len() + ev.key.as_ref().map_or(0, Vec::len)) as u64;
-            self.outstanding += 1;
-            self.outstanding_bytes += ev.payload.len();
             let message = message_of(ev, self.topic_of(ev));
             self.api.send(message).map_err(|e| self.error(e.class, e.message))?;
-            if self.outstanding >= MAX_OUTSTANDING || self.outstanding_bytes >= MAX_OUTSTANDING_BYTES {
+            if self.outstanding.full() {
                 self.wait()?;
             }
         }
@@ -199,8 +186,7 @@ impl<A: PulsarApi> Sink for PulsarSink<A> {
     }
 
     fn abort(&mut self) {
-        self.outstanding = 0;
-        self.outstanding_bytes = 0;
+        self.outstanding.clear();
         self.api.abandon();
     }
 
