@@ -66,33 +66,8 @@ install_stamp() {
 }
 
 cmd_install() {
-  if [ -f "$marker" ] && [ "$(cat "$marker")" = "$(install_stamp)" ]; then
-    return 0
-  fi
-  command -v mvn >/dev/null || die "mvn not found (apt-get install maven)"
-  command -v java >/dev/null || die "java not found (apt-get install openjdk-17-jre-headless)"
-  log "resolving Kafka $KAFKA_VERSION from Maven Central into $libs"
-  mkdir -p "$kafka_home"
-  # Resolve into a scratch dir and rename, so an interrupted install never looks complete.
-  local tmp="$kafka_home/libs.tmp.$$" mvn_log="$kafka_home/mvn.log"
-  rm -rf "$tmp"
-  if ! mvn -q -B -f "$repo/kafka/pom.xml" \
-      -Dmaven.repo.local="$PG_CDC_CACHE/m2" \
-      -Dkafka.version="$KAFKA_VERSION" \
-      dependency:copy-dependencies -DoutputDirectory="$tmp" >"$mvn_log" 2>&1; then
-    cat "$mvn_log" >&2
-    rm -rf "$tmp"
-    die "maven could not resolve Kafka $KAFKA_VERSION"
-  fi
-  for jar in "kafka_2.13-$KAFKA_VERSION.jar" "kafka-tools-$KAFKA_VERSION.jar" "kafka-clients-$KAFKA_VERSION.jar"; do
-    [ -f "$tmp/$jar" ] || { rm -rf "$tmp"; die "$jar missing after resolution (see $mvn_log)"; }
-  done
-  rm -rf "$libs"
-  mv "$tmp" "$libs"
-  # The broker runs as $KAFKA_USER: make sure it can read the jars whatever root's umask was.
-  chmod -R a+rX "$kafka_home"
-  install_stamp >"$marker"
-  log "installed $(find "$libs" -name '*.jar' | wc -l) jars"
+  maven_install Kafka "$KAFKA_VERSION" "$repo/kafka/pom.xml" kafka.version "$kafka_home" "$(install_stamp)" \
+    "kafka_2.13-$KAFKA_VERSION.jar" "kafka-tools-$KAFKA_VERSION.jar" "kafka-clients-$KAFKA_VERSION.jar"
 }
 
 # ---------------------------------------------------------------------------------------------

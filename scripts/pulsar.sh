@@ -78,35 +78,9 @@ install_stamp() {
 }
 
 cmd_install() {
-  if [ -f "$marker" ] && [ "$(cat "$marker")" = "$(install_stamp)" ]; then
-    return 0
-  fi
-  command -v mvn >/dev/null || die "mvn not found (apt-get install maven)"
-  command -v java >/dev/null || die "java not found (apt-get install openjdk-17-jre-headless)"
-  log "resolving Pulsar $PULSAR_VERSION from Maven Central into $libs"
-  mkdir -p "$pulsar_home"
-  # Resolve into a scratch dir and rename, so an interrupted install never looks complete.
-  local tmp="$pulsar_home/libs.tmp.$$" mvn_log="$pulsar_home/mvn.log"
-  rm -rf "$tmp"
-  if ! mvn -q -B -f "$repo/pulsar/pom.xml" \
-      -Dmaven.repo.local="$PG_CDC_CACHE/m2" \
-      -Dpulsar.version="$PULSAR_VERSION" \
-      dependency:copy-dependencies -DoutputDirectory="$tmp" >"$mvn_log" 2>&1; then
-    cat "$mvn_log" >&2
-    rm -rf "$tmp"
-    die "maven could not resolve Pulsar $PULSAR_VERSION"
-  fi
-  local jar
-  for jar in "pulsar-broker-$PULSAR_VERSION.jar" "pulsar-metadata-$PULSAR_VERSION.jar" \
-      'bookkeeper-server-*.jar' 'rocksdbjni-*.jar' 'log4j-slf4j2-impl-*.jar'; do
-    compgen -G "$tmp/$jar" >/dev/null || { rm -rf "$tmp"; die "$jar missing after resolution (see $mvn_log)"; }
-  done
-  rm -rf "$libs"
-  mv "$tmp" "$libs"
-  # The broker runs as $PULSAR_USER: make sure it can read the jars whatever root's umask was.
-  chmod -R a+rX "$pulsar_home"
-  install_stamp >"$marker"
-  log "installed $(find "$libs" -name '*.jar' | wc -l) jars ($(du -sh "$libs" | cut -f1))"
+  maven_install Pulsar "$PULSAR_VERSION" "$repo/pulsar/pom.xml" pulsar.version "$pulsar_home" "$(install_stamp)" \
+    "pulsar-broker-$PULSAR_VERSION.jar" "pulsar-metadata-$PULSAR_VERSION.jar" \
+    'bookkeeper-server-*.jar' 'rocksdbjni-*.jar' 'log4j-slf4j2-impl-*.jar'
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 # shellcheck shell=bash disable=SC2154,SC2034  # the sourcing script sets the variables listed below, and uses run_as_prefix
-# What the scripts that run a local peer in the background share (kafka.sh, kinesis.sh): waiting for
-# it, stopping, killing, status and logs. Sourced, never run. The sourcing script defines before
+# What the scripts that run a local peer in the background share (kafka.sh, kinesis.sh, pubsub.sh,
+# pulsar.sh, schema-registry.sh): installing jars from Maven Central, waiting for it, stopping, killing,
+# status and logs. Sourced, never run. The sourcing script defines before
 # using these:
 #   log, die                 its messages
 #   pid_file, log_file, run_dir   where the peer's pid, log and runtime files are
@@ -8,6 +9,40 @@
 #   service_answers          true once the peer serves requests
 #   service_what, service_where   "broker" / "server", and its address, for messages
 #   start_timeout, stop_timeout   seconds until it must answer, and of grace after SIGTERM
+
+# Resolves a Maven project's dependencies from Maven Central into HOME/libs, once per STAMP (the
+# version and the pom's hash): resolved into a scratch directory and renamed, so an interrupted install
+# never looks complete; every JAR glob must match afterwards; the jars are made readable by the peer's
+# user; HOME/.installed then holds STAMP. Maven's own repository is $PG_CDC_CACHE/m2.
+maven_install() {  # name version pom property home stamp jar-glob...
+  local name="$1" version="$2" pom="$3" property="$4" home="$5" stamp="$6"
+  shift 6
+  local libs="$home/libs" marker="$home/.installed"
+  if [ -f "$marker" ] && [ "$(cat "$marker")" = "$stamp" ]; then
+    return 0
+  fi
+  command -v mvn >/dev/null || die "mvn not found (apt-get install maven)"
+  command -v java >/dev/null || die "java not found (apt-get install openjdk-17-jre-headless)"
+  log "resolving $name $version from Maven Central into $libs"
+  mkdir -p "$home"
+  local tmp="$home/libs.tmp.$$" mvn_log="$home/mvn.log"
+  rm -rf "$tmp"
+  if ! mvn -q -B -f "$pom" -Dmaven.repo.local="$PG_CDC_CACHE/m2" -D"$property=$version" \
+      dependency:copy-dependencies -DoutputDirectory="$tmp" >"$mvn_log" 2>&1; then
+    cat "$mvn_log" >&2
+    rm -rf "$tmp"
+    die "maven could not resolve $name $version"
+  fi
+  local jar
+  for jar in "$@"; do
+    compgen -G "$tmp/$jar" >/dev/null || { rm -rf "$tmp"; die "$jar missing after resolution (see $mvn_log)"; }
+  done
+  rm -rf "$libs"
+  mv "$tmp" "$libs"
+  chmod -R a+rX "$home"
+  printf '%s\n' "$stamp" >"$marker"
+  log "installed $(find "$libs" -name '*.jar' | wc -l) jars ($(du -sh "$libs" | cut -f1))"
+}
 
 # Sets run_as_prefix to a command prefix that runs what follows as user $1 when we are root (empty
 # otherwise), with HOME at $run_dir. setpriv execs in place (no PAM session, no extra parent
