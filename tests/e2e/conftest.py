@@ -381,6 +381,28 @@ def worker_back():
         return False
 
 
+def check_keyed_at_least_once(messages, expected_ids, table=None, *, key, ident):
+    """The at-least-once oracle of the keyed sinks (Kinesis, Pub/Sub, Pulsar), over what an independent
+    client read back: each message a dict with "raw" (its bytes) and "event" (parsed). Every expected row
+    (of `table`, when given) arrived; a message seen twice (`ident(m)`) is byte-identical; per key
+    (`key(m)`), first arrivals are in commit order. Returns how many messages were duplicates."""
+    seen, first_by_key = {}, {}
+    for m in messages:
+        i = ident(m)
+        if i in seen:
+            assert seen[i] == m["raw"], f"message {i} differs on its second send"
+            continue
+        seen[i] = m["raw"]
+        md = m["event"]["metadata"]
+        first_by_key.setdefault(key(m), []).append((md["commit_lsn"], md["lsn"]))
+    for k, order in first_by_key.items():
+        assert order == sorted(order), f"key {k}: messages arrived out of commit order"
+    got = {m["event"]["after"]["id"] for m in messages
+           if (table is None or m["event"]["metadata"]["table"] == table) and m["event"].get("after")}
+    assert got == set(expected_ids), f"missing {sorted(set(expected_ids) - got)[:10]}"
+    return len(messages) - len(seen)
+
+
 def sigkill_while_writing(pg, table, rows_per_txn, kills=2, ready=lambda: True, pause=0.0):
     """Commits transactions of `rows_per_txn` rows into `table` (id int, v text) from a thread while the
     worker is SIGKILLed `kills` times, each once writes flow and `ready()` holds (PostgreSQL then

@@ -15,7 +15,7 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1
 
-from conftest import connect, delivery_status, sigkill_while_writing, sink_state, typed_sinks, wait_for
+from conftest import check_keyed_at_least_once, connect, delivery_status, sigkill_while_writing, sink_state, typed_sinks, wait_for
 
 PROJECT = "helios-analytics"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -76,28 +76,10 @@ class Reader:
         return wait_for(lambda: done(self.pull()) and self.got, timeout=timeout, what=what)
 
 
-def identity(m):
-    e = m["event"]["metadata"]
-    return (e["commit_lsn"], e["lsn"], e["table"])
-
-
 def check_at_least_once(messages, expected_ids, table):
-    """Every expected row of `table` arrived; a message seen twice is byte-identical with the same `id`
-    attribute; per ordering key, first arrivals are in commit order. Returns how many were duplicates."""
-    seen, first_by_key = {}, {}
-    for m in messages:
-        ident = m["attrs"]["id"]
-        if ident in seen:
-            assert seen[ident] == m["raw"], f"message {ident} differs on its second publish"
-            continue
-        seen[ident] = m["raw"]
-        first_by_key.setdefault(m["key"], []).append(identity(m))
-    for key, idents in first_by_key.items():
-        assert idents == sorted(idents), f"ordering key {key}: messages arrived out of commit order"
-    got = {m["event"]["after"]["id"] for m in messages
-           if m["event"]["metadata"]["table"] == table and m["event"].get("after")}
-    assert got == set(expected_ids), f"missing {sorted(set(expected_ids) - got)[:10]}"
-    return len(messages) - len(seen)
+    """Pub/Sub's messages are told apart by their `id` attribute and ordered per ordering key."""
+    return check_keyed_at_least_once(messages, expected_ids, table, key=lambda m: m["key"],
+                                     ident=lambda m: m["attrs"]["id"])
 
 
 def injected_faults():

@@ -12,7 +12,7 @@ import time
 import pulsar
 import pytest
 
-from conftest import connect, delivery_status, restart_worker, sigkill_while_writing, sink_state, typed_sinks, wait_for
+from conftest import check_keyed_at_least_once, connect, delivery_status, restart_worker, sigkill_while_writing, sink_state, typed_sinks, wait_for
 
 SERVICE_URL = os.environ.get("PULSAR_SERVICE_URL", "pulsar://127.0.0.1:6650")
 
@@ -62,22 +62,8 @@ def captured(pg, t):
 
 
 def check_at_least_once(messages, expected_ids):
-    """Every expected row arrived; a message seen twice is byte-identical with the same `id`; per key,
-    first arrivals in commit order. Returns how many were duplicates."""
-    seen, first_by_key = {}, {}
-    for m in messages:
-        ident = m["props"]["id"]
-        if ident in seen:
-            assert seen[ident] == m["raw"], f"message {ident} differs on its second send"
-            continue
-        seen[ident] = m["raw"]
-        md = m["event"]["metadata"]
-        first_by_key.setdefault(m["key"], []).append((md["commit_lsn"], md["lsn"]))
-    for key, idents in first_by_key.items():
-        assert idents == sorted(idents), f"key {key}: messages arrived out of commit order"
-    got = {m["event"]["after"]["id"] for m in messages if m["event"].get("after")}
-    assert got == set(expected_ids), f"missing {sorted(set(expected_ids) - got)[:10]}"
-    return len(messages) - len(seen)
+    """Pulsar's messages are told apart by their `id` property and ordered per partition key."""
+    return check_keyed_at_least_once(messages, expected_ids, key=lambda m: m["key"], ident=lambda m: m["props"]["id"])
 
 
 def test_events_arrive_keyed_with_their_identity(pg, pulsar_sinks, client, unique):
