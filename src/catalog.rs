@@ -59,6 +59,14 @@ pub fn run(sql: &str, args: &[DatumWithOid<'_>]) {
     Spi::run_with_args(sql, args).unwrap_or_else(|e| pgrx::error!("pg_cdc catalog statement failed: {e}"))
 }
 
+/// Writes a transactional logical message (`prefix`, `content`) into the WAL, in the caller's
+/// transaction: sink workers decode it in commit order, before any change that follows it. Returns its
+/// LSN as text.
+pub fn emit_message(prefix: &str, content: &str) -> String {
+    select_one::<String>("SELECT pg_logical_emit_message(true, $1, $2)::text", &[prefix.into(), content.into()])
+        .unwrap_or_else(|| pgrx::error!("pg_cdc: cannot write the {prefix} message"))
+}
+
 /// The schema pg_cdc is installed in, quoted for SQL; `None` when the extension is absent.
 pub fn extension_schema() -> Option<String> {
     select_one::<String>(

@@ -218,10 +218,7 @@ pub(crate) fn enable(oid: pg_sys::Oid, config: Value) -> Uuid {
     super::schema::record_first_version(&schema, oid, cfg.schema_evolution.mode);
     // Sink workers whose catalog copy is older than this transaction read it again before they
     // decode anything after it (cdc_core::pipeline::CAPTURE_MESSAGE_PREFIX).
-    catalog::run(
-        "SELECT pg_logical_emit_message(true, $1, $2)",
-        &[cdc_core::pipeline::CAPTURE_MESSAGE_PREFIX.into(), oid.to_u32().to_string().into()],
-    );
+    catalog::emit_message(cdc_core::pipeline::CAPTURE_MESSAGE_PREFIX, &oid.to_u32().to_string());
     if existing.is_none() {
         // The sinks that carry it from now on deliver the rows it holds too.
         super::snapshots::snapshot_added_table(&schema, oid);

@@ -102,11 +102,7 @@ pub(crate) fn check_routes(schema: &str, oid: pg_sys::Oid, table: &str, routing:
 /// reads in its stream. Returns the message's LSN, which becomes `_cdc_publications.routing_lsn`.
 pub(crate) fn mark_routing_change(qualified: &str, oid: pg_sys::Oid) -> String {
     catalog::run(&format!("LOCK TABLE {qualified} IN SHARE MODE"), &[]);
-    catalog::select_one::<String>(
-        "SELECT pg_logical_emit_message(true, $1, $2)::text",
-        &[ROUTING_MESSAGE_PREFIX.into(), oid.to_u32().to_string().into()],
-    )
-    .unwrap_or_else(|| pgrx::error!("pg_cdc: cannot write the routing message"))
+    catalog::emit_message(ROUTING_MESSAGE_PREFIX, &oid.to_u32().to_string())
 }
 
 /// How each routed table is delivering, one document per table (or only `table_name`'s): per

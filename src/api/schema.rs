@@ -402,10 +402,7 @@ fn record_change(schema: &str, oid: pg_sys::Oid) {
 /// committed reads the history again before it encodes anything after it (or routes it to a
 /// version's topic of its own).
 fn announce_version(oid: pg_sys::Oid, version: i32) {
-    catalog::run(
-        "SELECT pg_logical_emit_message(true, $1, $2)",
-        &[rules::VERSION_MESSAGE_PREFIX.into(), format!("{} {version}", oid.to_u32()).into()],
-    );
+    catalog::emit_message(rules::VERSION_MESSAGE_PREFIX, &format!("{} {version}", oid.to_u32()));
 }
 
 /// A RENAME COLUMN of a column the capture config names: the config (and the resolved key)
