@@ -182,22 +182,6 @@ fn next_chunk(
         if !reader.tracks(open.table_oid) {
             return Ok(Next::Untracked);
         }
-        let (snapshot, rows, end) = read_rows(&table, &key, open.last_key.as_deref(), chunk_size, CHUNK_BYTES)?;
-        if rows.is_empty() {
-            catalog::run(
-                &format!(
-                    "UPDATE {schema}._cdc_snapshots SET state = 'done', chunk_key = $2,
-                            started_at = coalesce(started_at, now()), finished_at = now()
-                      WHERE snapshot_id = $1"
-                ),
-                &[open.snapshot_id.into(), key.clone().into()],
-            );
-            continue;
-        }
-        let snapshot = MvccSnapshot::parse(&snapshot).map_err(|e| e.message)?;
-        if reader.recent.any_in_progress(&snapshot) {
-            return Ok(Next::Later);
-        }
         let relation = Relation {
             oid: open.table_oid,
             namespace: table.namespace.clone(),
@@ -214,19 +198,30 @@ fn next_chunk(
                 })
                 .collect(),
         };
-        super::source::learn_type_oids(&relation.columns.iter().map(|c| c.type_oid).collect::<Vec<_>>(), types);
         let read_at = unix_micros_now() - PG_EPOCH_OFFSET_MICROS;
         let id = format!("{sink_id} {nonce}");
         let mut chunk = Chunk::new(id.clone(), relation, &key, read_at).map_err(|e| e.message)?;
-        for r in &rows {
-            let values: Vec<Option<&[u8]>> = r.iter().map(|v| v.as_deref().map(str::as_bytes)).collect();
-            chunk.push_row(&values).map_err(|e| e.message)?;
+        let read = read_rows(&table, &key, open.last_key.as_deref(), chunk_size, CHUNK_BYTES, &mut chunk)?;
+        if chunk.is_empty() {
+            catalog::run(
+                &format!(
+                    "UPDATE {schema}._cdc_snapshots SET state = 'done', chunk_key = $2,
+                            started_at = coalesce(started_at, now()), finished_at = now()
+                      WHERE snapshot_id = $1"
+                ),
+                &[open.snapshot_id.into(), key.clone().into()],
+            );
+            continue;
         }
-        let positions: Vec<usize> =
-            key.iter().filter_map(|k| table.columns.iter().position(|c| &c.name == k)).collect();
-        let last = rows.last().map(|r| positions.iter().map(|&i| r[i].clone()).collect::<Vec<_>>()).unwrap_or_default();
+        let snapshot = MvccSnapshot::parse(&read.snapshot).map_err(|e| e.message)?;
+        if reader.recent.any_in_progress(&snapshot) {
+            return Ok(Next::Later);
+        }
+        let types_of: Vec<u32> = table.columns.iter().map(|c| c.type_oid).collect();
+        super::source::learn_type_oids(&types_of, types);
+        let (rows, end, last) = (chunk.len(), read.end, read.last_key);
         let estimate = open.rows_estimate.or_else(|| estimate_rows(open.table_oid, &table));
-        let watermark = write_watermark(&watermark_content(&id, rows.len()))?;
+        let watermark = write_watermark(&watermark_content(&id, rows))?;
         catalog::run(
             &format!(
                 "UPDATE {schema}._cdc_snapshots SET state = 'running', chunk_key = $2,
@@ -240,7 +235,7 @@ fn next_chunk(
                 estimate.into(),
                 watermark.to_string().as_str().into(),
                 last.into(),
-                (rows.len() as i64).into(),
+                (rows as i64).into(),
                 end.into(),
             ],
         );
@@ -360,31 +355,42 @@ fn describe(oid: u32) -> Result<Described, String> {
     serde_json::from_value::<Described>(v).map_err(|e| format!("cannot describe table with OID {oid}: {e}"))
 }
 
-/// A row as text, column by column (`None`: NULL).
-type Row = Vec<Option<String>>;
-
 /// The most row text one chunk holds (at least one row): with wide rows a chunk ends here, before
 /// `snapshot_chunk_size` rows, so the worker's memory stays bounded whatever the rows' width (a
-/// chunk is held as text, then as pgoutput tuples, then as events, until it is delivered).
+/// chunk is held as pgoutput tuples, then as events, until it is delivered).
 pub const CHUNK_BYTES: usize = 8 << 20;
 
 /// Rows fetched at most at once while a chunk is read.
 const FETCH_ROWS: usize = 1024;
 
-/// The next rows after `after` by `key`, at most `limit` of them and about `budget` bytes of text
-/// (the row that crosses it is the last), each column as its type's output function writes it (what
-/// pgoutput sends); the snapshot the query read them with; and whether they are the table's last.
+/// What [`read_rows`] read besides the rows.
+struct Read {
+    /// The snapshot the query read them with (`pg_current_snapshot()`).
+    snapshot: String,
+    /// Whether they are the table's last.
+    end: bool,
+    /// The key of the last row (text of each key column; `None`: NULL).
+    last_key: Vec<Option<String>>,
+}
+
+/// Reads the next rows after `after` by `key` into `chunk`, at most `limit` of them and about
+/// `budget` bytes of text (the row that crosses it is the last), each column as its type's output
+/// function writes it (what pgoutput sends). Each value goes from PostgreSQL's text straight into
+/// the chunk's tuple, with no copy of its own.
 fn read_rows(
     table: &Described,
     key: &[String],
     after: Option<&[Option<String>]>,
     limit: u32,
     budget: usize,
-) -> Result<(String, Vec<Row>, bool), String> {
+    chunk: &mut Chunk,
+) -> Result<Read, String> {
     let qualified = format!("{}.{}", quote_ident(&table.namespace), quote_ident(&table.name));
     let cols: Vec<String> = table.columns.iter().map(|c| quote_ident(&c.name)).collect();
     let keys: Vec<String> = key.iter().map(|k| quote_ident(k)).collect();
     let key_type = |k: &String| table.columns.iter().find(|c| &c.name == k).map_or("text", |c| c.type_sql.as_str());
+    let key_positions: Vec<usize> =
+        key.iter().filter_map(|k| table.columns.iter().position(|c| &c.name == k)).collect();
     let filter = match after {
         Some(_) => format!(
             "WHERE ({}) > ({})",
@@ -406,40 +412,59 @@ fn read_rows(
     let arg: Vec<Option<String>> = after.map(<[_]>::to_vec).unwrap_or_default();
     let width = cols.len();
     let limit = limit.max(1) as usize;
-    Spi::connect(|client| -> Result<(String, Vec<Row>, bool), pgrx::spi::Error> {
+    Spi::connect(|client| -> Result<Result<Read, String>, pgrx::spi::Error> {
         let args = if after.is_some() { vec![arg.clone().into()] } else { vec![] };
         let mut cursor = client.try_open_cursor(sql.as_str(), &args)?;
-        let mut snapshot = String::new();
-        let mut rows: Vec<Row> = Vec::new();
-        let (mut bytes, mut end) = (0usize, false);
+        let mut read = Read { snapshot: String::new(), end: false, last_key: Vec::new() };
+        let (mut rows, mut bytes) = (0usize, 0usize);
+        // One row's values, as pointers into PostgreSQL's text of them (reused row after row).
+        let mut values: Vec<Option<&[u8]>> = Vec::with_capacity(width);
+        let mut texts: Vec<*mut libc::c_char> = Vec::with_capacity(width);
         // The first fetch takes one row, each later one about the rows the budget has room for
         // at the mean width so far: a chunk of wide rows stops near its budget, not a fetch past it.
         let mut want = 1usize;
-        while rows.len() < limit && bytes < budget {
-            let asked = want.min(limit - rows.len());
+        while rows < limit && bytes < budget {
+            let asked = want.min(limit - rows);
             let n = cursor.fetch(asked as libc::c_long)?.len();
             // SAFETY: SPI_tuptable is the result of the fetch just run, with `n` rows of `width + 1`
-            // columns; SPI_getvalue returns a palloc'd C string (or NULL), copied and freed here,
-            // and the fetch's tuple table is freed once its rows are copied (pgrx does not use it
-            // again: its next fetch replaces SPI_tuptable).
+            // columns; SPI_getvalue returns a palloc'd C string (or NULL), read in place, copied
+            // into the chunk's tuple and freed before the next row; the fetch's tuple table is
+            // freed once its rows are copied (pgrx does not use it again: its next fetch replaces
+            // SPI_tuptable).
             unsafe {
                 let tt = pg_sys::SPI_tuptable;
                 for i in 0..n {
                     let tuple = *(*tt).vals.add(i);
-                    let text = |col: i32| -> Option<String> {
-                        let p = pg_sys::SPI_getvalue(tuple, (*tt).tupdesc, col);
-                        (!p.is_null()).then(|| {
-                            let s = CStr::from_ptr(p).to_string_lossy().into_owned();
+                    if read.snapshot.is_empty() {
+                        let p = pg_sys::SPI_getvalue(tuple, (*tt).tupdesc, 1);
+                        if !p.is_null() {
+                            read.snapshot = CStr::from_ptr(p).to_string_lossy().into_owned();
                             pg_sys::pfree(p.cast());
-                            s
-                        })
-                    };
-                    if snapshot.is_empty() {
-                        snapshot = text(1).unwrap_or_default();
+                        }
                     }
-                    let row: Row = (0..width).map(|c| text(c as i32 + 2)).collect();
-                    bytes += row.iter().map(|v| v.as_ref().map_or(1, String::len)).sum::<usize>();
-                    rows.push(row);
+                    texts.clear();
+                    texts.extend((0..width).map(|c| pg_sys::SPI_getvalue(tuple, (*tt).tupdesc, c as i32 + 2)));
+                    values.clear();
+                    values.extend(texts.iter().map(|&p| (!p.is_null()).then(|| CStr::from_ptr(p).to_bytes())));
+                    bytes += values.iter().map(|v| v.map_or(1, <[u8]>::len)).sum::<usize>();
+                    let pushed = chunk.push_row(&values).map_err(|e| e.message);
+                    rows += 1;
+                    if rows == limit || i + 1 == n {
+                        // Only the last row's key is kept (the chunk's last key).
+                        read.last_key = key_positions
+                            .iter()
+                            .map(|&k| values[k].map(|v| String::from_utf8_lossy(v).into_owned()))
+                            .collect();
+                    }
+                    values.clear();
+                    for &p in &texts {
+                        if !p.is_null() {
+                            pg_sys::pfree(p.cast());
+                        }
+                    }
+                    if let Err(e) = pushed {
+                        return Ok(Err(e));
+                    }
                 }
                 if !tt.is_null() {
                     pg_sys::SPI_freetuptable(tt);
@@ -447,15 +472,15 @@ fn read_rows(
                 }
             }
             if n < asked {
-                end = true;
+                read.end = true;
                 break;
             }
-            let mean = (bytes / rows.len().max(1)).max(1);
+            let mean = (bytes / rows.max(1)).max(1);
             want = (budget.saturating_sub(bytes) / mean).clamp(1, FETCH_ROWS);
         }
-        Ok((snapshot, rows, end))
+        Ok(Ok(read))
     })
-    .map_err(|e| format!("cannot read the next snapshot chunk of {qualified}: {e}"))
+    .map_err(|e| format!("cannot read the next snapshot chunk of {qualified}: {e}"))?
 }
 
 /// Writes a chunk's watermark (a non-transactional logical message, decoded at its place in the

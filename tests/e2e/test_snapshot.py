@@ -580,3 +580,40 @@ def test_read_rows_of_a_table_no_change_was_streamed_for_yet_are_typed(pg, tsink
     pg.execute(f"DROP TABLE {t}")
     pg.execute(f"DROP TYPE snap_ty_mood_{unique}")
     pg.execute(f"DROP DOMAIN snap_ty_amount_{unique}")
+
+
+def test_read_rows_are_written_as_the_stream_writes_the_same_values(pg, tsinks, unique):
+    """A READ row's values are each type's output text, as pgoutput sends them for an INSERT (the
+    chunk reader copies each value's text straight into the chunk's tuple). The oracle is the
+    stream: the same values inserted after the snapshot arrive as an INSERT, whose `after` must
+    equal the READ's but for the id. Covers inline compressed and out-of-line TOAST, bytea, arrays,
+    ranges, json, intervals, time zones, NULL."""
+    t, ev, name = f"snap_txt_{unique}", f"snap_txt_ev_{unique}", f"snap_txt_{unique}"
+    pg.execute(f"""CREATE TABLE {t} (id int PRIMARY KEY, compressed text, external text, raw bytea, n numeric,
+                   f float8, ts timestamptz, d date, iv interval, j jsonb, tags text[], r int4range, u uuid,
+                   b boolean, none text)""")
+    # `compressed` compresses inline; `external`, 64 kB of random hex digits, does not compress
+    # (pglz saves less than it asks for), so it is stored out of line, uncompressed.
+    values = ("repeat('abc', 20000)", "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 2000))",
+              "decode(repeat('00ff', 10), 'hex')", "12345678901234567890.0001", "-1.5e-7",
+              "'2026-12-04 10:11:12.345678+05:30'", "'2026-02-28'", "'1 year 2 mons 3 days 04:05:06.7'",
+              """'{"a": [1, 2.50, null], "b": "é"}'""", """'{x,"y z",NULL}'""", "'[3,7)'",
+              "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'", "true", "NULL")
+    pg.execute(f"INSERT INTO {t} VALUES (1, {', '.join(values)})")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    tsinks(name, ev, tables=[t])
+    wait_for(lambda: snapshot_done(pg, name), what="initial snapshot done")
+    # The same values again, from row 1 itself (the external text is random), as a streamed INSERT.
+    pg.execute(f"INSERT INTO {t} SELECT 2, compressed, external, raw, n, f, ts, d, iv, j, tags, r, u, b, none "
+               f"FROM {t} WHERE id = 1")
+    wait_for(lambda: pg.execute(f"SELECT count(*) FROM {ev}").fetchone()[0] == 2, what="the READ and the INSERT")
+    rows = dict(pg.execute(f"SELECT operation, event->'after' FROM {ev}").fetchall())
+    assert set(rows) == {"READ", "INSERT"}, rows
+    read, insert = rows["READ"], rows["INSERT"]
+    assert (read.pop("id"), insert.pop("id")) == (1, 2)
+    assert read == insert, {k: (read[k], insert.get(k)) for k in read if read[k] != insert.get(k)}
+    assert len(read["external"]) == 64_000 and read["compressed"] == "abc" * 20000 and read["none"] is None
+    stored = pg.execute(f"SELECT pg_column_size(external) < octet_length(external), "
+                        f"pg_column_size(compressed) < octet_length(compressed) FROM {t} WHERE id = 1").fetchone()
+    assert stored == (False, True), f"expected external uncompressed and compressed compressed: {stored}"
+    pg.execute("SELECT cdc_disable(%s)", (t,))
