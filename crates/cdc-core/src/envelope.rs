@@ -20,7 +20,7 @@ use crate::json::{write_key, write_str, write_u64};
 use crate::lookup::{LookupId, LookupRow, Lookups};
 use crate::lsn::Lsn;
 use crate::redact::{self, Method, TokenKey};
-use crate::time::{format_pg_date_plus_days, format_pg_timestamp_ms};
+use crate::time::{format_pg_date_plus_days, write_pg_timestamp_ms};
 use crate::types::TypeRegistry;
 use crate::value::write_value;
 
@@ -468,7 +468,9 @@ impl Encoder {
         write_str(out, op.as_str().as_bytes());
         out.push(b',');
         write_key(out, "timestamp");
-        write_str(out, format_pg_timestamp_ms(txn.commit_time).as_bytes());
+        out.push(b'"');
+        write_pg_timestamp_ms(out, txn.commit_time);
+        out.push(b'"');
         out.push(b',');
         write_key(out, "lsn");
         write_u64(out, lsn.0);
@@ -552,7 +554,12 @@ impl Encoder {
         let old_value =
             |i: usize| -> TupleValue<'_> { ch.old.and_then(|(_, t)| t.get(i).copied()).unwrap_or(TupleValue::Null) };
 
-        let mut out = Vec::with_capacity(256 + 32 * plan.included.len());
+        // Sized for the values' text as well, so a row of long values is not copied as it grows.
+        let text_len = |t: Option<&[TupleValue<'_>]>| -> usize {
+            t.map_or(0, |t| t.iter().map(|v| if let TupleValue::Text(b) = v { b.len() } else { 0 }).sum())
+        };
+        let values = text_len(ch.new.map(Vec::as_slice)) + text_len(ch.old.map(|(_, t)| t.as_slice()));
+        let mut out = Vec::with_capacity(256 + 32 * plan.included.len() + values);
         self.write_metadata(&mut out, plan, ch.op, ch.lsn, txn, index, ch.ctx, ch.mark);
         let mut unchanged: Vec<usize> = Vec::new();
         if ch.new.is_some() {

@@ -211,7 +211,7 @@ impl Chunk {
         }
         let tuple: Vec<TupleValue<'_>> = values.iter().map(|v| v.map_or(TupleValue::Null, TupleValue::Text)).collect();
         let key = encode_key(&tuple, &self.key).unwrap_or_default();
-        let mut row = Vec::new();
+        let mut row = Vec::with_capacity(2 + values.iter().map(|v| 5 + v.map_or(0, <[u8]>::len)).sum::<usize>());
         write_tuple(&mut row, values);
         self.rows.push((key, row));
         Ok(())
@@ -273,6 +273,7 @@ impl Chunk {
         write_relation(&mut data, &self.relation);
         let kept: Vec<&Vec<u8>> = self.rows.iter().filter(|(k, _)| !changed.contains(k)).map(|(_, r)| r).collect();
         self.kept = kept.len();
+        data.reserve(4 + kept.iter().map(|r| r.len()).sum::<usize>());
         data.extend_from_slice(&(kept.len() as u32).to_be_bytes());
         for r in kept {
             data.extend_from_slice(r);
