@@ -416,15 +416,15 @@ fn read_rows(
         let args = if after.is_some() { vec![arg.clone().into()] } else { vec![] };
         let mut cursor = client.try_open_cursor(sql.as_str(), &args)?;
         let mut read = Read { snapshot: String::new(), end: false, last_key: Vec::new() };
-        let (mut rows, mut bytes) = (0usize, 0usize);
+        let mut bytes = 0usize;
         // One row's values, as pointers into PostgreSQL's text of them (reused row after row).
         let mut values: Vec<Option<&[u8]>> = Vec::with_capacity(width);
         let mut texts: Vec<*mut libc::c_char> = Vec::with_capacity(width);
         // The first fetch takes one row, each later one about the rows the budget has room for
         // at the mean width so far: a chunk of wide rows stops near its budget, not a fetch past it.
         let mut want = 1usize;
-        while rows < limit && bytes < budget {
-            let asked = want.min(limit - rows);
+        while chunk.len() < limit && bytes < budget {
+            let asked = want.min(limit - chunk.len());
             let n = cursor.fetch(asked as libc::c_long)?.len();
             // SAFETY: SPI_tuptable is the result of the fetch just run, with `n` rows of `width + 1`
             // columns; SPI_getvalue returns a palloc'd C string (or NULL), read in place, copied
@@ -448,8 +448,7 @@ fn read_rows(
                     values.extend(texts.iter().map(|&p| (!p.is_null()).then(|| CStr::from_ptr(p).to_bytes())));
                     bytes += values.iter().map(|v| v.map_or(1, <[u8]>::len)).sum::<usize>();
                     let pushed = chunk.push_row(&values).map_err(|e| e.message);
-                    rows += 1;
-                    if rows == limit || i + 1 == n {
+                    if i + 1 == n {
                         // Only the last row's key is kept (the chunk's last key).
                         read.last_key = key_positions
                             .iter()
@@ -475,7 +474,7 @@ fn read_rows(
                 read.end = true;
                 break;
             }
-            let mean = (bytes / rows.max(1)).max(1);
+            let mean = (bytes / chunk.len().max(1)).max(1);
             want = (budget.saturating_sub(bytes) / mean).clamp(1, FETCH_ROWS);
         }
         Ok(Ok(read))
