@@ -128,6 +128,7 @@ CREATE TABLE _cdc_snapshots (
     chunk_last_key   text[],
     chunk_rows       bigint,
     chunk_last       boolean,
+    keyless_until    pg_lsn,
     note             text,
     requested_at     timestamptz NOT NULL DEFAULT now(),
     started_at       timestamptz,
@@ -140,6 +141,7 @@ COMMENT ON COLUMN _cdc_snapshots.last_key IS 'key of the last row of the last de
 COMMENT ON COLUMN _cdc_snapshots.chunk_watermark IS 'the chunk read and not known delivered: the end of its watermark message';
 COMMENT ON COLUMN _cdc_snapshots.chunk_last_key IS 'key of that chunk''s last row';
 COMMENT ON COLUMN _cdc_snapshots.chunk_last IS 'that chunk read fewer rows than a chunk holds: the table is done once it is delivered';
+COMMENT ON COLUMN _cdc_snapshots.keyless_until IS 'a table without a key: its rows were read with the snapshot of a slot''s consistent point, this position; its changes in transactions that commit before it are not delivered (the rows hold them)';
 
 CREATE TABLE _cdc_schema_versions (
     table_oid        oid NOT NULL,

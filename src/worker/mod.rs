@@ -26,6 +26,7 @@
 
 mod batch;
 mod decoding;
+mod keyless;
 pub mod launcher;
 pub(crate) mod snapshot;
 pub(crate) mod source;
@@ -182,16 +183,22 @@ pub fn run_tx<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     }
     let result =
         PgTryBuilder::new(AssertUnwindSafe(move || Ok(f()))).catch_others(|e| Err(caught_message(e))).execute();
-    // SAFETY: closes the transaction opened above, committing on success and aborting on error.
+    end_tx(result.is_ok());
+    result
+}
+
+/// Closes the transaction a worker's bracket opened (with its active snapshot pushed): commits
+/// it, or aborts it after an error.
+fn end_tx(commit: bool) {
+    // SAFETY: called once per transaction the caller started, on the main thread.
     unsafe {
-        if result.is_ok() {
+        if commit {
             pg_sys::PopActiveSnapshot();
             pg_sys::CommitTransactionCommand();
         } else {
             pg_sys::AbortCurrentTransaction();
         }
     }
-    result
 }
 
 /// The backoff after `failures` consecutive failures (`cdc_core::deliver::protocol::backoff`),

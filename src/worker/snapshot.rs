@@ -49,6 +49,9 @@ pub enum Next {
     /// The next snapshot's table has no window open (a snapshot requested or added while the sink
     /// was snapshotting other tables): open the windows of its snapshots' tables, then read.
     Untracked,
+    /// The next snapshot is the initial one of a table without a key: its rows come from one
+    /// snapshot, piece by piece ([`super::keyless`]).
+    Keyless { snapshot_id: i64, table_oid: u32 },
 }
 
 /// The open snapshot a chunk is read for.
@@ -58,24 +61,25 @@ struct Open {
     table_oid: u32,
     last_key: Option<Vec<Option<String>>>,
     rows_estimate: Option<i64>,
+    kind: String,
 }
 
 /// A table as pgoutput describes it, and the key chunks are read by.
 #[derive(Deserialize)]
-struct Described {
-    namespace: String,
-    name: String,
+pub(super) struct Described {
+    pub(super) namespace: String,
+    pub(super) name: String,
     replident: String,
-    columns: Vec<Column>,
+    pub(super) columns: Vec<Column>,
     pk: Option<Vec<String>>,
     ri: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
-struct Column {
-    name: String,
+pub(super) struct Column {
+    pub(super) name: String,
     #[serde(rename = "type")]
-    type_oid: u32,
+    pub(super) type_oid: u32,
     typmod: i32,
     type_sql: String,
     ident: bool,
@@ -150,7 +154,7 @@ fn next_chunk(
     loop {
         let open = catalog::json(
             &format!(
-                "SELECT to_jsonb(x) FROM (SELECT snapshot_id, table_oid::bigint AS table_oid, last_key, rows_estimate
+                "SELECT to_jsonb(x) FROM (SELECT snapshot_id, table_oid::bigint AS table_oid, last_key, rows_estimate, kind
                    FROM {schema}._cdc_snapshots WHERE sink_id = $1::uuid AND state IN ('pending', 'running')
                   ORDER BY snapshot_id LIMIT 1) x"
             ),
@@ -161,12 +165,18 @@ fn next_chunk(
         };
         let open: Open = serde_json::from_value(open).map_err(|e| format!("unexpected snapshot row: {e}"))?;
         let table = describe(open.table_oid)?;
-        let Some(key) = chunk_key(&table) else {
+        let key = chunk_key(&table);
+        if key.is_none() && open.kind == "initial" {
+            // Read whole from the snapshot of a slot's consistent point (see super::keyless).
+            return Ok(Next::Keyless { snapshot_id: open.snapshot_id, table_oid: open.table_oid });
+        }
+        let Some(key) = key else {
             pgrx::warning!(
-                "pg_cdc: table {}.{} has no primary key or replica identity index: its snapshot is skipped \
-                 (chunks are read by key)",
+                "pg_cdc: table {}.{} has no primary key or replica identity index: its {} snapshot is skipped \
+                 (chunks are read by key; only an initial snapshot reads a keyless table)",
                 table.namespace,
-                table.name
+                table.name,
+                open.kind
             );
             catalog::run(
                 &format!(
@@ -182,22 +192,7 @@ fn next_chunk(
         if !reader.tracks(open.table_oid) {
             return Ok(Next::Untracked);
         }
-        let relation = Relation {
-            oid: open.table_oid,
-            namespace: table.namespace.clone(),
-            name: table.name.clone(),
-            replica_identity: table.replident.as_bytes().first().copied().unwrap_or(b'd'),
-            columns: table
-                .columns
-                .iter()
-                .map(|c| RelationColumn {
-                    is_key: c.ident,
-                    name: c.name.clone(),
-                    type_oid: c.type_oid,
-                    type_mod: c.typmod,
-                })
-                .collect(),
-        };
+        let relation = relation_of(open.table_oid, &table);
         let read_at = unix_micros_now() - PG_EPOCH_OFFSET_MICROS;
         let id = format!("{sink_id} {nonce}");
         let mut chunk = Chunk::new(id.clone(), relation, &key, read_at).map_err(|e| e.message)?;
@@ -240,6 +235,21 @@ fn next_chunk(
             ],
         );
         return Ok(Next::Chunk(Box::new(chunk)));
+    }
+}
+
+/// A table as pgoutput's Relation message describes it.
+pub(super) fn relation_of(oid: u32, table: &Described) -> Relation {
+    Relation {
+        oid,
+        namespace: table.namespace.clone(),
+        name: table.name.clone(),
+        replica_identity: table.replident.as_bytes().first().copied().unwrap_or(b'd'),
+        columns: table
+            .columns
+            .iter()
+            .map(|c| RelationColumn { is_key: c.ident, name: c.name.clone(), type_oid: c.type_oid, type_mod: c.typmod })
+            .collect(),
     }
 }
 
@@ -292,19 +302,50 @@ fn estimate_rows(oid: u32, table: &Described) -> Option<i64> {
 /// A table being snapshotted: its OID, chunk key and columns.
 pub type OpenTable = (u32, Vec<String>, Vec<String>);
 
-/// Whether a sink has snapshots with rows left, and of their tables those with a chunk key, each
-/// with its key and its columns as the stream lays them out (a keyless table's snapshot is
-/// skipped when its turn comes).
-pub fn open_tables(schema: &str, sink_id: &str) -> Result<(bool, Vec<OpenTable>), String> {
+/// What a sink's reader needs before its first read: whether it has snapshots with rows left; of
+/// their tables, those with a chunk key (each with its key and its columns as the stream lays them
+/// out); and the keyless tables of its initial snapshots, each with the point before which its
+/// changes are dropped (`None`: no plan yet, so all of them; see [`super::keyless`]).
+pub struct OpenSnapshots {
+    pub any: bool,
+    pub keyed: Vec<OpenTable>,
+    pub keyless: Vec<(u32, Option<Lsn>)>,
+}
+
+/// What the reader of a sink needs to know of its snapshots before its first read ([`OpenSnapshots`]).
+pub fn open_tables(schema: &str, sink_id: &str) -> Result<OpenSnapshots, String> {
     let oids = open_oids(schema, sink_id)?;
-    let mut out = Vec::new();
+    let mut keyed = Vec::new();
     for &oid in &oids {
         let Ok(table) = describe(oid) else { continue };
         if let Some(key) = chunk_key(&table) {
-            out.push((oid, key, table.columns.into_iter().map(|c| c.name).collect()));
+            keyed.push((oid, key, table.columns.into_iter().map(|c| c.name).collect()));
         }
     }
-    Ok((!oids.is_empty(), out))
+    let mut keyless = Vec::new();
+    if crate::api::sinks::has_snapshots(schema) {
+        let rows = catalog::json(
+            &format!(
+                "SELECT coalesce(jsonb_agg(jsonb_build_array(table_oid::bigint,
+                        CASE WHEN state IN ('pending', 'running') THEN NULL ELSE keyless_until::text END)), '[]')
+                   FROM {schema}._cdc_snapshots
+                  WHERE sink_id = $1::uuid AND kind = 'initial'
+                    AND (keyless_until IS NOT NULL OR state IN ('pending', 'running'))"
+            ),
+            &[sink_id.into()],
+        )
+        .unwrap_or_default();
+        let rows: Vec<(u32, Option<String>)> =
+            serde_json::from_value(rows).map_err(|e| format!("unexpected snapshot rows: {e}"))?;
+        for (oid, until) in rows {
+            match until {
+                Some(u) => keyless.push((oid, Some(u.parse::<Lsn>()?))),
+                None if !keyed.iter().any(|k| k.0 == oid) && describe(oid).is_ok() => keyless.push((oid, None)),
+                None => {}
+            }
+        }
+    }
+    Ok(OpenSnapshots { any: !oids.is_empty(), keyed, keyless })
 }
 
 /// The tables of a sink's snapshots with rows left.
@@ -325,7 +366,7 @@ fn open_oids(schema: &str, sink_id: &str) -> Result<Vec<u32>, String> {
 
 /// A table's columns as pgoutput describes them (attribute order, no dropped or generated
 /// columns, the replica identity's columns flagged), its primary key and replica identity index.
-fn describe(oid: u32) -> Result<Described, String> {
+pub(super) fn describe(oid: u32) -> Result<Described, String> {
     let v = catalog::json(
         "SELECT jsonb_build_object(
             'namespace', n.nspname, 'name', c.relname, 'replident', c.relreplident::text,
@@ -417,9 +458,6 @@ fn read_rows(
         let mut cursor = client.try_open_cursor(sql.as_str(), &args)?;
         let mut read = Read { snapshot: String::new(), end: false, last_key: Vec::new() };
         let mut bytes = 0usize;
-        // One row's values, as pointers into PostgreSQL's text of them (reused row after row).
-        let mut values: Vec<Option<&[u8]>> = Vec::with_capacity(width);
-        let mut texts: Vec<*mut libc::c_char> = Vec::with_capacity(width);
         // The first fetch takes one row, each later one about the rows the budget has room for
         // at the mean width so far: a chunk of wide rows stops near its budget, not a fetch past it.
         let mut want = 1usize;
@@ -427,47 +465,24 @@ fn read_rows(
             let asked = want.min(limit - chunk.len());
             let n = cursor.fetch(asked as libc::c_long)?.len();
             // SAFETY: SPI_tuptable is the result of the fetch just run, with `n` rows of `width + 1`
-            // columns; SPI_getvalue returns a palloc'd C string (or NULL), read in place, copied
-            // into the chunk's tuple and freed before the next row; the fetch's tuple table is
-            // freed once its rows are copied (pgrx does not use it again: its next fetch replaces
-            // SPI_tuptable).
+            // columns (the snapshot, then the table's).
             unsafe {
                 let tt = pg_sys::SPI_tuptable;
-                for i in 0..n {
-                    let tuple = *(*tt).vals.add(i);
-                    if read.snapshot.is_empty() {
-                        let p = pg_sys::SPI_getvalue(tuple, (*tt).tupdesc, 1);
-                        if !p.is_null() {
-                            read.snapshot = CStr::from_ptr(p).to_string_lossy().into_owned();
-                            pg_sys::pfree(p.cast());
-                        }
-                    }
-                    texts.clear();
-                    texts.extend((0..width).map(|c| pg_sys::SPI_getvalue(tuple, (*tt).tupdesc, c as i32 + 2)));
-                    values.clear();
-                    values.extend(texts.iter().map(|&p| (!p.is_null()).then(|| CStr::from_ptr(p).to_bytes())));
-                    bytes += values.iter().map(|v| v.map_or(1, <[u8]>::len)).sum::<usize>();
-                    let pushed = chunk.push_row(&values).map_err(|e| e.message);
-                    if i + 1 == n {
-                        // Only the last row's key is kept (the chunk's last key).
-                        read.last_key = key_positions
-                            .iter()
-                            .map(|&k| values[k].map(|v| String::from_utf8_lossy(v).into_owned()))
-                            .collect();
-                    }
-                    values.clear();
-                    for &p in &texts {
-                        if !p.is_null() {
-                            pg_sys::pfree(p.cast());
-                        }
-                    }
-                    if let Err(e) = pushed {
-                        return Ok(Err(e));
+                if read.snapshot.is_empty() && n > 0 {
+                    let p = pg_sys::SPI_getvalue(*(*tt).vals, (*tt).tupdesc, 1);
+                    if !p.is_null() {
+                        read.snapshot = CStr::from_ptr(p).to_string_lossy().into_owned();
+                        pg_sys::pfree(p.cast());
                     }
                 }
-                if !tt.is_null() {
-                    pg_sys::SPI_freetuptable(tt);
-                    pg_sys::SPI_tuptable = std::ptr::null_mut();
+                match push_fetched(n, 2, width, &key_positions, chunk) {
+                    Ok((b, key)) => {
+                        bytes += b;
+                        if n > 0 {
+                            read.last_key = key;
+                        }
+                    }
+                    Err(e) => return Ok(Err(e)),
                 }
             }
             if n < asked {
@@ -482,10 +497,58 @@ fn read_rows(
     .map_err(|e| format!("cannot read the next snapshot chunk of {qualified}: {e}"))?
 }
 
+/// Copies the `n` rows of the last fetch into `chunk` (columns `first..first + width` of each,
+/// 1-based), each value from PostgreSQL's text of it straight into the chunk's tuple, and frees
+/// them; returns their text's bytes and, of the last row, the values of columns `keep` (0-based
+/// among the `width`).
+///
+/// # Safety
+/// `SPI_tuptable` is the result of the fetch just run, with `n` rows of at least
+/// `first + width - 1` columns; SPI_getvalue returns a palloc'd C string (or NULL), read in place
+/// and freed before the next row; the tuple table is freed once its rows are copied (pgrx does not
+/// use it again: its next fetch replaces SPI_tuptable).
+pub(super) unsafe fn push_fetched(
+    n: usize,
+    first: i32,
+    width: usize,
+    keep: &[usize],
+    chunk: &mut Chunk,
+) -> Result<(usize, Vec<Option<String>>), String> {
+    let tt = pg_sys::SPI_tuptable;
+    let mut bytes = 0usize;
+    let mut kept = Vec::new();
+    let mut values: Vec<Option<&[u8]>> = Vec::with_capacity(width);
+    let mut texts: Vec<*mut libc::c_char> = Vec::with_capacity(width);
+    for i in 0..n {
+        let tuple = *(*tt).vals.add(i);
+        texts.clear();
+        texts.extend((0..width).map(|c| pg_sys::SPI_getvalue(tuple, (*tt).tupdesc, c as i32 + first)));
+        values.clear();
+        values.extend(texts.iter().map(|&p| (!p.is_null()).then(|| CStr::from_ptr(p).to_bytes())));
+        bytes += values.iter().map(|v| v.map_or(1, <[u8]>::len)).sum::<usize>();
+        let pushed = chunk.push_row(&values).map_err(|e| e.message);
+        if i + 1 == n {
+            kept = keep.iter().map(|&k| values[k].map(|v| String::from_utf8_lossy(v).into_owned())).collect();
+        }
+        values.clear();
+        for &p in &texts {
+            if !p.is_null() {
+                pg_sys::pfree(p.cast());
+            }
+        }
+        pushed?;
+    }
+    if !tt.is_null() {
+        pg_sys::SPI_freetuptable(tt);
+        pg_sys::SPI_tuptable = std::ptr::null_mut();
+    }
+    Ok((bytes, kept))
+}
+
 /// Writes a chunk's watermark (a non-transactional logical message, decoded at its place in the
 /// WAL by every slot) and flushes it, so the sink's reader meets it without waiting for the WAL
 /// writer; returns the end of its record (where pgoutput places it).
-fn write_watermark(content: &str) -> Result<Lsn, String> {
+pub(super) fn write_watermark(content: &str) -> Result<Lsn, String> {
     let end = catalog::select_one::<String>(
         "SELECT pg_logical_emit_message(false, $1, $2)::text",
         &[WATERMARK_PREFIX.into(), content.into()],

@@ -8,7 +8,7 @@ use cdc_core::config::{checkpoint_interval, parse_stored_capture_config, Capture
 use cdc_core::failpoint::{Armed, Failpoint};
 use cdc_core::pipeline::{Assembler, SinkTables};
 use cdc_core::redact::TokenKey;
-use cdc_core::snapshot::{ChunkSource, MvccSnapshot, SnapshotReader};
+use cdc_core::snapshot::{Chunk, ChunkSource, MvccSnapshot, Pieces, SnapshotReader};
 use cdc_core::state::SinkState;
 use cdc_core::stats::DeliveryCounters;
 use cdc_core::types::TypeRegistry;
@@ -28,6 +28,7 @@ use pgrx::pg_sys;
 
 use super::batch::{self, Batch, Failure, Inputs, Unit};
 use super::decoding::{self, Session, SessionRead};
+use super::keyless;
 use super::snapshot::{self as snapshots, Next, Previous};
 use super::source::{self, Catalog, SinkRow};
 use super::table_sink::SpiStore;
@@ -111,6 +112,8 @@ pub struct SinkRun {
     opened_at: Option<Lsn>,
     /// Chunks read in this run (names their watermarks).
     chunks: u64,
+    /// The keyless table's snapshot whose pieces it is delivering (see [`super::keyless`]).
+    keyless: Option<keyless::Plan>,
 }
 
 /// A unit read and handed to its sink, waiting to be delivered: what its delivery records.
@@ -910,6 +913,7 @@ impl Worker {
                         chunk_delivered: false,
                         opened_at: None,
                         chunks: 0,
+                        keyless: None,
                     },
                 );
             } else if let Some(r) = self.sinks.get_mut(&row.id) {
@@ -1458,11 +1462,19 @@ impl Worker {
             // The windows of its tables open before its first read: every change its reads meet
             // from now on is delivered as a change, never also as a READ.
             match run_tx(|| snapshots::open_tables(&schema, id)) {
-                Ok(Ok((open, tables))) => {
-                    for (oid, key, columns) in tables {
+                Ok(Ok(open)) => {
+                    for (oid, key, columns) in open.keyed {
                         run.snap.track(oid, key, &columns);
                     }
-                    run.snapshotting = Some(open);
+                    // A keyless table's changes wait for its plan (or follow the one it had).
+                    for (oid, until) in open.keyless {
+                        match until {
+                            Some(p) => run.snap.drop_changes_before(oid, p),
+                            None if run.keyless.as_ref().is_none_or(|k| k.table_oid != oid) => run.snap.hold(oid),
+                            None => {}
+                        }
+                    }
+                    run.snapshotting = Some(open.any);
                 }
                 Ok(Err(e)) | Err(e) => {
                     self.fail(id, SinkState::Retrying, format!("cannot read the sink's snapshots: {e}"));
@@ -1499,18 +1511,95 @@ impl Worker {
                 for t in closed {
                     run.snap.untrack(t);
                 }
+                // A keyless table held for a plan that will not come (cancelled) is let go.
+                for t in run.snap.held().into_iter().filter(|t| !open.contains(t)) {
+                    run.snap.release_hold(t);
+                }
+                // A plan whose snapshot is no longer next (cancelled) is given up.
+                let keyless_next = match next {
+                    Next::Keyless { snapshot_id, table_oid } => Some((snapshot_id, table_oid)),
+                    _ => None,
+                };
+                if run.keyless.as_ref().is_some_and(|k| Some(k.snapshot_id) != keyless_next.map(|n| n.0)) {
+                    if let Some(k) = run.keyless.take() {
+                        keyless::close(&k.cursor);
+                    }
+                    run.snap.pieces = None;
+                }
                 match next {
                     Next::Chunk(c) => run.snap.chunk = Some(*c),
                     Next::Later => {}
                     Next::Done => run.snapshotting = Some(false),
                     // Its next step opens the windows first (as a sink's first step does).
                     Next::Untracked => run.snapshotting = None,
+                    Next::Keyless { snapshot_id, table_oid } => {
+                        return self.keyless_step(id, snapshot_id, table_oid, size);
+                    }
                 }
                 true
             }
             Ok(Err(e)) | Err(e) => {
                 self.fail(id, SinkState::Retrying, format!("cannot read the next snapshot chunk: {e}"));
                 false
+            }
+        }
+    }
+
+    /// The next snapshot is a keyless table's: plans it (its first time in this run), else
+    /// fetches its next piece. Returns false when the sink failed.
+    fn keyless_step(&mut self, id: &str, snapshot_id: i64, table_oid: u32, chunk_size: u32) -> bool {
+        let Some(schema) = self.schema.clone() else { return false };
+        let Some(run) = self.sinks.get_mut(id) else { return false };
+        if let Some(plan) = run.keyless.as_ref().filter(|k| k.snapshot_id == snapshot_id) {
+            let Some(pieces) = run.snap.pieces.as_mut() else { return false };
+            let i = pieces.next;
+            let read_at = cdc_core::deliver::read::unix_micros_now() - cdc_core::time::PG_EPOCH_OFFSET_MICROS;
+            let mut chunk = Chunk::keyless(pieces.id(i), plan.relation.clone(), read_at);
+            match run_tx(|| keyless::take_piece(&schema, plan, i, &mut chunk)) {
+                Ok(Ok(())) => {
+                    pieces.next += 1;
+                    if i >= plan.last {
+                        run.keyless = None;
+                    }
+                    run.snap.chunk = Some(chunk);
+                    true
+                }
+                Ok(Err(e)) | Err(e) => {
+                    self.fail(id, SinkState::Retrying, format!("cannot read the next piece of a keyless table: {e}"));
+                    false
+                }
+            }
+        } else {
+            // Its slot is given back while an ephemeral one finds the snapshot (a process holds
+            // one slot); the next read opens a new session.
+            run.session = None;
+            run.chunks += 1;
+            let base = format!("{id} {} k{}", std::process::id(), run.chunks);
+            match keyless::plan(&schema, snapshot_id, table_oid, chunk_size, &base) {
+                Ok(keyless::Planned::Ready(plan)) => {
+                    super::source::learn_type_oids(&plan.types, &mut self.types);
+                    let Some(run) = self.sinks.get_mut(id) else { return false };
+                    run.snap.drop_changes_before(table_oid, plan.until);
+                    run.snap.pieces = Some(Pieces { base, next: 1, last: plan.last });
+                    pgrx::log!(
+                        "pg_cdc sink \"{}\": table {} has no key: its {} rows are read from the snapshot of {} \
+                         in {} pieces",
+                        run.row.name,
+                        plan.relation.name,
+                        plan.rows,
+                        plan.until,
+                        plan.last
+                    );
+                    if plan.last > 0 {
+                        run.keyless = Some(plan);
+                    }
+                    true
+                }
+                Ok(keyless::Planned::Again) => true,
+                Err(e) => {
+                    self.fail(id, SinkState::Retrying, format!("cannot plan the snapshot of a keyless table: {e}"));
+                    false
+                }
             }
         }
     }

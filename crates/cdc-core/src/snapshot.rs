@@ -200,6 +200,12 @@ impl Chunk {
         Ok(Chunk { id, relation, key: positions, rows: Vec::new(), kept: 0, read_at, watermark: None })
     }
 
+    /// An empty piece of a keyless table (see [`Pieces`]): its rows are all delivered at its
+    /// watermark (no window: the table's changes its snapshot holds are dropped instead).
+    pub fn keyless(id: String, relation: Relation, read_at: i64) -> Self {
+        Chunk { id, relation, key: Vec::new(), rows: Vec::new(), kept: 0, read_at, watermark: None }
+    }
+
     /// Adds a row read by the chunk's query: its column values as text (output functions), in
     /// the relation's column order.
     pub fn push_row(&mut self, values: &[Option<&[u8]>]) -> CdcResult<()> {
@@ -331,6 +337,56 @@ struct Tracked {
     changed: HashSet<Vec<u8>>,
 }
 
+/// The watermarks of a keyless table's snapshot, written ahead of its rows' snapshot, one per
+/// piece of rows (ARCHITECTURE.md, "Keyless tables"): piece `i`'s watermark content starts with
+/// `<base>/<i>`. The rows are read from one snapshot, a piece at a time, and each piece is
+/// delivered at its own watermark, so the reader must not pass a watermark whose piece is not
+/// loaded yet: it stops there and meets it again at its next read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pieces {
+    /// What the watermarks' ids start with.
+    pub base: String,
+    /// The next piece to load (from 1).
+    pub next: u32,
+    /// The last piece that holds rows (the watermarks after it are passed over).
+    pub last: u32,
+}
+
+impl Pieces {
+    /// The id of piece `i`'s watermark.
+    pub fn id(&self, i: u32) -> String {
+        format!("{}/{i}", self.base)
+    }
+
+    /// Whether a watermark frame belongs to a piece not loaded yet.
+    fn waits_at(&self, frame: &[u8]) -> bool {
+        if frame.first() != Some(&b'M') {
+            return false;
+        }
+        let Ok(Message::LogicalMessage { transactional: false, prefix, content, .. }) = decode(frame) else {
+            return false;
+        };
+        if prefix != WATERMARK_PREFIX {
+            return false;
+        }
+        let first = content.split(|&b| b == b'\n').next().unwrap_or_default();
+        let Some(rest) = first.strip_prefix(self.base.as_bytes()).and_then(|r| r.strip_prefix(b"/")) else {
+            return false;
+        };
+        let i: Option<u32> = std::str::from_utf8(rest).ok().and_then(|t| t.parse().ok());
+        i.is_some_and(|i| i >= self.next && i <= self.last)
+    }
+}
+
+/// What a dropped change becomes: an Origin message (which the pipeline passes over), so a read
+/// keeps one frame per frame of the slot and its positions stay those of the slot's read.
+fn dropped_change(lsn: Lsn) -> RawFrame {
+    let mut data = vec![b'O'];
+    data.extend_from_slice(&lsn.0.to_be_bytes());
+    data.extend_from_slice(b"pg_cdc.snapshot_holds_it\0");
+    RawFrame { lsn, data }
+}
+
 /// What a sink's reader keeps between reads for its snapshot: the tables being snapshotted and
 /// their windows, the chunk waiting for its watermark (or for its delivery), and the
 /// transactions read lately.
@@ -338,6 +394,14 @@ struct Tracked {
 pub struct SnapshotReader {
     /// The chunk read and not yet delivered.
     pub chunk: Option<Chunk>,
+    /// The keyless table's pieces being delivered, if any.
+    pub pieces: Option<Pieces>,
+    /// Keyless tables whose changes in transactions that commit before a position are dropped:
+    /// the snapshot their rows were read with holds them (it sees exactly what committed before
+    /// that position, the consistent point of a slot created for it).
+    drop_before: HashMap<u32, Lsn>,
+    /// The commit position of the transaction the reader is in (from its BEGIN).
+    in_txn: Option<Lsn>,
     tracked: HashMap<u32, Tracked>,
     /// The transactions the reader met lately.
     pub recent: RecentXids,
@@ -354,6 +418,65 @@ impl SnapshotReader {
     pub fn track(&mut self, table_oid: u32, key: Vec<String>, columns: &[String]) {
         let positions = key.iter().map(|k| columns.iter().position(|c| c == k)).collect::<Option<Vec<_>>>();
         self.tracked.entry(table_oid).or_insert(Tracked { key, positions, changed: HashSet::new() });
+    }
+
+    /// From now on, drops the changes of keyless table `table_oid` in transactions that commit
+    /// before `position` (see [`Pieces`]).
+    pub fn drop_changes_before(&mut self, table_oid: u32, position: Lsn) {
+        let p = self.drop_before.entry(table_oid).or_insert(position);
+        *p = if *p == Lsn(u64::MAX) { position } else { (*p).max(position) };
+    }
+
+    /// Drops every change of keyless table `table_oid` from now on, until its plan says from
+    /// where on they are delivered ([`drop_changes_before`](Self::drop_changes_before)): each
+    /// commits before the point that plan finds, so its rows hold them.
+    pub fn hold(&mut self, table_oid: u32) {
+        self.drop_before.insert(table_oid, Lsn(u64::MAX));
+    }
+
+    /// Ends a [`hold`](Self::hold) whose plan will not come (its snapshot was cancelled or skipped).
+    pub fn release_hold(&mut self, table_oid: u32) {
+        if self.drop_before.get(&table_oid) == Some(&Lsn(u64::MAX)) {
+            self.drop_before.remove(&table_oid);
+        }
+    }
+
+    /// The keyless tables held (no plan yet).
+    pub fn held(&self) -> Vec<u32> {
+        self.drop_before.iter().filter(|(_, p)| **p == Lsn(u64::MAX)).map(|(t, _)| *t).collect()
+    }
+
+    /// Whether a change frame is one [`drop_changes_before`](Self::drop_changes_before) drops;
+    /// a TRUNCATE naming such a table along with others comes back without it.
+    fn drops(&self, frame: &[u8]) -> Option<Option<Vec<u8>>> {
+        let at = self.in_txn?;
+        if self.drop_before.is_empty() || self.skip_window {
+            return None;
+        }
+        let dropped = |oid: u32| self.drop_before.get(&oid).is_some_and(|&p| at < p);
+        match frame.first().copied() {
+            Some(b'I' | b'U' | b'D') if frame.len() >= 5 => {
+                dropped(u32::from_be_bytes([frame[1], frame[2], frame[3], frame[4]])).then_some(None)
+            }
+            Some(b'T') => {
+                let Ok(Message::Truncate { options, relations }) = decode(frame) else { return None };
+                if !relations.iter().any(|&r| dropped(r)) {
+                    return None;
+                }
+                let kept: Vec<u32> = relations.into_iter().filter(|&r| !dropped(r)).collect();
+                if kept.is_empty() {
+                    return Some(None);
+                }
+                let mut data = vec![b'T'];
+                data.extend_from_slice(&(kept.len() as u32).to_be_bytes());
+                data.push(options);
+                for r in kept {
+                    data.extend_from_slice(&r.to_be_bytes());
+                }
+                Some(Some(data))
+            }
+            _ => None,
+        }
     }
 
     /// Closes a table's window (its snapshot is done), freeing its keys.
@@ -416,14 +539,33 @@ pub struct ChunkSource<'a, S: ChangeSource + ?Sized> {
 
 impl<S: ChangeSource + ?Sized> ChangeSource for ChunkSource<'_, S> {
     fn fetch(&mut self, count: usize, types: &mut TypeRegistry) -> Vec<RawFrame> {
+        let start = self.inner.position();
         let mut frames = self.inner.fetch(count, types);
         let state = &mut *self.state;
         let empty = HashSet::new();
-        for f in &mut frames {
+        for (i, f) in frames.iter_mut().enumerate() {
             state.recent.record(&f.data);
+            match f.data.first() {
+                Some(b'B') if f.data.len() >= 9 => {
+                    let mut lsn = [0u8; 8];
+                    lsn.copy_from_slice(&f.data[1..9]);
+                    state.in_txn = Some(Lsn(u64::from_be_bytes(lsn)));
+                }
+                Some(b'C') => state.in_txn = None,
+                _ => {}
+            }
             let Some(at) = state.chunk.as_ref().and_then(|c| c.is_watermark(&f.data)) else {
-                if !state.skip_window {
-                    state.observe(&f.data);
+                if state.pieces.as_ref().is_some_and(|p| p.waits_at(&f.data)) {
+                    // A piece not loaded yet goes here: the read ends before its watermark.
+                    self.inner.seek(start + i as u64);
+                    frames.truncate(i);
+                    break;
+                }
+                match state.drops(&f.data) {
+                    Some(Some(rest)) => f.data = rest,
+                    Some(None) => *f = dropped_change(f.lsn),
+                    None if !state.skip_window => state.observe(&f.data),
+                    None => {}
                 }
                 continue;
             };
@@ -564,15 +706,7 @@ mod tests {
     }
 
     fn watermark(id: &str, end: u64) -> RawFrame {
-        let content = watermark_content(id, 5);
-        let id = content.as_str();
-        let mut d = vec![b'M', 0];
-        d.extend_from_slice(&end.to_be_bytes());
-        d.extend_from_slice(WATERMARK_PREFIX.as_bytes());
-        d.push(0);
-        d.extend_from_slice(&(id.len() as u32).to_be_bytes());
-        d.extend_from_slice(id.as_bytes());
-        RawFrame { lsn: Lsn(end), data: d }
+        piece_watermark(id, 5, end)
     }
 
     /// A reader tracking table 7 (keyed by `id`) with a chunk of it holding `ids`.
@@ -711,6 +845,98 @@ mod tests {
             state.recent.record(&begin(1_000 + xid, 100).data);
         }
         assert!(!state.recent.any_in_progress(&MvccSnapshot::parse("899:910:900").unwrap()), "bounded");
+    }
+
+    fn piece_watermark(id: &str, rows: usize, end: u64) -> RawFrame {
+        let content = watermark_content(id, rows);
+        let mut d = vec![b'M', 0];
+        d.extend_from_slice(&end.to_be_bytes());
+        d.extend_from_slice(WATERMARK_PREFIX.as_bytes());
+        d.push(0);
+        d.extend_from_slice(&(content.len() as u32).to_be_bytes());
+        d.extend_from_slice(content.as_bytes());
+        RawFrame { lsn: Lsn(end), data: d }
+    }
+
+    fn piece(pieces: &Pieces, i: u32, ids: impl IntoIterator<Item = u32>) -> Chunk {
+        let mut c = Chunk::keyless(pieces.id(i), relation(7), 42);
+        for id in ids {
+            c.push_row(&[Some(id.to_string().as_bytes()), Some(b"old")]).unwrap();
+        }
+        c
+    }
+
+    #[test]
+    fn a_keyless_table_is_delivered_piece_by_piece_without_the_changes_its_snapshot_holds() {
+        let pieces = Pieces { base: "sink-a 9 1".into(), next: 1, last: 2 };
+        let frames = vec![
+            begin(900, 100),
+            insert(7, 50, 90), // committed before the consistent point (250): the rows hold it
+            insert(8, 51, 92), // another table: delivered
+            commit(100),
+            piece_watermark("sink-a 9 1/1", 5, 150),
+            piece_watermark("sink-a 9 1/2", 5, 160),
+            piece_watermark("sink-a 9 1/3", 5, 170), // written ahead, holds no rows
+            begin(901, 200),
+            delete(7, 3, 190), // before 250 too
+            commit(200),
+            begin(902, 300),
+            insert(7, 60, 290), // after: delivered after every piece
+            commit(300),
+        ];
+        let mut inner = MemorySource::new(frames.clone());
+        let mut state = SnapshotReader { pieces: Some(pieces.clone()), ..Default::default() };
+        state.drop_changes_before(7, Lsn(250));
+        // No piece loaded: the read stops at the first watermark.
+        let out = read_all(&mut ChunkSource { inner: &mut inner, state: &mut state });
+        assert_eq!(out.len(), 4);
+        assert_eq!(out[1].data.first(), Some(&b'O'), "the insert its snapshot holds is dropped");
+        assert_eq!((out[1].lsn, &out[2]), (Lsn(90), &frames[2]));
+        assert_eq!(inner.position(), 4, "it reads from the watermark again");
+        // Piece 1 loaded: delivered at its watermark; the read stops at piece 2's.
+        state.chunk = Some(piece(&pieces, 1, [1, 2]));
+        state.pieces.as_mut().unwrap().next = 2;
+        let out = read_all(&mut ChunkSource { inner: &mut inner, state: &mut state });
+        assert_eq!(out.len(), 1);
+        assert_eq!(read_rows(&out).unwrap().2.len(), 2);
+        assert_eq!(inner.position(), 5);
+        // Piece 2, the last: then the rest, the unused watermark passed over.
+        state.chunk = Some(piece(&pieces, 2, [3, 4]));
+        state.pieces.as_mut().unwrap().next = 3;
+        let out = read_all(&mut ChunkSource { inner: &mut inner, state: &mut state });
+        assert_eq!(out.len(), 8);
+        let (_, end, rows) = read_rows(&out).unwrap();
+        assert_eq!((end, rows.len()), (Lsn(160), 2), "every row kept: no window");
+        assert_eq!(out[1], frames[6]);
+        assert_eq!(out[3].data.first(), Some(&b'O'), "the delete before 250 is dropped");
+        assert_eq!(out[6], frames[11], "the insert after 250 is delivered");
+    }
+
+    #[test]
+    fn a_truncate_before_the_consistent_point_loses_only_the_keyless_table() {
+        let mut state = SnapshotReader::default();
+        state.drop_changes_before(7, Lsn(250));
+        let truncate = |oids: &[u32]| {
+            let mut d = vec![b'T'];
+            d.extend_from_slice(&(oids.len() as u32).to_be_bytes());
+            d.push(1);
+            for o in oids {
+                d.extend_from_slice(&o.to_be_bytes());
+            }
+            RawFrame { lsn: Lsn(95), data: d }
+        };
+        let frames = vec![begin(900, 100), truncate(&[8, 7, 9]), truncate(&[7]), commit(100)];
+        let out = read_all(&mut ChunkSource { inner: &mut MemorySource::new(frames), state: &mut state });
+        assert_eq!(out[1], truncate(&[8, 9]));
+        assert_eq!(out[2].data.first(), Some(&b'O'));
+        // After the consistent point, and with the test switch that keeps every change, kept whole.
+        let later = vec![begin(901, 300), truncate(&[7]), commit(300)];
+        let out = read_all(&mut ChunkSource { inner: &mut MemorySource::new(later.clone()), state: &mut state });
+        assert_eq!(out, later);
+        state.skip_window = true;
+        let before = vec![begin(900, 100), truncate(&[7]), commit(100)];
+        let out = read_all(&mut ChunkSource { inner: &mut MemorySource::new(before.clone()), state: &mut state });
+        assert_eq!(out, before);
     }
 
     #[test]
