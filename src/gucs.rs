@@ -59,7 +59,8 @@ pub static TEST_FAILPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CSt
 pub static TEST_SKIP_DEDUP: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 /// `cdc.test_skip_snapshot_window`: test-only; delivers every row of a snapshot chunk, also those
-/// changed while it was in flight, so the snapshot tests can prove their oracle sees stale rows.
+/// changed while it was in flight, and every change of a keyless table, also those its rows'
+/// snapshot holds, so the snapshot tests can prove their oracle sees stale and doubled rows.
 pub static TEST_SKIP_SNAPSHOT_WINDOW: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 /// `cdc.test_snapshot_ignore_checkpoint`: test-only; a restarted sink settles the snapshot chunk it
@@ -135,7 +136,7 @@ pub fn init() {
     );
     GucRegistry::define_bool_guc(
         c"cdc.test_skip_snapshot_window",
-        c"Test only: deliver every row of a snapshot chunk, also rows changed while it was in flight.",
+        c"Test only: deliver every row of a snapshot chunk, also rows changed while it was in flight, and every change of a keyless table, also those its rows' snapshot holds.",
         c"",
         &TEST_SKIP_SNAPSHOT_WINDOW,
         GucContext::Sighup,

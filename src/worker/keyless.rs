@@ -106,6 +106,8 @@ pub fn plan(schema: &str, snapshot_id: i64, table_oid: u32, chunk_size: u32, bas
     let cursor = format!("pg_cdc_keyless_{snapshot_id}");
     let select = format!("SELECT {} FROM ONLY {qualified}", cols.join(", "));
     let room = pieces * piece_rows;
+    // One left by a plan that failed after it was declared.
+    close(&cursor);
     let (until, rows) = with_slot_snapshot(&format!("pg_cdc_keyless_{}", std::process::id()), || {
         let rows = catalog::select_one::<i64>(&format!("SELECT count(*) FROM ONLY {qualified}"), &[]).unwrap_or(0);
         if rows <= room {

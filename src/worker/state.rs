@@ -1577,7 +1577,13 @@ impl Worker {
             let base = format!("{id} {} k{}", std::process::id(), run.chunks);
             match keyless::plan(&schema, snapshot_id, table_oid, chunk_size, &base) {
                 Ok(keyless::Planned::Ready(plan)) => {
-                    super::source::learn_type_oids(&plan.types, &mut self.types);
+                    // Its column types, for a table none of whose changes was streamed yet.
+                    let types = &mut self.types;
+                    if let Err(e) = run_tx(|| super::source::learn_type_oids(&plan.types, types)) {
+                        keyless::close(&plan.cursor);
+                        self.fail(id, SinkState::Retrying, format!("cannot look up a keyless table's types: {e}"));
+                        return false;
+                    }
                     let Some(run) = self.sinks.get_mut(id) else { return false };
                     run.snap.drop_changes_before(table_oid, plan.until);
                     run.snap.pieces = Some(Pieces { base, next: 1, last: plan.last });
