@@ -82,7 +82,7 @@ pub enum Planned {
 /// opens a held cursor over the table with it. Runs its own transactions; the caller's process
 /// must hold no replication slot.
 pub fn plan(schema: &str, snapshot_id: i64, table_oid: u32, chunk_size: u32, base: &str) -> Result<Planned, String> {
-    let (table, count, bytes) = super::run_tx(|| -> Result<_, String> {
+    let (table, qualified, count, bytes) = super::run_tx(|| -> Result<_, String> {
         let table = describe(table_oid)?;
         let qualified = format!("{}.{}", quote_ident(&table.namespace), quote_ident(&table.name));
         let v = catalog::json(
@@ -93,7 +93,7 @@ pub fn plan(schema: &str, snapshot_id: i64, table_oid: u32, chunk_size: u32, bas
         )
         .ok_or("cannot count the table's rows")?;
         let (count, bytes): (i64, i64) = serde_json::from_value(v).map_err(|e| e.to_string())?;
-        Ok((table, count, bytes))
+        Ok((table, qualified, count, bytes))
     })??;
     // A piece's rows are about CHUNK_BYTES of text at most, as a keyed chunk's.
     let mean = (bytes / count.max(1)).max(1) as usize;
@@ -101,7 +101,6 @@ pub fn plan(schema: &str, snapshot_id: i64, table_oid: u32, chunk_size: u32, bas
     // Room for a quarter more rows than counted, and a piece more: rows inserted meanwhile.
     let pieces = (count + count / 4 + piece_rows) / piece_rows + 1;
     let watermarks = super::run_tx(|| write_watermarks(base, pieces, piece_rows as usize))??;
-    let qualified = format!("{}.{}", quote_ident(&table.namespace), quote_ident(&table.name));
     let cols: Vec<String> = table.columns.iter().map(|c| quote_ident(&c.name)).collect();
     let cursor = format!("pg_cdc_keyless_{snapshot_id}");
     let select = format!("SELECT {} FROM ONLY {qualified}", cols.join(", "));
@@ -258,8 +257,7 @@ extern "C-unwind" fn no_write(
 pub fn take_piece(schema: &str, plan: &Plan, i: u32, chunk: &mut Chunk) -> Result<(), String> {
     let width = plan.relation.columns.len();
     Spi::connect(|client| -> Result<Result<(), String>, pgrx::spi::Error> {
-        let cursor = client.find_cursor(&plan.cursor)?;
-        let mut cursor = cursor;
+        let mut cursor = client.find_cursor(&plan.cursor)?;
         let n = cursor.fetch(i64::from(plan.piece_rows) as libc::c_long)?.len();
         // Not closed here: a later piece fetches from it again.
         let _ = cursor.detach_into_name();
