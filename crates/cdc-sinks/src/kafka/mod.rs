@@ -24,7 +24,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::DeliveryResult;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::Message;
@@ -80,6 +80,11 @@ pub const QUEUE_MAX_KBYTES: u32 = 16_384;
 /// How long one delivery may take before it counts as failed (librdkafka `message.timeout.ms`).
 pub const MESSAGE_TIMEOUT_MS: u32 = 30_000;
 
+/// How long `open` waits for the brokers at a time before it looks whether librdkafka reported
+/// them all down (so a closed port or a name that does not resolve is reported within a second,
+/// not after the 30 s of a timeout).
+const OPEN_STEP: Duration = Duration::from_millis(250);
+
 /// How long [`KafkaSink::wait_for_reports`] sleeps when no delivery report was waiting.
 const REPORT_WAIT: Duration = Duration::from_micros(200);
 
@@ -92,19 +97,41 @@ pub struct DeliveryCounter {
     /// The broker refused the credentials (librdkafka's error callback): waiting for delivery
     /// reports would only end at `message.timeout.ms` with "timed out".
     auth_error: Mutex<Option<String>>,
+    /// The last failed connection to each broker (librdkafka's error callback: its reason names
+    /// the broker and the transport's error, e.g. "127.0.0.1:9092/bootstrap: Connect to
+    /// ipv4#127.0.0.1:9092 failed: Connection refused"), by `host:port`. `open` reports them once
+    /// every bootstrap broker failed, instead of waiting for its timeouts.
+    failed_brokers: Mutex<HashMap<String, String>>,
+}
+
+/// The `host:port` of the broker a librdkafka error's reason begins with
+/// (`[<protocol>://]<host>:<port>/<id>: ...`), lowercased.
+fn broker_of(reason: &str) -> Option<String> {
+    let (name, _) = reason.split_once(": ")?;
+    let name = name.rsplit_once('/').map_or(name, |(n, _)| n);
+    Some(without_protocol(name).to_ascii_lowercase())
+}
+
+/// `host:port` without a leading `<protocol>://`.
+fn without_protocol(broker: &str) -> &str {
+    broker.split_once("://").map_or(broker, |(_, b)| b)
 }
 
 impl ClientContext for DeliveryCounter {
     fn error(&self, error: KafkaError, reason: &str) {
-        let auth = matches!(
-            error.rdkafka_error_code(),
-            Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed)
-        );
-        if auth {
-            if let Ok(mut slot) = self.auth_error.lock() {
-                // librdkafka's reason names the broker and the mechanism's answer, never the password.
-                slot.get_or_insert_with(|| reason.to_string());
+        match error.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed) => {
+                if let Ok(mut slot) = self.auth_error.lock() {
+                    // librdkafka's reason names the broker and the mechanism's answer, never the password.
+                    slot.get_or_insert_with(|| reason.to_string());
+                }
             }
+            Some(RDKafkaErrorCode::BrokerTransportFailure | RDKafkaErrorCode::Resolve | RDKafkaErrorCode::SSL) => {
+                if let (Some(broker), Ok(mut failed)) = (broker_of(reason), self.failed_brokers.lock()) {
+                    failed.insert(broker, reason.to_string());
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -127,6 +154,19 @@ impl ProducerContext for DeliveryCounter {
             }
         }
     }
+}
+
+/// Whether a call gave up waiting for the brokers (and may be called again).
+fn is_timeout(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::OperationTimedOut
+                | RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::Resolve
+        )
+    )
 }
 
 /// Sorts a Kafka error into retry classes.
@@ -162,6 +202,8 @@ pub struct KafkaSink {
     interrupt: Option<Box<dyn Fn() -> bool + Send>>,
     /// Connection settings without producer keys, for the admin client and the progress reader.
     client_config: ClientConfig,
+    /// `bootstrap.servers`, for messages.
+    bootstrap: String,
     transactional: Option<Transactional>,
     /// A Kafka transaction (or, at-least-once, a delivery count) is open.
     in_transaction: bool,
@@ -231,8 +273,10 @@ impl KafkaSink {
             class: ErrorClass::Operator,
             message: format!("cannot create the Kafka producer: {e}"),
         })?;
+        let bootstrap = client_config.get("bootstrap.servers").unwrap_or_default().to_string();
         Ok(KafkaSink {
             producer,
+            bootstrap,
             topic_template: cfg.topic.clone(),
             database: database.to_string(),
             topics: HashMap::new(),
@@ -462,6 +506,68 @@ impl KafkaSink {
         self.producer.context().first_error.lock().ok().and_then(|mut e| e.take())
     }
 
+    /// Runs `attempt` (a call that waits for the brokers up to [`OPEN_STEP`]) until it succeeds,
+    /// returns an error other than a timeout, or [`TRANSACTION_TIMEOUT`] passed. Between attempts
+    /// it serves librdkafka's error events and fails at once when the broker refused the
+    /// credentials, or when every broker is down after a failed connection: the message names
+    /// the broker and the transport's error ("Connection refused", "Failed to resolve ...").
+    fn await_brokers(
+        &self,
+        attempt: impl Fn(&BaseProducer<DeliveryCounter>) -> KafkaResult<()>,
+    ) -> Result<(), SinkError> {
+        let deadline = Instant::now() + TRANSACTION_TIMEOUT;
+        loop {
+            let result = attempt(&self.producer);
+            // Error events wait on the main queue until a poll serves them (a timed poll serves
+            // every event that arrives before it ends; `poll(0)` serves one).
+            self.producer.poll(Duration::from_millis(10));
+            match result {
+                Ok(()) => return Ok(()),
+                Err(e) if is_timeout(&e) => {
+                    self.check_auth()?;
+                    self.check_reachable()?;
+                    if self.interrupted() {
+                        return Err(SinkError { class: ErrorClass::Retry, message: "interrupted".into() });
+                    }
+                    if Instant::now() > deadline {
+                        return Err(SinkError {
+                            class: ErrorClass::Retry,
+                            message: format!(
+                                "no answer from the Kafka brokers {} within {} s",
+                                self.bootstrap,
+                                TRANSACTION_TIMEOUT.as_secs()
+                            ),
+                        });
+                    }
+                }
+                Err(e) => {
+                    self.check_auth()?;
+                    self.check_reachable()?;
+                    return Err(kafka_err("the Kafka brokers answered with an error", e));
+                }
+            }
+        }
+    }
+
+    /// Fails when a connection to every bootstrap broker failed (librdkafka goes on trying, but
+    /// nothing can be delivered meanwhile): the message names each and its transport's error.
+    fn check_reachable(&self) -> Result<(), SinkError> {
+        let failed = self.producer.context().failed_brokers.lock().map(|f| f.clone()).unwrap_or_default();
+        let reasons: Option<Vec<&String>> =
+            self.bootstrap.split(',').map(|b| failed.get(&without_protocol(b.trim()).to_ascii_lowercase())).collect();
+        match reasons {
+            Some(reasons) if !reasons.is_empty() => Err(SinkError {
+                class: ErrorClass::Retry,
+                message: format!(
+                    "cannot reach the Kafka brokers {}: {}",
+                    self.bootstrap,
+                    reasons.iter().map(|r| r.as_str()).collect::<Vec<_>>().join("; ")
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Fails at once when the broker refused the credentials (an operator must fix them).
     fn check_auth(&self) -> Result<(), SinkError> {
         match self.producer.context().auth_error.lock().ok().and_then(|e| e.clone()) {
@@ -476,10 +582,15 @@ impl KafkaSink {
 
 impl Sink for KafkaSink {
     fn open(&mut self) -> Result<Option<Checkpoint>, SinkError> {
-        let Some(t) = self.transactional.clone() else { return Ok(None) };
-        self.producer
-            .init_transactions(TRANSACTION_TIMEOUT)
-            .map_err(|e| kafka_err("cannot initialize Kafka transactions", e))?;
+        let Some(t) = self.transactional.clone() else {
+            // Nothing to initialize: ask for the cluster's metadata, so a broker nobody can reach
+            // is reported now rather than by the first delivery's timeout.
+            self.await_brokers(|p| p.client().fetch_metadata(None, OPEN_STEP).map(drop))?;
+            return Ok(None);
+        };
+        // init_transactions may be called again after it timed out: it resumes where it was.
+        self.await_brokers(|p| p.init_transactions(OPEN_STEP))
+            .map_err(|e| SinkError { message: format!("cannot initialize Kafka transactions: {}", e.message), ..e })?;
         self.ensure_progress_topic(&t)?;
         self.read_checkpoint(&t)
     }
@@ -643,6 +754,71 @@ mod tests {
         let e = sink.publish(&[txn(1)], cp()).unwrap_err();
         assert_eq!(e.class, ErrorClass::Retry);
         assert!(started.elapsed() < Duration::from_secs(10), "interrupt honoured");
+    }
+
+    /// A port nothing listens on: 127.0.0.1 port 1 refuses connections at once.
+    const CLOSED_PORT: &str = "127.0.0.1:1";
+
+    fn transactional() -> Option<Transactional> {
+        Some(Transactional {
+            transactional_id: "pg_cdc-test-unreachable".into(),
+            progress_topic: "pg_cdc.progress.test".into(),
+            progress_key: "test".into(),
+        })
+    }
+
+    /// Opens a sink on `bootstrap` and returns its error and how long the open took.
+    fn open_error(bootstrap: &str, transactional: Option<Transactional>) -> (SinkError, Duration) {
+        let mut sink = KafkaSink::new(&config("t"), bootstrap, "db", "test", transactional).unwrap();
+        let started = Instant::now();
+        let e = sink.open().expect_err("no broker can answer");
+        (e, started.elapsed())
+    }
+
+    #[test]
+    fn a_closed_port_is_named_within_seconds_exactly_once() {
+        let (e, took) = open_error(CLOSED_PORT, transactional());
+        assert_eq!(e.class, ErrorClass::Retry, "{e:?}");
+        assert!(e.message.contains(CLOSED_PORT), "names the broker: {}", e.message);
+        assert!(e.message.contains("Connection refused"), "names the transport's error: {}", e.message);
+        assert!(took < Duration::from_secs(5), "reported after {took:?}");
+    }
+
+    #[test]
+    fn a_closed_port_is_named_within_seconds_at_least_once() {
+        let (e, took) = open_error(CLOSED_PORT, None);
+        assert_eq!(e.class, ErrorClass::Retry, "{e:?}");
+        assert!(e.message.contains(CLOSED_PORT), "names the broker: {}", e.message);
+        assert!(e.message.contains("Connection refused"), "names the transport's error: {}", e.message);
+        assert!(took < Duration::from_secs(5), "reported after {took:?}");
+    }
+
+    #[test]
+    fn a_host_that_does_not_resolve_is_named_within_seconds() {
+        for t in [transactional(), None] {
+            let (e, took) = open_error("broker.pg-cdc-test.invalid:9092", t);
+            assert!(e.message.contains("broker.pg-cdc-test.invalid:9092"), "names the broker: {}", e.message);
+            assert!(e.message.contains("resolve"), "says it does not resolve: {}", e.message);
+            assert!(took < Duration::from_secs(5), "reported after {took:?}");
+        }
+    }
+
+    #[test]
+    fn a_failed_connection_is_told_by_its_broker() {
+        let refused = "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused (after 0ms in state CONNECT)";
+        assert_eq!(broker_of(refused).as_deref(), Some("127.0.0.1:1"));
+        let tls = "sasl_ssl://Broker.Example:9093/bootstrap: SSL handshake failed";
+        assert_eq!(broker_of(tls).as_deref(), Some("broker.example:9093"));
+        assert_eq!(broker_of("kafka:9092/3: Disconnected").as_deref(), Some("kafka:9092"));
+        assert_eq!(broker_of("1/1 brokers are down"), None);
+    }
+
+    #[test]
+    fn a_reachable_broker_opens_without_an_unreachable_error() {
+        // The negative control of the three above: the same open against a broker that answers.
+        let cluster = MockCluster::new(1).unwrap();
+        let mut sink = KafkaSink::new(&config("t"), &cluster.bootstrap_servers(), "db", "test", None).unwrap();
+        assert_eq!(sink.open().unwrap(), None);
     }
 
     #[test]
