@@ -147,3 +147,44 @@ pub fn has(schema: &str, table: &str) -> bool {
     let name = format!("{schema}.{table}");
     select_one::<bool>("SELECT to_regclass($1) IS NOT NULL", &[name.as_str().into()]).unwrap_or(false)
 }
+
+/// Creates the persistent logical replication slot `slot` for pgoutput, as
+/// `pg_create_logical_replication_slot(slot, 'pgoutput')` does (it waits for the transactions
+/// that are writing right now), but called directly instead of through a query.
+///
+/// Why not `SELECT pg_create_logical_replication_slot(...)`: while the slot looks for its
+/// consistent point, PostgreSQL applies the cache invalidations of transactions it decodes (a
+/// VACUUM's, for one) inside an internal subtransaction, and rolling that back leaves
+/// `CurrentResourceOwner` at the top transaction's. The query that called the function registered
+/// its snapshot with the resource owner that was current before (the calling portal's), so
+/// unregistering it at the query's end failed with "snapshot reference ... is not owned by
+/// resource owner TopTransaction" (XX000). Here nothing is registered around the call, and the
+/// caller's resource owner is put back after it, as `pg_logical_slot_get_changes` does.
+pub fn create_logical_slot(slot: &str) {
+    let function = select_one::<pg_sys::Oid>(
+        "SELECT 'pg_catalog.pg_create_logical_replication_slot(name, name, boolean, boolean)'::regprocedure::oid",
+        &[],
+    )
+    .unwrap_or_else(|| pgrx::error!("pg_cdc: pg_create_logical_replication_slot is missing"));
+    let name = std::ffi::CString::new(slot).unwrap_or_else(|_| pgrx::error!("pg_cdc: invalid slot name {slot:?}"));
+    // SAFETY: NameData is plain bytes, filled by namestrcpy; the function reads its arguments as
+    // `Name` pointers, which live on this frame for the whole call. An ERROR inside the call
+    // unwinds through pgrx's guard and aborts the transaction, which releases the slot (still
+    // ephemeral until it is created) and restores the resource owner itself.
+    unsafe {
+        let mut slot_name: pg_sys::NameData = std::mem::zeroed();
+        let mut plugin: pg_sys::NameData = std::mem::zeroed();
+        pg_sys::namestrcpy(&mut slot_name, name.as_ptr());
+        pg_sys::namestrcpy(&mut plugin, c"pgoutput".as_ptr());
+        let owner = pg_sys::CurrentResourceOwner;
+        pg_sys::OidFunctionCall4Coll(
+            function,
+            pg_sys::InvalidOid,
+            pg_sys::Datum::from(&slot_name as *const pg_sys::NameData),
+            pg_sys::Datum::from(&plugin as *const pg_sys::NameData),
+            pg_sys::Datum::from(false),
+            pg_sys::Datum::from(false),
+        );
+        pg_sys::CurrentResourceOwner = owner;
+    }
+}

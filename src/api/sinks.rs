@@ -179,12 +179,9 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         false
     } else {
         // Waits for transactions that are writing right now to finish, so the slot starts after them.
-        // Read-only SPI on purpose: a writing statement would assign an xid, and PostgreSQL refuses
-        // to create a logical slot in a transaction that has one.
-        catalog::json(
-            "SELECT to_jsonb((pg_create_logical_replication_slot($1, 'pgoutput')).slot_name::text)",
-            &[slot.as_str().into()],
-        );
+        // Nothing before this wrote (a writing statement would assign an xid, and PostgreSQL
+        // refuses to create a logical slot in a transaction that has one).
+        catalog::create_logical_slot(&slot);
         true
     };
     crate::worker::launcher::catalog_changed();

@@ -299,10 +299,7 @@ fn load(sql: &str) -> Catalog {
 
 /// Creates a sink's slot (for sinks added inside a transaction that had already written).
 pub fn create_slot(slot: &str) {
-    catalog::json(
-        "SELECT to_jsonb((pg_create_logical_replication_slot($1, 'pgoutput')).slot_name::text)",
-        &[slot.into()],
-    );
+    catalog::create_logical_slot(slot);
 }
 
 /// Drops a slot.
