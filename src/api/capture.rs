@@ -108,6 +108,7 @@ CREATE FUNCTION cdc_enable(table_name regclass, config jsonb DEFAULT '{}') RETUR
 VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 "#)]
 fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
+    let _quiet = super::quiet_statement();
     let oid = required(table_name, "table_name");
     let config = required(config, "config");
     enable(oid, config.0)

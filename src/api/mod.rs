@@ -14,6 +14,53 @@ use cdc_core::{CdcError, ErrorKind};
 
 use crate::errors::raise;
 
+/// Keeps the calling statement's text out of the server log until the function that asked
+/// returns (see [`quiet_statement`]).
+#[must_use = "the statement is kept out of the log only while the guard lives"]
+pub(crate) struct QuietStatement {
+    nest_level: i32,
+}
+
+/// Keeps the calling statement out of the server log for the rest of a function that takes a
+/// config: its text may hold a secret written inline (a `connection_string`, a password in
+/// `properties`). PostgreSQL attaches the client's whole statement to every message at or above
+/// `log_min_error_statement` (`error` by default, and LOG ranks above it for the server log), so
+/// the LOG line of a slot's consistent point, or the ERROR of a refused config, would write it in
+/// clear. This sets `log_min_error_statement = panic` as a function's own `SET` clause does
+/// (restored when the guard is dropped on return); after an ERROR it stays in force until the
+/// transaction is rolled back, which happens after the ERROR was logged. Call it first, before
+/// anything can log or raise.
+pub(crate) fn quiet_statement() -> QuietStatement {
+    // SAFETY: what fmgr_security_definer does for a function's SET clause: a GUC nesting level,
+    // then the setting saved at it (superuser context: pg_cdc sets it, not the caller).
+    unsafe {
+        let nest_level = pgrx::pg_sys::NewGUCNestLevel();
+        pgrx::pg_sys::set_config_option(
+            c"log_min_error_statement".as_ptr(),
+            c"panic".as_ptr(),
+            pgrx::pg_sys::GucContext::PGC_SUSET,
+            pgrx::pg_sys::GucSource::PGC_S_SESSION,
+            pgrx::pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+        QuietStatement { nest_level }
+    }
+}
+
+impl Drop for QuietStatement {
+    fn drop(&mut self) {
+        // While an ERROR unwinds, the setting must stay until PostgreSQL has logged the ERROR
+        // (the transaction's rollback restores it afterwards).
+        if !std::thread::panicking() {
+            // SAFETY: pops the nesting level quiet_statement pushed, as a function's SET clause
+            // is undone on return.
+            unsafe { pgrx::pg_sys::AtEOXact_GUC(true, self.nest_level) };
+        }
+    }
+}
+
 /// Refuses to configure capture on a server where it could not run.
 pub(crate) fn check_prerequisites() {
     let wal_level =

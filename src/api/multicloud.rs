@@ -32,6 +32,7 @@ CREATE FUNCTION cdc_enable_multicloud(table_name regclass, config jsonb) RETURNS
 VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 "#)]
 fn cdc_enable_multicloud(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
+    let _quiet = super::quiet_statement();
     let oid = required(table_name, "table_name");
     let config = required(config, "config").0;
     let given = cdc_core::config::object::Obj::root("config", &config).unwrap_or_else(|e| raise(e));

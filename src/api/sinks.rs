@@ -64,6 +64,7 @@ fn resolve_table(path: &str, name: &str) -> pg_sys::Oid {
 /// ```
 #[pg_extern(volatile)]
 fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option<JsonB>) -> Uuid {
+    let _quiet = super::quiet_statement();
     let sink_name = required(sink_name, "sink_name");
     let sink_type = required(sink_type, "sink_type");
     let config = required(config, "config");
