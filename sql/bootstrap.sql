@@ -12,7 +12,8 @@ CREATE TABLE _cdc_publications (
     lookup_oids      oid[] NOT NULL DEFAULT '{}',
     previous_replica_identity "char",
     previous_replica_identity_index oid,
-    routing_lsn      pg_lsn
+    routing_lsn      pg_lsn,
+    lookup_names     text[] NOT NULL DEFAULT '{}'
 );
 COMMENT ON TABLE _cdc_publications IS 'pg_cdc: one row per captured table (cdc_enable / cdc_disable)';
 COMMENT ON COLUMN _cdc_publications.table_name IS 'the table as regclass::text printed it when capture was enabled';
@@ -21,6 +22,7 @@ COMMENT ON COLUMN _cdc_publications.table_oid IS 'the captured table; internal l
 COMMENT ON COLUMN _cdc_publications.key_columns IS 'resolved message key: key_columns, else the primary key, else the replica identity index';
 COMMENT ON COLUMN _cdc_publications.lookup_oids IS 'the lookup table of each enrich transformation, in config order';
 COMMENT ON COLUMN _cdc_publications.previous_replica_identity IS 'relreplident before include_before_image set FULL; cdc_disable restores it';
+COMMENT ON COLUMN _cdc_publications.lookup_names IS 'the lookup tables of lookup_oids, schema-qualified, as cdc_enable resolved them: a dropped one''s OID becomes 0 there and its name stays, until cdc_enable of that name binds a new table (cdc_status lists it in missing_tables meanwhile)';
 COMMENT ON COLUMN _cdc_publications.routing_lsn IS 'where the table''s regional_routing last changed (its pg_cdc_routing message); routing applies to changes after it';
 
 CREATE TABLE _cdc_sinks (
@@ -35,13 +37,15 @@ CREATE TABLE _cdc_sinks (
     state            text NOT NULL DEFAULT 'starting',
     last_error       text,
     state_since      timestamptz NOT NULL DEFAULT now(),
+    table_names      text[],
     -- The labels of cdc_core::state::SinkState, the only strings ever stored here (a unit test
     -- compares the two lists).
     CONSTRAINT _cdc_sinks_state_check CHECK (state IN ('creating_slot', 'starting', 'snapshotting', 'running', 'retrying', 'error', 'finished'))
 );
 COMMENT ON TABLE _cdc_sinks IS 'pg_cdc: one row per destination (cdc_add_sink / cdc_drop_sink); each has its own logical slot';
 COMMENT ON COLUMN _cdc_sinks.slot_name IS 'the logical replication slot this sink reads (pgoutput over the _cdc_publication publication)';
-COMMENT ON COLUMN _cdc_sinks.table_oids IS 'tables this sink is limited to (config.tables); NULL means every captured table';
+COMMENT ON COLUMN _cdc_sinks.table_oids IS 'tables this sink is limited to (config.tables); NULL means every captured table; 0 stands for a dropped table (its name is in table_names) until cdc_enable of that name binds a new one';
+COMMENT ON COLUMN _cdc_sinks.table_names IS 'the tables of table_oids, schema-qualified, as cdc_add_sink resolved config.tables (a rename does not change them; cdc_status lists those whose table was dropped in missing_tables)';
 COMMENT ON COLUMN _cdc_sinks.state IS 'creating_slot | starting | snapshotting | running | retrying | error | finished, set by the worker (docs/sql-reference.md)';
 COMMENT ON COLUMN _cdc_sinks.last_error IS 'the last error the worker met for this sink (no secrets)';
 

@@ -95,28 +95,59 @@ REVOKE EXECUTE ON FUNCTION _cdc_context_message(boolean) FROM PUBLIC;
 -- A captured table that is dropped leaves no catalog rows behind (its publication membership goes
 -- with it). Only whole tables: ALTER TABLE ... DROP COLUMN reports the column as a pg_class object
 -- with its attribute number in objsubid, and must not make pg_cdc forget the table. During DROP
--- EXTENSION the catalog is already gone: nothing to do then.
+-- EXTENSION the catalog is already gone: nothing to do then. A dropped table a sink's `tables` named,
+-- or the lookup table of an enrich transformation, keeps its name and stands as OID 0 until
+-- cdc_enable of that name binds a new table (cdc_status lists it in missing_tables meanwhile).
+-- SECURITY DEFINER: it runs for every DROP of every role, which need no right on the catalog.
 CREATE FUNCTION _cdc_forget_dropped_tables() RETURNS event_trigger
-LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+DECLARE
+    dropped oid[];
+    r record;
 BEGIN
     IF to_regclass('@extschema@._cdc_publications') IS NULL THEN
         RETURN;
     END IF;
-    DELETE FROM @extschema@._cdc_offsets o USING pg_event_trigger_dropped_objects() d
-     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = o.table_oid;
-    DELETE FROM @extschema@._cdc_route_offsets o USING pg_event_trigger_dropped_objects() d
-     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = o.table_oid;
-    -- Copies of a dropped lookup table, and of the lookups of a dropped captured table.
-    DELETE FROM @extschema@._cdc_lookups l USING pg_event_trigger_dropped_objects() d
-     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid IN (l.table_oid, l.lookup_oid);
-    DELETE FROM @extschema@._cdc_schema_versions v USING pg_event_trigger_dropped_objects() d
-     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = v.table_oid;
-    DELETE FROM @extschema@._cdc_schema_breaks b USING pg_event_trigger_dropped_objects() d
-     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = b.table_oid;
-    DELETE FROM @extschema@._cdc_version_topics t USING pg_event_trigger_dropped_objects() d
-     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = t.table_oid;
-    DELETE FROM @extschema@._cdc_publications p USING pg_event_trigger_dropped_objects() d
-     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND d.objid = p.table_oid;
+    SELECT array_agg(d.objid) INTO dropped FROM pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0;
+    IF dropped IS NULL THEN
+        RETURN;
+    END IF;
+    DELETE FROM @extschema@._cdc_offsets o WHERE o.table_oid = ANY (dropped);
+    DELETE FROM @extschema@._cdc_route_offsets o WHERE o.table_oid = ANY (dropped);
+    -- Copies of the lookups of a dropped captured table.
+    DELETE FROM @extschema@._cdc_lookups l WHERE l.table_oid = ANY (dropped);
+    -- A dropped lookup table: its copies lose their rows and stand for no table (OID 0), so the
+    -- events that enrich from it find no row, as of their commit, until it is bound again.
+    DELETE FROM @extschema@._cdc_lookup_rows x USING @extschema@._cdc_lookups l
+     WHERE l.lookup_oid = ANY (dropped)
+       AND (x.sink_id, x.table_oid, x.position) = (l.sink_id, l.table_oid, l.position);
+    UPDATE @extschema@._cdc_lookups SET lookup_oid = 0 WHERE lookup_oid = ANY (dropped);
+    FOR r IN SELECT p.table_name, string_agg(u.n, ', ' ORDER BY u.i) AS names
+               FROM @extschema@._cdc_publications p, unnest(p.lookup_oids, p.lookup_names) WITH ORDINALITY u(o, n, i)
+              WHERE u.o = ANY (dropped) AND NOT p.table_oid = ANY (dropped)
+              GROUP BY p.table_name ORDER BY p.table_name LOOP
+        RAISE NOTICE 'table % enriches from the dropped table %: its events find no row there until cdc_enable of that name binds a new table', r.table_name, r.names;
+    END LOOP;
+    UPDATE @extschema@._cdc_publications p
+       SET lookup_oids = ARRAY(SELECT CASE WHEN u.o = ANY (dropped) THEN 0::oid ELSE u.o END
+                                 FROM unnest(p.lookup_oids) WITH ORDINALITY u(o, i) ORDER BY u.i)
+     WHERE p.lookup_oids && dropped;
+    DELETE FROM @extschema@._cdc_schema_versions v WHERE v.table_oid = ANY (dropped);
+    DELETE FROM @extschema@._cdc_schema_breaks b WHERE b.table_oid = ANY (dropped);
+    DELETE FROM @extschema@._cdc_version_topics t WHERE t.table_oid = ANY (dropped);
+    DELETE FROM @extschema@._cdc_publications p WHERE p.table_oid = ANY (dropped);
+    -- A sink limited to a dropped table waits for it by name.
+    FOR r IN SELECT s.sink_name, string_agg(u.n, ', ' ORDER BY u.i) AS names
+               FROM @extschema@._cdc_sinks s, unnest(s.table_oids, s.table_names) WITH ORDINALITY u(o, n, i)
+              WHERE u.o = ANY (dropped)
+              GROUP BY s.sink_name ORDER BY s.sink_name LOOP
+        RAISE NOTICE 'sink "%" carries the dropped table %: it goes on with its other tables, and carries a new table of that name once cdc_enable binds it', r.sink_name, r.names;
+    END LOOP;
+    UPDATE @extschema@._cdc_sinks s
+       SET table_oids = ARRAY(SELECT CASE WHEN u.o = ANY (dropped) THEN 0::oid ELSE u.o END
+                                FROM unnest(s.table_oids) WITH ORDINALITY u(o, i) ORDER BY u.i)
+     WHERE s.table_oids && dropped;
 END $$;
 REVOKE EXECUTE ON FUNCTION _cdc_forget_dropped_tables() FROM PUBLIC;
 CREATE EVENT TRIGGER _cdc_forget_dropped_tables ON sql_drop EXECUTE FUNCTION _cdc_forget_dropped_tables();
@@ -181,14 +212,24 @@ CREATE FUNCTION cdc_status() RETURNS TABLE (
     sink_name text, sink_type text, delivery_mode text, state text, last_error text, since timestamptz,
     slot_name text, wal_status text, retained_wal_bytes bigint, safe_wal_size bigint, lag_bytes bigint,
     last_delivered_at timestamptz, events_published bigint,
-    end_to_end_p50_ms double precision, end_to_end_p99_ms double precision, end_to_end_p999_ms double precision)
+    end_to_end_p50_ms double precision, end_to_end_p99_ms double precision, end_to_end_p999_ms double precision,
+    missing_tables text[])
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT s.sink_name, s.sink_type, s.delivery_mode, s.state, s.last_error, s.state_since,
            s.slot_name::text, r.wal_status,
            (pg_current_wal_lsn() - r.restart_lsn)::bigint, r.safe_wal_size,
            (pg_current_wal_lsn() - r.confirmed_flush_lsn)::bigint,
            o.last_delivered_at, coalesce(o.events, 0)::bigint,
-           (l.v ->> 'p50_ms')::float8, (l.v ->> 'p99_ms')::float8, (l.v ->> 'p999_ms')::float8
+           (l.v ->> 'p50_ms')::float8, (l.v ->> 'p99_ms')::float8, (l.v ->> 'p999_ms')::float8,
+           -- Tables of its `tables` that were dropped, then the dropped lookup tables of the tables
+           -- it carries: each waits for cdc_enable of its name.
+           ARRAY(SELECT u.n FROM unnest(s.table_oids, s.table_names) WITH ORDINALITY u(o, n, i)
+                  WHERE u.o = 0 ORDER BY u.i)
+           || ARRAY(SELECT u.n || ' (lookup of ' || p.table_name || ')'
+                      FROM @extschema@._cdc_publications p,
+                           unnest(p.lookup_oids, p.lookup_names) WITH ORDINALITY u(o, n, i)
+                     WHERE u.o = 0 AND (s.table_oids IS NULL OR p.table_oid = ANY (s.table_oids))
+                     ORDER BY p.table_name, u.i)
       FROM @extschema@._cdc_sinks s
       LEFT JOIN pg_replication_slots r ON r.slot_name = s.slot_name
       LEFT JOIN LATERAL (SELECT max(last_timestamp) AS last_delivered_at, sum(events_published) AS events

@@ -148,6 +148,27 @@ pub fn has(schema: &str, table: &str) -> bool {
     select_one::<bool>("SELECT to_regclass($1) IS NOT NULL", &[name.as_str().into()]).unwrap_or(false)
 }
 
+/// Whether `table` of pg_cdc's catalog in `schema` has `column` (columns later versions added exist
+/// only after `ALTER EXTENSION pg_cdc UPDATE`).
+pub fn has_column(schema: &str, table: &str, column: &str) -> bool {
+    let name = format!("{schema}.{table}");
+    select_one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
+        &[name.as_str().into(), column.into()],
+    )
+    .unwrap_or(false)
+}
+
+/// A table's schema-qualified name, each part quoted as SQL needs (`public.orders`,
+/// `sales."Order Lines"`): the form pg_cdc keeps names in to bind a table created again later.
+pub fn qualified_name(oid: pg_sys::Oid) -> Option<String> {
+    select_one::<String>(
+        "SELECT quote_ident(n.nspname::text) || '.' || quote_ident(c.relname::text)
+           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+        &[oid.into()],
+    )
+}
+
 /// Creates the persistent logical replication slot `slot` for pgoutput, as
 /// `pg_create_logical_replication_slot(slot, 'pgoutput')` does (it waits for the transactions
 /// that are writing right now), but called directly instead of through a query.

@@ -70,6 +70,10 @@ pub fn column_types(table_oid: u32, cols: &[String]) -> Vec<u32> {
 /// table's writers and holds new ones off until the calling transaction ends, so the copy holds
 /// exactly the changes committed before its position and the slot delivers exactly those after.
 pub fn seed(schema: &str, sink_id: &str, spec: &Spec) {
+    if spec.lookup_oid == 0 {
+        seed_missing(schema, sink_id, spec);
+        return;
+    }
     let lookup = catalog::select_one::<String>(
         "SELECT oid::regclass::text FROM pg_class WHERE oid = $1::bigint::oid",
         &[i64::from(spec.lookup_oid).into()],
@@ -119,6 +123,38 @@ pub fn seed(schema: &str, sink_id: &str, spec: &Spec) {
     });
 }
 
+/// The copy of a lookup table that was dropped (OID 0, see `_cdc_forget_dropped_tables`): no rows,
+/// so the events that enrich from it find none, as of their commit, until `cdc_enable` of its name
+/// binds a new table and makes the copy again.
+fn seed_missing(schema: &str, sink_id: &str, spec: &Spec) {
+    let ids = "sink_id = $1::uuid AND table_oid = $2::bigint::oid AND position = $3";
+    let (sink, table, position) = (sink_id, i64::from(spec.table_oid), spec.position as i32);
+    catalog::run(
+        &format!("DELETE FROM {schema}._cdc_lookups WHERE {ids}"),
+        &[sink.into(), table.into(), position.into()],
+    );
+    catalog::run(
+        &format!(
+            "INSERT INTO {schema}._cdc_lookups
+                 (sink_id, table_oid, position, lookup_oid, lookup_column, add_columns, add_types, as_of_lsn)
+             VALUES ($1::uuid, $2::bigint::oid, $3, 0, $4, $5,
+                     -- The types the copies of other sinks had, else text: the values are all null.
+                     coalesce((SELECT l.add_types FROM {schema}._cdc_lookups l
+                                WHERE l.table_oid = $2::bigint::oid AND l.position = $3
+                                  AND cardinality(l.add_types) = cardinality($5::text[]) LIMIT 1),
+                              array_fill(25::oid, ARRAY[cardinality($5::text[])])),
+                     pg_current_wal_insert_lsn())"
+        ),
+        &[
+            sink.into(),
+            table.into(),
+            position.into(),
+            spec.lookup_column.as_str().into(),
+            spec.add_columns.clone().into(),
+        ],
+    );
+}
+
 /// The sinks that capture a table (their ids).
 pub fn sinks_of_table(schema: &str, table_oid: u32) -> Vec<String> {
     let v = catalog::json(
@@ -133,6 +169,10 @@ pub fn sinks_of_table(schema: &str, table_oid: u32) -> Vec<String> {
 
 /// Why a lookup copy cannot be made when its lookup table was dropped (`None`: it exists).
 pub fn dropped(spec: &Spec) -> Option<String> {
+    if spec.lookup_oid == 0 {
+        // Dropped and known to be: its copy is empty until a new table of its name is bound.
+        return None;
+    }
     let exists = catalog::select_one::<bool>(
         "SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = $1::bigint::oid)",
         &[i64::from(spec.lookup_oid).into()],

@@ -134,6 +134,17 @@ SELECT count(*) AS left_to_consume FROM cdc_consume('regress_upgrade_table');
 SELECT cdc_drop_sink('regress_upgrade_table');
 DROP TABLE upgrade_events;
 
+-- What 0.5.0 added works on the updated catalog: the sink added on 0.1.0 knows the name of the table
+-- its `tables` resolved to, lists it as missing once the table is dropped, and carries the table
+-- created again under that name once cdc_enable binds it.
+SELECT table_names FROM _cdc_sinks WHERE sink_name = 'regress_upgrade';
+DROP TABLE upgrade_orders;
+SELECT missing_tables FROM cdc_status() WHERE sink_name = 'regress_upgrade';
+CREATE TABLE upgrade_orders (id int PRIMARY KEY, note text);
+SELECT cdc_enable('upgrade_orders') IS NOT NULL AS enabled;
+SELECT missing_tables FROM cdc_status() WHERE sink_name = 'regress_upgrade';
+SELECT table_oids = ARRAY['upgrade_orders'::regclass::oid] AS bound FROM _cdc_sinks WHERE sink_name = 'regress_upgrade';
+
 -- Clean up (the worker drops the slot after COMMIT).
 SELECT cdc_drop_sink('regress_upgrade');
 SELECT cdc_disable('upgrade_orders');

@@ -125,12 +125,15 @@ pub(crate) fn enable(oid: pg_sys::Oid, config: Value) -> Uuid {
     if cfg.tokenizes() {
         crate::keys::require_token_key(&format!("the capture config of {}", shape.display_name));
     }
+    let qualified = str_field(&info, "qualified").to_string();
+    // A table created again under the name of a dropped one that sinks or lookups wait for: bound
+    // to them first, so the checks below see it where it belongs.
+    super::rebind::rebind(&schema, oid, &qualified);
     // Regional routing needs the 0.4.0 catalog; its sinks must exist and carry the table.
     let has_routing = catalog::has(&schema, "_cdc_route_offsets");
     if let Some(routing) = &cfg.routing {
         super::multicloud::check_routes(&schema, oid, &shape.display_name, routing, has_routing);
     }
-    let qualified = str_field(&info, "qualified").to_string();
 
     let routing_col = if has_routing { "routing_lsn::text" } else { "NULL::text" };
     let existing = catalog::json(
@@ -210,6 +213,15 @@ pub(crate) fn enable(oid: pg_sys::Oid, config: Value) -> Uuid {
     )
     .unwrap_or_else(|e| pgrx::error!("pg_cdc: cannot record the captured table: {e}"))
     .unwrap_or_else(|| pgrx::error!("pg_cdc: INSERT returned no row"));
+    if catalog::has_column(&schema, "_cdc_publications", "lookup_names") {
+        // The lookup tables' names, kept to bind a table of that name created again after a DROP.
+        let names: Vec<String> =
+            lookup_oids.iter().map(|&o| catalog::qualified_name(pg_sys::Oid::from(o)).unwrap_or_default()).collect();
+        catalog::run(
+            &format!("UPDATE {schema}._cdc_publications SET lookup_names = $2 WHERE table_oid = $1"),
+            &[oid.into(), names.into()],
+        );
+    }
     if let Some(lsn) = routing_lsn {
         catalog::run(
             &format!("UPDATE {schema}._cdc_publications SET routing_lsn = $2::pg_lsn WHERE table_oid = $1"),
@@ -359,42 +371,54 @@ fn resolve_lookups(table: pg_sys::Oid, cfg: &cdc_core::config::CaptureConfig, ra
                     format!("{path}.lookup_table: relation \"{}\" does not exist", e.lookup_table),
                 ))
             });
-        let (linfo, lshape) = table_shape(loid);
-        cdc_core::config::check_lookup(&path, e, &lshape).or_raise();
-        if strings_field(&linfo, "publications").iter().any(|p| p == PUBLICATION_INSERTS) {
-            raise(
-                CdcError::new(
-                    ErrorKind::PrerequisiteState,
-                    format!("{path}.lookup_table: {} is captured for inserts only, so its updates and deletes are not in the WAL stream", lshape.display_name),
-                )
-                .hint("Capture it with updates and deletes too, or not at all, to use it as a lookup table."),
-            );
-        }
-        let types = catalog::json(
-            "SELECT jsonb_build_array(format_type(s.atttypid, NULL), format_type(l.atttypid, NULL), s.atttypid = l.atttypid)
-               FROM pg_attribute s, pg_attribute l
-              WHERE s.attrelid = $1 AND s.attname = $2 AND l.attrelid = $3 AND l.attname = $4",
-            &[table.into(), e.source_column.as_str().into(), loid.into(), e.lookup_column.as_str().into()],
-        )
-        .unwrap_or_default();
-        if types.get(2) == Some(&Value::Bool(false)) {
-            raise(
-                CdcError::new(
-                    ErrorKind::DatatypeMismatch,
-                    format!(
-                        "{path}: source_column \"{}\" is {} but lookup_column \"{}\" is {}",
-                        e.source_column,
-                        types[0].as_str().unwrap_or("?"),
-                        e.lookup_column,
-                        types[1].as_str().unwrap_or("?")
-                    ),
-                )
-                .hint("Keys are matched by their text; use columns of the same type."),
-            );
-        }
+        check_lookup_table(&path, table, e, loid).or_raise();
         out.push(loid.to_u32());
     }
     out
+}
+
+/// Checks that `loid` can be the lookup table of enrich transformation `e` of `table` (`path` names
+/// it in messages): an ordinary table whose replica identity key is the lookup column, of the source
+/// column's type, whose updates and deletes can be published.
+pub(crate) fn check_lookup_table(
+    path: &str,
+    table: pg_sys::Oid,
+    e: &cdc_core::config::Enrich,
+    loid: pg_sys::Oid,
+) -> Result<(), CdcError> {
+    let (linfo, lshape) = table_shape(loid);
+    cdc_core::config::check_lookup(path, e, &lshape)?;
+    if strings_field(&linfo, "publications").iter().any(|p| p == PUBLICATION_INSERTS) {
+        return Err(CdcError::new(
+            ErrorKind::PrerequisiteState,
+            format!(
+                "{path}.lookup_table: {} is captured for inserts only, so its updates and deletes are not in the WAL stream",
+                lshape.display_name
+            ),
+        )
+        .hint("Capture it with updates and deletes too, or not at all, to use it as a lookup table."));
+    }
+    let types = catalog::json(
+        "SELECT jsonb_build_array(format_type(s.atttypid, NULL), format_type(l.atttypid, NULL), s.atttypid = l.atttypid)
+           FROM pg_attribute s, pg_attribute l
+          WHERE s.attrelid = $1 AND s.attname = $2 AND l.attrelid = $3 AND l.attname = $4",
+        &[table.into(), e.source_column.as_str().into(), loid.into(), e.lookup_column.as_str().into()],
+    )
+    .unwrap_or_default();
+    if types.get(2) == Some(&Value::Bool(false)) {
+        return Err(CdcError::new(
+            ErrorKind::DatatypeMismatch,
+            format!(
+                "{path}: source_column \"{}\" is {} but lookup_column \"{}\" is {}",
+                e.source_column,
+                types[0].as_str().unwrap_or("?"),
+                e.lookup_column,
+                types[1].as_str().unwrap_or("?")
+            ),
+        )
+        .hint("Keys are matched by their text; use columns of the same type."));
+    }
+    Ok(())
 }
 
 /// Whether a captured table other than `except` enriches from `oid`.

@@ -5,6 +5,7 @@ pub mod context;
 pub mod monitor;
 pub mod multicloud;
 pub mod preview;
+pub mod rebind;
 pub mod schema;
 pub mod sinks;
 pub mod snapshots;

@@ -186,10 +186,15 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         true
     };
     crate::worker::launcher::catalog_changed();
+    // The names its tables resolved to, kept to bind a table of that name created again after a DROP.
+    let table_names: Option<Vec<String>> =
+        table_oids.as_ref().map(|oids| oids.iter().map(|o| catalog::qualified_name(*o).unwrap_or_default()).collect());
+    let names_column = if catalog::has_column(&schema, "_cdc_sinks", "table_names") { ", table_names" } else { "" };
+    let names_value = if names_column.is_empty() { "" } else { ", $9" };
     catalog::run(
         &format!(
-            "INSERT INTO {schema}._cdc_sinks (sink_id, sink_name, sink_type, config, slot_name, table_oids, delivery_mode, state)
-             VALUES ($1, $2, $3, $4, $5, $6, $8, $7)"
+            "INSERT INTO {schema}._cdc_sinks (sink_id, sink_name, sink_type, config, slot_name, table_oids, delivery_mode, state{names_column})
+             VALUES ($1, $2, $3, $4, $5, $6, $8, $7{names_value})"
         ),
         &[
             id.into(),
@@ -200,6 +205,7 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
             table_oids.clone().into(),
             (if slot_created { SinkState::Starting } else { SinkState::CreatingSlot }).label().into(),
             cfg.delivery_mode().as_str().into(),
+            table_names.into(),
         ],
     );
     if let SinkConfig::Table(t) = &cfg {

@@ -416,7 +416,8 @@ pub fn learn_type_oids(oids: &[u32], types: &mut TypeRegistry) {
 
 pub use cdc_core::deliver::read::TableProgress;
 
-/// Records the per-table progress of a delivered read (`_cdc_offsets`).
+/// Records the per-table progress of a delivered read (`_cdc_offsets`); tables dropped since are
+/// left out.
 pub fn record_progress(schema: &str, sink_name: &str, progress: &HashMap<u32, TableProgress>) {
     if progress.is_empty() {
         return;
@@ -428,8 +429,11 @@ pub fn record_progress(schema: &str, sink_name: &str, progress: &HashMap<u32, Ta
     catalog::run(
         &format!(
             "INSERT INTO {schema}._cdc_offsets AS o (sink_name, table_name, last_lsn, last_timestamp, events_published, table_oid)
-             SELECT $1, x.table_oid::regclass::text, x.last_lsn, 'epoch'::timestamptz + x.ts * interval '1 microsecond', x.n, x.table_oid
+             SELECT $1, c.oid::regclass::text, x.last_lsn, 'epoch'::timestamptz + x.ts * interval '1 microsecond', x.n, x.table_oid
                FROM jsonb_to_recordset($2) AS x(table_oid oid, n bigint, last_lsn bigint, ts bigint)
+               -- A table dropped since its events were delivered has no row here any more (its
+               -- regclass would print a bare OID, and its name is gone).
+               JOIN pg_class c ON c.oid = x.table_oid
              ON CONFLICT (sink_name, table_name) DO UPDATE
                 SET last_lsn = EXCLUDED.last_lsn, last_timestamp = EXCLUDED.last_timestamp,
                     events_published = o.events_published + EXCLUDED.events_published, table_oid = EXCLUDED.table_oid"
@@ -459,6 +463,7 @@ pub fn record_route_progress(
             "INSERT INTO {schema}._cdc_route_offsets AS o (sink_name, table_oid, route, routing_lsn, events, last_commit_at, last_acked_at)
              SELECT $1, x.table_oid, x.route, x.routing_lsn::pg_lsn, x.n, 'epoch'::timestamptz + x.ts * interval '1 microsecond', now()
                FROM jsonb_to_recordset($2) AS x(table_oid oid, route text, routing_lsn text, n bigint, ts bigint)
+              WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = x.table_oid)
              ON CONFLICT (sink_name, table_oid, route) DO UPDATE
                 SET events = CASE WHEN o.routing_lsn = EXCLUDED.routing_lsn THEN o.events + EXCLUDED.events ELSE EXCLUDED.events END,
                     routing_lsn = EXCLUDED.routing_lsn, last_commit_at = EXCLUDED.last_commit_at,
