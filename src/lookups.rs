@@ -85,12 +85,7 @@ pub fn seed(schema: &str, sink_id: &str, spec: &Spec) {
         )
     });
     catalog::run(&format!("LOCK TABLE {lookup} IN SHARE MODE"), &[]);
-    let ids = |extra: &str| format!("sink_id = $1::uuid AND table_oid = $2::bigint::oid AND position = $3{extra}");
-    let (sink, table, position) = (sink_id, i64::from(spec.table_oid), spec.position as i32);
-    catalog::run(
-        &format!("DELETE FROM {schema}._cdc_lookups WHERE {}", ids("")),
-        &[sink.into(), table.into(), position.into()],
-    );
+    let (sink, table, position) = forget_copy(schema, sink_id, spec);
     catalog::run(
         &format!(
             "INSERT INTO {schema}._cdc_lookups
@@ -123,16 +118,25 @@ pub fn seed(schema: &str, sink_id: &str, spec: &Spec) {
     });
 }
 
+/// Deletes a sink's copy of a lookup (its rows go with it), before [`seed`] makes it again; returns
+/// the copy's key as the statements bind it: (sink id, table OID, position).
+fn forget_copy<'a>(schema: &str, sink_id: &'a str, spec: &Spec) -> (&'a str, i64, i32) {
+    let (sink, table, position) = (sink_id, i64::from(spec.table_oid), spec.position as i32);
+    catalog::run(
+        &format!(
+            "DELETE FROM {schema}._cdc_lookups
+              WHERE sink_id = $1::uuid AND table_oid = $2::bigint::oid AND position = $3"
+        ),
+        &[sink.into(), table.into(), position.into()],
+    );
+    (sink, table, position)
+}
+
 /// The copy of a lookup table that was dropped (OID 0, see `_cdc_forget_dropped_tables`): no rows,
 /// so the events that enrich from it find none, as of their commit, until `cdc_enable` of its name
 /// binds a new table and makes the copy again.
 fn seed_missing(schema: &str, sink_id: &str, spec: &Spec) {
-    let ids = "sink_id = $1::uuid AND table_oid = $2::bigint::oid AND position = $3";
-    let (sink, table, position) = (sink_id, i64::from(spec.table_oid), spec.position as i32);
-    catalog::run(
-        &format!("DELETE FROM {schema}._cdc_lookups WHERE {ids}"),
-        &[sink.into(), table.into(), position.into()],
-    );
+    let (sink, table, position) = forget_copy(schema, sink_id, spec);
     catalog::run(
         &format!(
             "INSERT INTO {schema}._cdc_lookups

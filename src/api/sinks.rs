@@ -16,8 +16,9 @@ pub fn slot_name(id: &Uuid) -> String {
     format!("_cdc_{hex}")
 }
 
-/// Resolves one name of `config.tables` to an ordinary table's OID, or raises an error naming the path.
-fn resolve_table(path: &str, name: &str) -> pg_sys::Oid {
+/// Resolves one name of `config.tables` to an ordinary table's OID and its schema-qualified name (as
+/// `catalog::qualified_name` writes it), or raises an error naming the path.
+fn resolve_table(path: &str, name: &str) -> (pg_sys::Oid, String) {
     if !cdc_core::config::is_qualified_name(name) {
         raise(
             CdcError::new(ErrorKind::InvalidName, format!("{path}: \"{name}\" is not a valid table name"))
@@ -30,6 +31,8 @@ fn resolve_table(path: &str, name: &str) -> pg_sys::Oid {
         });
     let info = crate::catalog::json(
         "SELECT jsonb_build_object('relkind', c.relkind::text, 'display', c.oid::regclass::text, \
+         'qualified', (SELECT quote_ident(n.nspname::text) FROM pg_namespace n WHERE n.oid = c.relnamespace) \
+                      || '.' || quote_ident(c.relname::text), \
          'system', c.relnamespace::regnamespace::text IN ('pg_catalog', 'information_schema', 'pg_toast'), \
          'captured', EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
                              WHERE p.pubname LIKE '\\_cdc\\_publication%' AND pr.prrelid = c.oid)) \
@@ -45,7 +48,7 @@ fn resolve_table(path: &str, name: &str) -> pg_sys::Oid {
     if info.get("captured") != Some(&serde_json::Value::Bool(true)) {
         pgrx::notice!("{path}: table {display} is not captured yet; the sink receives its changes once cdc_enable('{display}') runs");
     }
-    oid
+    (oid, crate::catalog::str_field(&info, "qualified").to_string())
 }
 
 /// Adds a destination. Returns its id. Each sink reads its own logical replication slot, so a
@@ -86,10 +89,15 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         );
     }
     // Resolve config.tables to OIDs now, so a typo fails here rather than in the worker.
-    let table_oids: Option<Vec<pg_sys::Oid>> =
-        cfg.common().tables.as_ref().map(|names| {
-            names.iter().enumerate().map(|(i, n)| resolve_table(&format!("config.tables[{i}]"), n)).collect()
-        });
+    // With their schema-qualified names, kept to bind a table of that name created again after a DROP.
+    let (table_oids, table_names): (Option<Vec<pg_sys::Oid>>, Option<Vec<String>>) = match &cfg.common().tables {
+        Some(names) => {
+            let (oids, qualified) =
+                names.iter().enumerate().map(|(i, n)| resolve_table(&format!("config.tables[{i}]"), n)).unzip();
+            (Some(oids), Some(qualified))
+        }
+        None => (None, None),
+    };
     // A table it carries that tokenizes needs the key, or the new sink would stop at once.
     let carried = super::capture::captured_configs(&schema, table_oids.as_deref());
     if let Some((table, _)) = carried.iter().find(|(_, c)| c.tokenizes()) {
@@ -186,9 +194,6 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         true
     };
     crate::worker::launcher::catalog_changed();
-    // The names its tables resolved to, kept to bind a table of that name created again after a DROP.
-    let table_names: Option<Vec<String>> =
-        table_oids.as_ref().map(|oids| oids.iter().map(|o| catalog::qualified_name(*o).unwrap_or_default()).collect());
     let names_column = if catalog::has_column(&schema, "_cdc_sinks", "table_names") { ", table_names" } else { "" };
     let names_value = if names_column.is_empty() { "" } else { ", $9" };
     catalog::run(

@@ -13,17 +13,9 @@ import json
 import threading
 
 import psycopg
-import pytest
 
 from conftest import PG_DSN, connect, wait_for
-from test_table_sink import TableSinks, events, wait_events
-
-
-@pytest.fixture
-def tsinks(pg):
-    s = TableSinks(pg)
-    yield s
-    s.drop_all()
+from test_table_sink import events, tsinks, wait_events  # noqa: F401 (tsinks: a fixture)
 
 
 def missing(pg, sink):
