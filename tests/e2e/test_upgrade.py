@@ -46,6 +46,10 @@ def test_update_from_0_1_0_while_delivering_keeps_every_sink_exactly_once(pg, si
         assert sorted(ids) == list(range(1, n + 1)), f"{len(ids)} events for {n} rows (each exactly once)"
         after = pg.execute("SELECT sink_id, slot_name, state FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()
         assert after[:2] == before and after[2] == "running"
+        # 0.5.0 filled in the name the sink's `tables` resolved to, and nothing is missing.
+        assert pg.execute("SELECT table_names FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0] == \
+            [f"public.{t}"]
+        assert pg.execute("SELECT missing_tables FROM cdc_status() WHERE sink_name = %s", (name,)).fetchone()[0] == []
         published = wait_for(lambda: (p := pg.execute("SELECT events_published FROM _cdc_offsets WHERE sink_name = %s",
                                                        (name,)).fetchone()) and p[0] >= n and p[0], what="offsets")
         assert published == n
