@@ -56,9 +56,12 @@ CREATE TABLE _cdc_offsets (
     last_timestamp   timestamptz,
     events_published bigint NOT NULL DEFAULT 0,
     table_oid        oid NOT NULL,
-    PRIMARY KEY (sink_name, table_name)
+    table_schema     text NOT NULL,
+    PRIMARY KEY (sink_name, table_oid)
 );
 COMMENT ON TABLE _cdc_offsets IS 'pg_cdc: delivery progress per sink and table, updated after the broker acknowledged';
+COMMENT ON COLUMN _cdc_offsets.table_name IS 'the table''s name without its schema (table_schema), as of its last delivery: one row per table, a RENAME renames it';
+COMMENT ON COLUMN _cdc_offsets.table_schema IS 'the schema of the table, as of its last delivery';
 COMMENT ON COLUMN _cdc_offsets.last_lsn IS 'commit LSN of the last delivered transaction that touched the table';
 COMMENT ON COLUMN _cdc_offsets.last_timestamp IS 'commit time of that transaction';
 COMMENT ON COLUMN _cdc_offsets.events_published IS 'events delivered for this table, acknowledged by the broker';
@@ -136,7 +139,9 @@ CREATE TABLE _cdc_snapshots (
     note             text,
     requested_at     timestamptz NOT NULL DEFAULT now(),
     started_at       timestamptz,
-    finished_at      timestamptz
+    finished_at      timestamptz,
+    dropped_schema   text,
+    dropped_name     text
 );
 CREATE INDEX _cdc_snapshots_sink ON _cdc_snapshots (sink_id);
 COMMENT ON TABLE _cdc_snapshots IS 'pg_cdc: per sink and table, a snapshot of the rows the table holds (READ events), read in chunks by key';
@@ -145,6 +150,8 @@ COMMENT ON COLUMN _cdc_snapshots.last_key IS 'key of the last row of the last de
 COMMENT ON COLUMN _cdc_snapshots.chunk_watermark IS 'the chunk read and not known delivered: the end of its watermark message';
 COMMENT ON COLUMN _cdc_snapshots.chunk_last_key IS 'key of that chunk''s last row';
 COMMENT ON COLUMN _cdc_snapshots.chunk_last IS 'that chunk read fewer rows than a chunk holds: the table is done once it is delivered';
+COMMENT ON COLUMN _cdc_snapshots.dropped_schema IS 'the schema of the table when it was dropped (cdc_snapshots shows the table''s current names while it exists)';
+COMMENT ON COLUMN _cdc_snapshots.dropped_name IS 'the name of the table when it was dropped';
 COMMENT ON COLUMN _cdc_snapshots.keyless_until IS 'a table without a key: its rows were read with the snapshot of a slot''s consistent point, this position; its changes in transactions that commit before it are not delivered (the rows hold them)';
 
 CREATE TABLE _cdc_schema_versions (

@@ -115,6 +115,10 @@ BEGIN
     END IF;
     DELETE FROM @extschema@._cdc_offsets o WHERE o.table_oid = ANY (dropped);
     DELETE FROM @extschema@._cdc_route_offsets o WHERE o.table_oid = ANY (dropped);
+    -- Snapshots of a dropped table keep its names for cdc_snapshots.
+    UPDATE @extschema@._cdc_snapshots s SET dropped_schema = d.schema_name, dropped_name = d.object_name
+      FROM pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND s.table_oid = d.objid;
     -- Copies of the lookups of a dropped captured table.
     DELETE FROM @extschema@._cdc_lookups l WHERE l.table_oid = ANY (dropped);
     -- A dropped lookup table: its copies lose their rows and stand for no table (OID 0), so the
@@ -243,11 +247,12 @@ REVOKE EXECUTE ON FUNCTION cdc_metrics(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_prometheus_metrics() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION cdc_status(), cdc_metrics(regclass), cdc_prometheus_metrics() TO pg_monitor;
 
--- Progress of every snapshot: rows delivered of the table's estimated rows, the rate since it started,
+-- Progress of every snapshot: the table by its current schema and name (as it was when dropped, for a
+-- dropped one), rows delivered of the table's estimated rows, the rate since it started,
 -- and when it should end at that rate. Monitoring roles may read it (no config in it).
 CREATE VIEW cdc_snapshots AS
-SELECT s.snapshot_id, k.sink_name, coalesce(p.table_name, s.table_oid::regclass::text) AS table_name,
-       s.kind, s.state, s.rows_done, s.rows_estimate,
+SELECT s.snapshot_id, k.sink_name, coalesce(n.nspname, s.dropped_schema) AS table_schema,
+       coalesce(c.relname, s.dropped_name) AS table_name, s.kind, s.state, s.rows_done, s.rows_estimate,
        CASE WHEN s.state = 'done' THEN 100.0
             WHEN s.rows_estimate > 0 THEN round(least(100.0 * s.rows_done / s.rows_estimate, 99.9), 1) END AS percent_done,
        r.rows_per_second,
@@ -256,8 +261,40 @@ SELECT s.snapshot_id, k.sink_name, coalesce(p.table_name, s.table_oid::regclass:
        s.requested_at, s.started_at, s.finished_at, s.note
   FROM @extschema@._cdc_snapshots s
   JOIN @extschema@._cdc_sinks k USING (sink_id)
-  LEFT JOIN @extschema@._cdc_publications p ON p.table_oid = s.table_oid
+  LEFT JOIN pg_class c ON c.oid = s.table_oid
+  LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
  CROSS JOIN LATERAL (SELECT round(s.rows_done / nullif(extract(epoch FROM coalesce(s.finished_at, now()) - s.started_at), 0), 1)
                             AS rows_per_second) r
  ORDER BY s.snapshot_id;
 GRANT SELECT ON cdc_snapshots TO pg_monitor;
+
+-- What \df+ and \dv+ show: every function and view of pg_cdc is described (pg_test's install test
+-- fails for one that is not). The SQL reference (docs/sql-reference.md) has the whole story.
+COMMENT ON FUNCTION cdc_enable(regclass, jsonb) IS 'pg_cdc: captures a table''s committed changes, with its capture config (filter, transformations, format, ...); re-run it to change the config';
+COMMENT ON FUNCTION cdc_enable_multicloud(regclass, jsonb) IS 'pg_cdc: captures a table and routes its rows to sinks by a condition per route (routes may name sinks added later)';
+COMMENT ON FUNCTION cdc_multicloud_status(regclass) IS 'pg_cdc: per routed table (or one), each route''s condition, sinks, events and lag';
+COMMENT ON FUNCTION cdc_disable(regclass) IS 'pg_cdc: stops capturing a table and forgets its capture config and progress';
+COMMENT ON FUNCTION cdc_add_sink(text, text, jsonb) IS 'pg_cdc: adds a destination (kafka, kinesis, eventhub, pubsub, pulsar, webhook, postgres, table) with its own slot; it starts with a snapshot of its tables';
+COMMENT ON FUNCTION cdc_drop_sink(text) IS 'pg_cdc: drops a destination, its slot and its progress';
+COMMENT ON FUNCTION cdc_snapshot(regclass, text, boolean) IS 'pg_cdc: asks for a new snapshot of a captured table (READ events of its rows) for one sink or every sink carrying it';
+COMMENT ON FUNCTION cdc_cancel_snapshot(regclass, text) IS 'pg_cdc: cancels the pending or running snapshots of a table';
+COMMENT ON FUNCTION cdc_schema_history(regclass) IS 'pg_cdc: the schema versions of a captured table, their changes and the registry ids they got';
+COMMENT ON FUNCTION cdc_force_schema_break(regclass) IS 'pg_cdc: lets the table''s next schema change that its compatibility_mode forbids through, once';
+COMMENT ON FUNCTION cdc_create_version_topic(regclass, integer) IS 'pg_cdc: gives a schema version of a captured table, and every later one, Kafka and Event Hubs topics of their own (<topic>.v<version>)';
+COMMENT ON FUNCTION cdc_check_compatibility(regclass, text) IS 'pg_cdc: whether a proposed ALTER TABLE keeps the table''s schema compatible, before running it';
+COMMENT ON FUNCTION cdc_consume(text, integer, text) IS 'pg_cdc: reads the next events of a table sink for a consumer, in commit order (consumed when the caller commits)';
+COMMENT ON FUNCTION cdc_delivery_status(text) IS 'pg_cdc: how a sink''s delivery is doing: its state, slot, transactions in flight, and the last error';
+COMMENT ON FUNCTION cdc_create_tokenization_key() IS 'pg_cdc: creates the key the tokenize transformation uses (once per cluster)';
+COMMENT ON FUNCTION cdc_filter_metrics(regclass) IS 'pg_cdc: what a captured table''s filter and transformations did: changes matched and excluded, bandwidth saved, per transformation';
+COMMENT ON FUNCTION cdc_preview(regclass, jsonb, integer) IS 'pg_cdc: the events rows of a captured table (or a sample row) would produce under its config, as the worker sends them; publishes nothing';
+COMMENT ON FUNCTION cdc_metrics(regclass) IS 'pg_cdc: how capture of one table is doing: events, latencies and lag per sink';
+COMMENT ON FUNCTION cdc_status() IS 'pg_cdc: one row per sink: its state, lag, events delivered, latencies, last error and missing tables';
+COMMENT ON FUNCTION cdc_prometheus_metrics() IS 'pg_cdc: every figure in the Prometheus text exposition format';
+COMMENT ON FUNCTION _cdc_sink_latency(text) IS 'pg_cdc internal: a sink''s latency percentiles, for cdc_status';
+COMMENT ON FUNCTION _cdc_context_message(boolean) IS 'pg_cdc internal: the sealed context message (user, application, optionally the query) of the current statement, for the _cdc_context trigger';
+COMMENT ON FUNCTION _cdc_context_trigger() IS 'pg_cdc internal: trigger that emits the transaction context into the WAL before a captured table''s rows';
+COMMENT ON FUNCTION _cdc_forget_dropped_tables() IS 'pg_cdc internal: event trigger that forgets dropped captured tables and marks the dropped tables of sinks and lookups';
+COMMENT ON FUNCTION _cdc_table_fields(oid) IS 'pg_cdc internal: the columns of a table as a schema version records them';
+COMMENT ON FUNCTION _cdc_schema_changes() IS 'pg_cdc internal: event trigger that records a new schema version of a captured table after ALTER TABLE';
+COMMENT ON FUNCTION _cdc_schema_changed(oid[]) IS 'pg_cdc internal: records and checks new schema versions of the given tables';
+COMMENT ON VIEW cdc_snapshots IS 'pg_cdc: progress of every snapshot, per sink and table';

@@ -35,6 +35,21 @@ SELECT p.proname, pg_get_function_arguments(p.oid) AS arguments,
  WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'cdc\_%'
  ORDER BY 1;
 
+-- \df+ and \dv+ describe every function and view of the extension (COMMENT ON, in finalize.sql and
+-- each upgrade script): a function or view added without a description is listed here.
+SELECT pg_describe_object(d.classid, d.objid, 0) AS undescribed
+  FROM pg_depend d
+ WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+   AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pg_cdc')
+   AND (d.classid = 'pg_proc'::regclass
+        OR d.classid = 'pg_class'::regclass AND (SELECT relkind FROM pg_class WHERE oid = d.objid) = 'v')
+   AND obj_description(d.objid, d.classid::regclass::name) IS NULL
+ ORDER BY 1;
+SELECT p.proname, obj_description(p.oid, 'pg_proc') AS description
+  FROM pg_proc p
+ WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'cdc\_%'
+ ORDER BY 1;
+
 -- Catalog tables and their columns.
 SELECT table_name, column_name, data_type, is_nullable, column_default IS NOT NULL AS has_default
   FROM information_schema.columns

@@ -6,7 +6,7 @@
 SET client_min_messages = warning;
 
 -- Every object of the extension, with what defines it (functions: signature, result, volatility,
--- strictness, security, settings, body or symbol, privileges; tables: columns, defaults,
+-- strictness, security, settings, body or symbol, privileges, comment; tables: columns, defaults,
 -- constraints, indexes, comments, privileges; event triggers).
 CREATE FUNCTION pg_temp.cdc_objects() RETURNS TABLE (object text, definition text) LANGUAGE sql AS $$
     SELECT pg_describe_object(d.classid, d.objid, 0),
@@ -14,7 +14,7 @@ CREATE FUNCTION pg_temp.cdc_objects() RETURNS TABLE (object text, definition tex
            WHEN 'pg_proc'::regclass THEN (
                SELECT concat_ws(' | ', pg_get_function_identity_arguments(p.oid), pg_get_function_result(p.oid),
                                 p.provolatile, p.proisstrict, p.prosecdef, p.proconfig::text, p.prosrc, p.probin,
-                                p.proacl::text)
+                                p.proacl::text, obj_description(p.oid, 'pg_proc'))
                  FROM pg_proc p WHERE p.oid = d.objid)
            WHEN 'pg_class'::regclass THEN (
                SELECT concat_ws(' | ', c.relkind, c.relacl::text, obj_description(c.oid, 'pg_class'),

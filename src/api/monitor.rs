@@ -48,10 +48,21 @@ fn cdc_metrics(table_name: Option<pg_sys::Oid>) -> JsonB {
     let oid = required(table_name, "table_name");
     let schema = schema();
     let name = super::captured_table_name(&schema, oid);
+    // READ events of the table's snapshots since the counters started, for the lag_events estimate.
+    let snapshot_rows = if crate::api::sinks::has_snapshots(&schema) {
+        format!(
+            "(SELECT coalesce(sum(x.rows_done), 0) FROM {schema}._cdc_snapshots x
+               WHERE x.sink_id = s.sink_id AND x.table_oid = $1 AND x.started_at >= coalesce(to_timestamp($2::float8 / 1e6), 'infinity'))"
+        )
+    } else {
+        "0".to_string()
+    };
+    let since = crate::stats::since_unix_micros().map(|us| us as f64);
     let sinks = catalog::json(
         &format!(
             "SELECT coalesce(jsonb_agg(jsonb_build_object(
                  'id', s.sink_id::text, 'name', s.sink_name, 'state', s.state,
+                 'snapshot_rows', {snapshot_rows},
                  'lag_bytes', (pg_current_wal_lsn() - r.confirmed_flush_lsn)::bigint,
                  'events_published', coalesce(o.events_published, 0),
                  'last_delivered_at', to_char(o.last_timestamp AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))
@@ -61,7 +72,7 @@ fn cdc_metrics(table_name: Option<pg_sys::Oid>) -> JsonB {
                LEFT JOIN {schema}._cdc_offsets o ON o.sink_name = s.sink_name AND o.table_oid = $1
               WHERE s.table_oids IS NULL OR $1 = ANY (s.table_oids)"
         ),
-        &[oid.into()],
+        &[oid.into(), since.into()],
     )
     .unwrap_or_default();
     let counts = crate::stats::read_table(oid.to_u32());
@@ -91,9 +102,13 @@ fn cdc_metrics(table_name: Option<pg_sys::Oid>) -> JsonB {
                 "publish_latency_p99_ms": p99,
                 "end_to_end_latency_p50_ms": e50,
                 "end_to_end_latency_p99_ms": e99,
-                // Counting the events still in the WAL would mean decoding them; the lag is
-                // given in WAL bytes and as the commit time of the last delivered change.
-                "lag_events": null,
+                // An estimate: counting the events still in the WAL would mean decoding them.
+                "lag_events": cdc_core::stats::estimate_lag_events(
+                    lag,
+                    c.events,
+                    s["snapshot_rows"].as_u64().unwrap_or(0),
+                    crate::stats::read(id).map_or(0, |d| d.wal_decoded_bytes),
+                ),
                 "lag_bytes": lag,
                 "last_delivered_at": s["last_delivered_at"],
             }),
@@ -152,8 +167,9 @@ fn cdc_prometheus_metrics() -> String {
     .unwrap_or_default();
     let offsets = catalog::json(
         &format!(
-            "SELECT coalesce(jsonb_agg(jsonb_build_object('sink', sink_name, 'table', table_name, 'n', events_published,
-                 'oid', table_oid::bigint) ORDER BY sink_name, table_name), '[]') FROM {schema}._cdc_offsets"
+            "SELECT coalesce(jsonb_agg(jsonb_build_object('sink', o.sink_name, 'table', p.table_name, 'n', o.events_published,
+                 'oid', o.table_oid::bigint) ORDER BY o.sink_name, p.table_name), '[]')
+               FROM {schema}._cdc_offsets o JOIN {schema}._cdc_publications p USING (table_oid)"
         ),
         &[],
     )
@@ -166,12 +182,18 @@ fn cdc_prometheus_metrics() -> String {
         &[],
     )
     .unwrap_or_default();
+    // A dropped table's snapshot keeps its names from 0.6.0 on.
+    let dropped = if catalog::has_column(&schema, "_cdc_snapshots", "dropped_name") {
+        "quote_ident(s.dropped_schema) || '.' || quote_ident(s.dropped_name), "
+    } else {
+        ""
+    };
     let snapshots = crate::api::sinks::has_snapshots(&schema)
         .then(|| {
             catalog::json(
                 &format!(
                     "SELECT coalesce(jsonb_agg(jsonb_build_object('sink', k.sink_name,
-                         'table', coalesce(p.table_name, s.table_oid::regclass::text), 'done', s.rows_done,
+                         'table', coalesce(p.table_name, {dropped}s.table_oid::regclass::text), 'done', s.rows_done,
                          'estimate', s.rows_estimate) ORDER BY k.sink_name, s.snapshot_id), '[]')
                        FROM {schema}._cdc_snapshots s JOIN {schema}._cdc_sinks k USING (sink_id)
                        LEFT JOIN {schema}._cdc_publications p ON p.table_oid = s.table_oid

@@ -248,8 +248,82 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         == Some(serde_json::json!(0))
     {
         pgrx::notice!("no table is captured yet: SELECT cdc_enable('<table>') to start");
+    } else {
+        pgrx::notice!("{}", carried_tables_notice(&schema, sink_name, table_oids.as_deref(), snapshot));
     }
     id
+}
+
+/// Tables up to this size are counted for the NOTICE of `cdc_add_sink`; larger ones are estimated.
+const COUNT_BELOW_BYTES: i64 = 8 << 20;
+
+/// What a new sink carries, for the NOTICE of `cdc_add_sink`: its captured tables with their rows
+/// (counted in a small table, the planner's `reltuples` estimate in a larger one) and what its
+/// snapshot reads first, so a sink without `tables` is never a surprise.
+fn carried_tables_notice(schema: &str, sink_name: &str, table_oids: Option<&[pg_sys::Oid]>, snapshot: bool) -> String {
+    let tables = catalog::json(
+        &format!(
+            "SELECT coalesce(jsonb_agg(jsonb_build_object(
+                        'name', quote_ident(n.nspname::text) || '.' || quote_ident(c.relname::text),
+                        'bytes', pg_relation_size(c.oid), 'estimate', c.reltuples::bigint,
+                        'readable', has_table_privilege(c.oid, 'SELECT'))
+                      ORDER BY n.nspname, c.relname), '[]')
+               FROM {schema}._cdc_publications p JOIN pg_class c ON c.oid = p.table_oid
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE p.status = 'active' AND ($1::oid[] IS NULL OR p.table_oid = ANY ($1::oid[]))"
+        ),
+        &[table_oids.map(<[pg_sys::Oid]>::to_vec).into()],
+    )
+    .unwrap_or_default();
+    let tables = tables.as_array().cloned().unwrap_or_default();
+    let scope = if table_oids.is_some() {
+        "the captured tables of its config.tables"
+    } else {
+        "every captured table (config.tables unset), and those captured later"
+    };
+    if tables.is_empty() {
+        return format!("sink \"{sink_name}\" carries {scope}: none is captured yet");
+    }
+    let (mut total, mut estimated) = (0i64, false);
+    let mut listed = Vec::new();
+    for t in &tables {
+        let name = catalog::str_field(t, "name");
+        let small = t["bytes"].as_i64().unwrap_or(0) < COUNT_BELOW_BYTES;
+        let rows = if small && t["readable"] == serde_json::Value::Bool(true) {
+            catalog::select_one::<i64>(&format!("SELECT count(*) FROM {name}"), &[]).map(|n| (n, false))
+        } else {
+            t["estimate"].as_i64().filter(|e| *e >= 0).map(|e| (e, true))
+        };
+        let shown = match rows {
+            Some((n, about)) => {
+                total += n;
+                estimated |= about;
+                format!("{name} ({}{} rows)", if about { "about " } else { "" }, cdc_core::stats::thousands(n))
+            }
+            None => {
+                estimated = true;
+                format!("{name} (not analyzed yet: rows unknown)")
+            }
+        };
+        listed.push(shown);
+    }
+    const SHOWN: usize = 10;
+    let more = listed.len().saturating_sub(SHOWN);
+    listed.truncate(SHOWN);
+    let mut text = format!("sink \"{sink_name}\" carries {scope}: {}", listed.join(", "));
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
+    }
+    if snapshot {
+        let about = if estimated { "about " } else { "" };
+        text.push_str(&format!(
+            "; its snapshot first reads {about}{} rows as READ events",
+            cdc_core::stats::thousands(total)
+        ));
+    } else {
+        text.push_str("; no snapshot: it delivers the changes committed from now on");
+    }
+    text
 }
 
 /// Refuses (55000) a sink whose secret file (`config.<key>`, holding `what`) cannot be used: the

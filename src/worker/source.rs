@@ -426,20 +426,37 @@ pub fn record_progress(schema: &str, sink_name: &str, progress: &HashMap<u32, Ta
         .iter()
         .map(|(oid, p)| json!({"table_oid": oid, "n": p.events, "last_lsn": p.last_commit_lsn, "ts": p.last_commit_unix_micros}))
         .collect();
-    catalog::run(
-        &format!(
+    // Before 0.6.0 the catalog keys the offsets by the table's name as regclass::text prints it, and
+    // has no table_schema.
+    let sql = if catalog::has_column(schema, "_cdc_offsets", "table_schema") {
+        format!(
+            "INSERT INTO {schema}._cdc_offsets AS o
+                    (sink_name, table_name, last_lsn, last_timestamp, events_published, table_oid, table_schema)
+             SELECT $1, c.relname, x.last_lsn, 'epoch'::timestamptz + x.ts * interval '1 microsecond', x.n, x.table_oid,
+                    n.nspname
+               FROM jsonb_to_recordset($2) AS x(table_oid oid, n bigint, last_lsn bigint, ts bigint)
+               -- A table dropped since its events were delivered has no row here any more (its
+               -- name is gone).
+               JOIN pg_class c ON c.oid = x.table_oid
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+             -- One row per table: a RENAME (of the table or its schema) renames the row.
+             ON CONFLICT (sink_name, table_oid) DO UPDATE
+                SET last_lsn = EXCLUDED.last_lsn, last_timestamp = EXCLUDED.last_timestamp,
+                    events_published = o.events_published + EXCLUDED.events_published,
+                    table_name = EXCLUDED.table_name, table_schema = EXCLUDED.table_schema"
+        )
+    } else {
+        format!(
             "INSERT INTO {schema}._cdc_offsets AS o (sink_name, table_name, last_lsn, last_timestamp, events_published, table_oid)
              SELECT $1, c.oid::regclass::text, x.last_lsn, 'epoch'::timestamptz + x.ts * interval '1 microsecond', x.n, x.table_oid
                FROM jsonb_to_recordset($2) AS x(table_oid oid, n bigint, last_lsn bigint, ts bigint)
-               -- A table dropped since its events were delivered has no row here any more (its
-               -- regclass would print a bare OID, and its name is gone).
                JOIN pg_class c ON c.oid = x.table_oid
              ON CONFLICT (sink_name, table_name) DO UPDATE
                 SET last_lsn = EXCLUDED.last_lsn, last_timestamp = EXCLUDED.last_timestamp,
                     events_published = o.events_published + EXCLUDED.events_published, table_oid = EXCLUDED.table_oid"
-        ),
-        &[sink_name.into(), pgrx::JsonB(Value::Array(rows)).into()],
-    );
+        )
+    };
+    catalog::run(&sql, &[sink_name.into(), pgrx::JsonB(Value::Array(rows)).into()]);
 }
 
 /// Records the per-route progress of a delivered read (`_cdc_route_offsets`): counts of an older

@@ -58,3 +58,40 @@ def test_update_from_0_1_0_while_delivering_keeps_every_sink_exactly_once(pg, si
     finally:
         if pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] != default:
             pg.execute("ALTER EXTENSION pg_cdc UPDATE")
+
+
+def test_update_from_0_5_0_merges_the_rows_a_rename_split(pg, sinks, unique):
+    """Before 0.6.0 _cdc_offsets was keyed by the table's printed name, so a RENAME started a second row
+    for the same table; the update makes them one (counts added) with the bare name and the schema."""
+    t, topic, name = f"upgr_{unique}", f"upgr-{unique}", f"upgr_{unique}"
+    default = pg.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'pg_cdc'").fetchone()[0]
+    pg.execute("DROP EXTENSION pg_cdc CASCADE")
+    pg.execute("CREATE EXTENSION pg_cdc VERSION '0.5.0'")
+    try:
+        pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+        pg.execute("SELECT cdc_enable(%s)", (t,))
+        sinks.add(name, topic, tables=[t])
+        pg.execute(f"INSERT INTO {t} VALUES (1), (2)")
+        count = "SELECT coalesce(sum(events_published), 0) FROM _cdc_offsets WHERE sink_name = %s"
+        wait_for(lambda: pg.execute(count, (name,)).fetchone()[0] == 2, what="2 events recorded")
+        pg.execute(f"ALTER TABLE {t} RENAME TO {t}_r")
+        pg.execute(f"INSERT INTO {t}_r VALUES (3)")
+        wait_for(lambda: pg.execute(count, (name,)).fetchone()[0] == 3, what="3 events recorded")
+        split = pg.execute("SELECT table_name, events_published FROM _cdc_offsets WHERE sink_name = %s ORDER BY 1",
+                           (name,)).fetchall()
+        assert split == [(t, 2), (f"{t}_r", 1)], "0.5.0: a row per name the table had"
+
+        pg.execute("ALTER EXTENSION pg_cdc UPDATE")
+        rows = pg.execute("SELECT table_schema, table_name, events_published FROM _cdc_offsets WHERE sink_name = %s",
+                          (name,)).fetchall()
+        assert rows == [("public", f"{t}_r", 3)]
+        pg.execute(f"INSERT INTO {t}_r VALUES (4)")
+        wait_for(lambda: pg.execute(count, (name,)).fetchone()[0] == 4, what="4 events recorded")
+        assert pg.execute("SELECT count(*) FROM _cdc_offsets WHERE sink_name = %s", (name,)).fetchone()[0] == 1
+        assert pg.execute("SELECT table_schema, table_name FROM cdc_snapshots WHERE sink_name = %s",
+                          (name,)).fetchall() == [("public", f"{t}_r")]
+        assert len(consume(topic, 4)) == 4
+        pg.execute(f"SELECT cdc_disable('{t}_r')")
+    finally:
+        if pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] != default:
+            pg.execute("ALTER EXTENSION pg_cdc UPDATE")

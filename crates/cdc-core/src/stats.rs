@@ -237,9 +237,69 @@ impl DeliveryStatus<'_> {
     }
 }
 
+/// An estimate of the events of one table a sink has still to deliver (`cdc_metrics`' `lag_events`):
+/// the WAL its slot has not confirmed (`lag_bytes`) times the events of the table per byte of WAL the
+/// sink decoded since its counters started (`table_events`, less the `snapshot_events` its snapshots
+/// delivered, which came from no WAL, over `wal_decoded_bytes`). None without a slot, or while the sink
+/// has decoded no WAL since the counters started (no rate yet); 0 when nothing is left.
+pub fn estimate_lag_events(
+    lag_bytes: Option<i64>,
+    table_events: u64,
+    snapshot_events: u64,
+    wal_decoded_bytes: u64,
+) -> Option<u64> {
+    let lag = lag_bytes?;
+    if lag <= 0 {
+        return Some(0);
+    }
+    if wal_decoded_bytes == 0 {
+        return None;
+    }
+    let per_byte = table_events.saturating_sub(snapshot_events) as f64 / wal_decoded_bytes as f64;
+    Some((lag as f64 * per_byte).round() as u64)
+}
+
+/// A count with thousands separators, for messages: 2002 as 2,002.
+pub fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        out.insert(0, '-');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thousands_groups_digits_by_three() {
+        let shown: Vec<String> = [0, 7, 999, 1_000, 2_002, 1_234_567, -45_000].map(thousands).to_vec();
+        assert_eq!(shown, ["0", "7", "999", "1,000", "2,002", "1,234,567", "-45,000"]);
+    }
+
+    #[test]
+    fn lag_events_scale_the_unconfirmed_wal_by_the_table_s_events_per_decoded_byte() {
+        // 1,000 events of the table in 1 MB of WAL: 2 kB left is about 2 events.
+        assert_eq!(estimate_lag_events(Some(2_000), 1_000, 0, 1_000_000), Some(2));
+        // Snapshot rows came from no WAL: they do not raise the rate.
+        assert_eq!(estimate_lag_events(Some(2_000), 51_000, 50_000, 1_000_000), Some(2));
+        assert_eq!(estimate_lag_events(Some(2_000), 10, 50, 1_000_000), Some(0));
+        // Caught up, or behind with no rate measured yet, or no slot.
+        assert_eq!(estimate_lag_events(Some(0), 1_000, 0, 1_000_000), Some(0));
+        assert_eq!(estimate_lag_events(Some(-5), 1_000, 0, 0), Some(0));
+        assert_eq!(estimate_lag_events(Some(2_000), 0, 0, 0), None);
+        assert_eq!(estimate_lag_events(None, 1_000, 0, 1_000_000), None);
+        // A table with no events in the WAL the sink decoded: none expected.
+        assert_eq!(estimate_lag_events(Some(1 << 30), 0, 0, 1_000_000), Some(0));
+    }
 
     fn status(mode: &str, counters: Option<DeliveryCounters>) -> Value {
         DeliveryStatus {
