@@ -33,6 +33,14 @@ pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// SQL for the text the type's output function gives a column of `t` (what pgoutput sends), or NULL:
+/// a cast to text is not always that (`true::text` is `true` where pgoutput sends `t`; `inet`'s cast
+/// always shows the netmask).
+pub fn output_text(column: &str) -> String {
+    let c = format!("t.{}", quote_ident(column));
+    format!("CASE WHEN {c}::text IS NULL THEN NULL ELSE format('%s', {c}) END")
+}
+
 /// Runs `f` with the worker's text format for values (dates, floats, bytea) in force for this
 /// transaction's statements, then puts the caller's settings back: copies and previews must show
 /// values exactly as pgoutput sends them to the worker.
@@ -103,13 +111,14 @@ pub fn seed(schema: &str, sink_id: &str, spec: &Spec) {
             column_types(spec.lookup_oid, &spec.add_columns).into_iter().map(i64::from).collect::<Vec<_>>().into(),
         ],
     );
-    let values: Vec<String> = spec.add_columns.iter().map(|c| format!("t.{}::text", quote_ident(c))).collect();
+    let values: Vec<String> = spec.add_columns.iter().map(|c| output_text(c)).collect();
     let key = quote_ident(&spec.lookup_column);
+    let key_text = output_text(&spec.lookup_column);
     with_text_format(|| {
         catalog::run(
             &format!(
                 "INSERT INTO {schema}._cdc_lookup_rows (sink_id, table_oid, position, lookup_key, vals)
-                 SELECT $1::uuid, $2::bigint::oid, $3, t.{key}::text, ARRAY[{}]::text[] FROM {lookup} t
+                 SELECT $1::uuid, $2::bigint::oid, $3, {key_text}, ARRAY[{}]::text[] FROM {lookup} t
                   WHERE t.{key} IS NOT NULL",
                 values.join(", ")
             ),

@@ -10,12 +10,14 @@ use cdc_core::types::TypeRegistry;
 use cdc_core::{CdcError, ErrorKind, Lsn};
 use pgrx::prelude::*;
 use pgrx::JsonB;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 use super::{required, schema};
 use crate::catalog::{self, str_field};
 use crate::errors::{raise, OrRaise};
-use crate::lookups::{quote_ident, with_text_format};
+use crate::lookups::{output_text, with_text_format};
 use crate::worker::source::learn_type_oids;
 
 /// Shows, for rows of a captured table (its first `max_rows` rows, or the one given as `sample`, a
@@ -32,7 +34,7 @@ use crate::worker::source::learn_type_oids;
 CREATE FUNCTION cdc_preview(table_name regclass, sample jsonb DEFAULT NULL, max_rows integer DEFAULT 3) RETURNS jsonb
 VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 "#)]
-fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows: Option<i32>) -> JsonB {
+fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows: Option<i32>) -> JsonbText {
     let oid = required(table_name, "table_name");
     // Its default is 3; an explicit NULL is refused like every NULL argument (22004).
     let limit = required(max_rows, "max_rows");
@@ -109,14 +111,14 @@ fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows:
     let now = catalog::select_one::<i64>("SELECT ((extract(epoch FROM now()) - 946684800) * 1000000)::int8", &[])
         .unwrap_or(0);
     let txn = TxnInfo { xid: 0, commit_lsn: Lsn(0), commit_time: now, event_count: 1 };
-    let previews: Vec<Value> = rows
+    let previews: Vec<Preview> = rows
         .iter()
         .map(|texts| {
             let tuple: Vec<TupleValue<'_>> = texts
                 .iter()
                 .map(|t| t.as_deref().map_or(TupleValue::Null, |s| TupleValue::Text(s.as_bytes())))
                 .collect();
-            let as_json: Value = plan
+            let row: Value = plan
                 .relation
                 .columns
                 .iter()
@@ -129,11 +131,14 @@ fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows:
                 Some(_) => plan.matched_branch(&tuple).map(FilterMark::Matched),
             };
             let Some(mark) = mark else {
-                return json!({"row": as_json, "published": false,
-                              "reason": format!("the filter is not true for this row: {}", plan.config.filter.as_deref().unwrap_or_default())});
+                let reason = format!(
+                    "the filter is not true for this row: {}",
+                    plan.config.filter.as_deref().unwrap_or_default()
+                );
+                return Preview::refused(row, reason);
             };
             if let Some(e) = &key_error {
-                return json!({"row": as_json, "published": false, "reason": e});
+                return Preview::refused(row, e.clone());
             }
             let enriched: Vec<Option<LookupRow>> = (0..plan.enrich.len())
                 .map(|i| {
@@ -153,23 +158,103 @@ fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows:
                 enriched: &enriched,
             };
             let ev = encoder.encode_row(&types, &ch, &txn, 1);
-            let parse = |b: &[u8]| serde_json::from_slice::<Value>(b).unwrap_or(Value::Null);
-            json!({
-                "row": as_json,
-                "published": true,
-                "filter_matched": match &mark { FilterMark::Matched(b) => Some(b.to_string()), _ => None },
-                "key": ev.key.as_deref().map(parse),
-                "event": parse(&ev.payload),
-            })
+            let text = String::from_utf8_lossy(&ev.payload).into_owned();
+            Preview {
+                row,
+                published: true,
+                reason: None,
+                filter_matched: Some(match &mark {
+                    FilterMark::Matched(b) => Value::String(b.to_string()),
+                    _ => Value::Null,
+                }),
+                key: ev.key.as_deref().and_then(raw_json),
+                event: raw_json(text.as_bytes()),
+                event_text: Some(text),
+            }
         })
         .collect();
-    JsonB(json!({"table": str_field(&captured, "name"), "operation": "INSERT", "previews": previews}))
+    let doc = Document { table: str_field(&captured, "name").to_string(), operation: "INSERT", previews };
+    JsonbText(serde_json::to_string(&doc).unwrap_or_else(|e| raise(CdcError::new(ErrorKind::Internal, e.to_string()))))
 }
+
+/// `cdc_preview`'s result. Events and keys are the worker's JSON text as is (`RawValue`), so a
+/// number keeps its digits: serde_json's `Value` would show the 1.00 the worker writes as 1.0.
+#[derive(Serialize)]
+struct Document {
+    table: String,
+    operation: &'static str,
+    previews: Vec<Preview>,
+}
+
+/// One row's preview: published with its key, event and the event's text, or not, with the reason.
+#[derive(Serialize)]
+struct Preview {
+    row: Value,
+    published: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    filter_matched: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<Box<RawValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    event: Option<Box<RawValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    event_text: Option<String>,
+}
+
+impl Preview {
+    fn refused(row: Value, reason: String) -> Self {
+        Preview {
+            row,
+            published: false,
+            reason: Some(reason),
+            filter_matched: None,
+            key: None,
+            event: None,
+            event_text: None,
+        }
+    }
+}
+
+/// JSON bytes as they are, or None when they are not JSON.
+fn raw_json(bytes: &[u8]) -> Option<Box<RawValue>> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    RawValue::from_string(text.to_string()).ok()
+}
+
+/// A jsonb result given as JSON text, which PostgreSQL's own jsonb input parses: numbers keep their
+/// digits and scale.
+pub(crate) struct JsonbText(String);
+
+impl IntoDatum for JsonbText {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        let text = std::ffi::CString::new(self.0).ok()?;
+        // SAFETY: jsonb_in takes a NUL-terminated C string, which `text` is for the call's length.
+        unsafe { pgrx::direct_function_call_as_datum(pg_sys::jsonb_in, &[Some(text.as_ptr().into())]) }
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+// SAFETY: the Datum returned is the jsonb made above, or NULL.
+unsafe impl pgrx::callconv::BoxRet for JsonbText {
+    unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
+        match self.into_datum() {
+            Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
+            None => fcinfo.return_null(),
+        }
+    }
+}
+
+pgrx::impl_sql_translatable!(JsonbText, "jsonb");
 
 /// The text output of each column, under the worker's text format, for the given row or the
 /// table's first rows.
 fn row_texts(qualified: &str, columns: &[RelationColumn], row: Option<JsonB>, limit: i32) -> Vec<Vec<Option<String>>> {
-    let list = columns.iter().map(|c| format!("t.{}::text", quote_ident(&c.name))).collect::<Vec<_>>().join(", ");
+    let list = columns.iter().map(|c| output_text(&c.name)).collect::<Vec<_>>().join(", ");
     let (from, arg) = match &row {
         Some(r) => (format!("jsonb_populate_record(NULL::{qualified}, $1) t"), Some(r.0.clone())),
         None => (format!("(SELECT * FROM {qualified} LIMIT {limit}) t"), None),
@@ -212,12 +297,12 @@ impl LookupSource for Live {
         let Some(s) = self.specs.iter().find(|s| s.position == id.position) else {
             return Ok(None);
         };
-        let list = s.add_columns.iter().map(|c| format!("t.{}::text", quote_ident(c))).collect::<Vec<_>>().join(", ");
+        let list = s.add_columns.iter().map(|c| output_text(c)).collect::<Vec<_>>().join(", ");
         let sql = format!(
-            "SELECT ARRAY[{list}]::text[] FROM {} t WHERE t.{}::text = $1 LIMIT 1",
+            "SELECT ARRAY[{list}]::text[] FROM {} t WHERE {} = $1 LIMIT 1",
             catalog::select_one::<String>("SELECT $1::bigint::oid::regclass::text", &[i64::from(s.lookup_oid).into()])
                 .ok_or("the lookup table no longer exists")?,
-            quote_ident(&s.lookup_column)
+            output_text(&s.lookup_column)
         );
         let vals = with_text_format(|| catalog::select_one::<Vec<Option<String>>>(&sql, &[key.into()]));
         Ok(vals.map(|v| v.into_iter().map(|s| s.map(Box::from)).collect()))

@@ -307,3 +307,24 @@ def test_a_dropped_lookup_table_is_missing_and_the_table_that_enriches_from_it_g
     assert "owner" not in msgs[2]["value"]["after"], "delivered under the config without the enrich"
     assert pg.execute("SELECT missing_tables FROM cdc_status() WHERE sink_name = %s", (name,)).fetchone()[0] == []
     pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_lookup_copies_hold_values_as_pgoutput_sends_them(pg, sinks, unique):
+    """Regression: the lookup copy made when the sink is added held `col::text`, which is not what
+    pgoutput sends for every type (`true::text` is 'true', pgoutput sends 't'; an inet's cast shows the
+    netmask): an inet key found no copied row, and a copied boolean read as false. cdc_preview reads the
+    lookup table the same way."""
+    t, lk, topic = f"hosts_{unique}", f"nets_{unique}", f"hosts-{unique}"
+    pg.execute(f"CREATE TABLE {lk} (addr inet PRIMARY KEY, trusted bool, label text)")
+    pg.execute(f"INSERT INTO {lk} VALUES ('10.0.0.1', true, 'core')")
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, addr inet)")
+    cfg = {"transformations": [{"type": "enrich", "source_column": "addr", "lookup_table": lk,
+                                "lookup_column": "addr", "add_columns": ["trusted", "label"]}]}
+    pg.execute("SELECT cdc_enable(%s, %s::jsonb)", (t, json.dumps(cfg)))
+    sinks.add(f"hosts_{unique}", topic, tables=[t])  # its copy of the lookup table is made now
+    pg.execute(f"INSERT INTO {t} VALUES (1, '10.0.0.1')")
+    after = consume(topic, 1)[0]["value"]["after"]
+    assert (after["trusted"], after["label"]) == (True, "core")
+    (p,) = pg.execute("SELECT cdc_preview(%s) -> 'previews'", (t,)).fetchone()[0]
+    assert (p["event"]["after"]["trusted"], p["event"]["after"]["label"]) == (True, "core")
+    pg.execute("SELECT cdc_disable(%s)", (t,))

@@ -2,8 +2,8 @@
 from conftest import consume
 
 
-def test_type_coverage(pg, sinks, unique):
-    t, topic = f"types_{unique}", f"types-{unique}"
+def create_type_matrix(pg, t, extra=None):
+    """A table with a column of every built-in type family (and `extra` column definitions)."""
     pg.execute(f"""
       DO $$ BEGIN
         IF NOT EXISTS (SELECT 1 FROM pg_type WHERE typname = 'e2e_mood') THEN
@@ -15,14 +15,28 @@ def test_type_coverage(pg, sinks, unique):
       CREATE TABLE {t} (id int PRIMARY KEY, c_bool bool, c_int8 int8, c_float8 float8, c_numeric numeric,
         c_text text, c_bytea bytea, c_uuid uuid, c_jsonb jsonb, c_json json, c_date date, c_timestamp timestamp,
         c_timestamptz timestamptz, c_interval interval, c_inet inet, c_int_array int[], c_text_array text[],
-        c_enum e2e_mood, c_enum_array e2e_mood[], c_domain e2e_positive, c_composite e2e_address, c_money money)""")
-    pg.execute("SELECT cdc_enable(%s)", (t,))
-    sinks.add(f"types_{unique}", topic)
-    pg.execute(f"""INSERT INTO {t} VALUES (1, true, 9223372036854775807, 'NaN', 123456789012345678901234567890.000000000001,
+        c_enum e2e_mood, c_enum_array e2e_mood[], c_domain e2e_positive, c_composite e2e_address, c_money money
+        {", " + extra if extra else ""})""")
+
+
+def insert_type_rows(pg, t):
+    """Row 1 holds a value of every column, edge cases included; row 2 the infinities and NULLs."""
+    pg.execute(f"""INSERT INTO {t} (id, c_bool, c_int8, c_float8, c_numeric, c_text, c_bytea, c_uuid, c_jsonb, c_json,
+        c_date, c_timestamp, c_timestamptz, c_interval, c_inet, c_int_array, c_text_array, c_enum, c_enum_array,
+        c_domain, c_composite, c_money)
+        VALUES (1, true, 9223372036854775807, 'NaN', 123456789012345678901234567890.000000000001,
         'é "q" \\ 🙂', '\\x00ff10', '6ba7b810-9dad-11d1-80b4-00c04fd430c8', '{{"n": 1.0, "a": [null]}}', '[1, 2]',
         '0044-03-15 BC', '2024-03-15 14:23:45.5', '2024-03-15 10:00:00-04', '1 day 02:00:00', '::1/128',
         '{{1,NULL,3}}', '{{"a,b",NULL}}', 'ok', '{{happy,NULL}}', 7.50, ROW('Elm', 1), 5)""")
     pg.execute(f"INSERT INTO {t} (id, c_float8, c_numeric, c_timestamptz) VALUES (2, '-Infinity', 'Infinity', '-infinity')")
+
+
+def test_type_coverage(pg, sinks, unique):
+    t, topic = f"types_{unique}", f"types-{unique}"
+    create_type_matrix(pg, t)
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    sinks.add(f"types_{unique}", topic)
+    insert_type_rows(pg, t)
     msgs = consume(topic, 2)
     a = msgs[0]["value"]["after"]
     assert a["c_bool"] is True
