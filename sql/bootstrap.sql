@@ -210,10 +210,31 @@ COMMENT ON COLUMN _cdc_route_offsets.routing_lsn IS 'the routing the counts belo
 COMMENT ON COLUMN _cdc_route_offsets.last_commit_at IS 'commit time of the last delivered transaction with an event of the route';
 COMMENT ON COLUMN _cdc_route_offsets.last_acked_at IS 'when the worker recorded that delivery, right after the sink acknowledged it';
 
+-- What a dropped sink leaves at its destination and pg_cdc deletes after the drop committed and the
+-- sink's worker stopped (the launcher does it, and tries again while the destination is down): an
+-- exactly-once Kafka or Event Hubs sink's progress topic.
+CREATE TABLE _cdc_cleanups (
+    cleanup_id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    sink_id          uuid NOT NULL,
+    sink_name        text NOT NULL,
+    sink_type        text NOT NULL,
+    config           jsonb NOT NULL,
+    kind             text NOT NULL CHECK (kind IN ('progress_topic')),
+    target           text NOT NULL,
+    requested_at     timestamptz NOT NULL DEFAULT now(),
+    attempts         integer NOT NULL DEFAULT 0,
+    last_attempt_at  timestamptz,
+    last_error       text
+);
+COMMENT ON TABLE _cdc_cleanups IS 'pg_cdc: what dropped sinks left at their destination, deleted by the launcher once the drop committed and the sink''s worker stopped (a row stays while it fails)';
+COMMENT ON COLUMN _cdc_cleanups.config IS 'the dropped sink''s config, to reach its destination (it may hold credentials)';
+COMMENT ON COLUMN _cdc_cleanups.target IS 'what is deleted: the progress topic''s name';
+COMMENT ON COLUMN _cdc_cleanups.last_error IS 'why the last attempt failed; the next one comes after a pause that doubles with each attempt, up to 5 minutes';
+
 -- Catalog rows hold sink configs that may carry credentials, and copies of lookup tables: nobody
 -- but the owner reads them.
 REVOKE ALL ON _cdc_publications, _cdc_sinks, _cdc_offsets, _cdc_lookups, _cdc_lookup_rows, _cdc_table_sinks,
-    _cdc_consumers, _cdc_snapshots, _cdc_schema_versions, _cdc_schema_breaks, _cdc_version_topics, _cdc_route_offsets
+    _cdc_consumers, _cdc_snapshots, _cdc_schema_versions, _cdc_schema_breaks, _cdc_version_topics, _cdc_route_offsets, _cdc_cleanups
     FROM PUBLIC;
 
 -- The publication every sink's slot reads. It must exist before any slot is created, because

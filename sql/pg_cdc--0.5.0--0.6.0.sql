@@ -102,6 +102,29 @@ SELECT s.snapshot_id, k.sink_name, coalesce(n.nspname, s.dropped_schema) AS tabl
                             AS rows_per_second) r
  ORDER BY s.snapshot_id;
 GRANT SELECT ON @extschema@.cdc_snapshots TO pg_monitor;
+-- What a dropped sink leaves at its destination and pg_cdc deletes after the drop committed and the
+-- sink's worker stopped (the launcher does it, and tries again while the destination is down): an
+-- exactly-once Kafka or Event Hubs sink's progress topic.
+CREATE TABLE @extschema@._cdc_cleanups (
+    cleanup_id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    sink_id          uuid NOT NULL,
+    sink_name        text NOT NULL,
+    sink_type        text NOT NULL,
+    config           jsonb NOT NULL,
+    kind             text NOT NULL CHECK (kind IN ('progress_topic')),
+    target           text NOT NULL,
+    requested_at     timestamptz NOT NULL DEFAULT now(),
+    attempts         integer NOT NULL DEFAULT 0,
+    last_attempt_at  timestamptz,
+    last_error       text
+);
+COMMENT ON TABLE @extschema@._cdc_cleanups IS 'pg_cdc: what dropped sinks left at their destination, deleted by the launcher once the drop committed and the sink''s worker stopped (a row stays while it fails)';
+COMMENT ON COLUMN @extschema@._cdc_cleanups.config IS 'the dropped sink''s config, to reach its destination (it may hold credentials)';
+COMMENT ON COLUMN @extschema@._cdc_cleanups.target IS 'what is deleted: the progress topic''s name';
+COMMENT ON COLUMN @extschema@._cdc_cleanups.last_error IS 'why the last attempt failed; the next one comes after a pause that doubles with each attempt, up to 5 minutes';
+
+REVOKE ALL ON @extschema@._cdc_cleanups FROM PUBLIC;
+
 -- What \df+ and \dv+ show: every function and view of pg_cdc is described (pg_test's install test
 -- fails for one that is not). The SQL reference (docs/sql-reference.md) has the whole story.
 COMMENT ON FUNCTION @extschema@.cdc_enable(regclass, jsonb) IS 'pg_cdc: captures a table''s committed changes, with its capture config (filter, transformations, format, ...); re-run it to change the config';

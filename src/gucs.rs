@@ -52,7 +52,8 @@ pub static TOKENIZATION_KEY_FILE: GucSetting<Option<CString>> = GucSetting::<Opt
 pub static TOKENIZATION_KEY_VERSION: GucSetting<i32> = GucSetting::<i32>::new(1);
 
 /// `cdc.test_failpoint`: test-only; `after_sink_commit` makes the worker exit right after a Kafka
-/// commit and before it confirms the slot (the crash window exactly-once must survive).
+/// commit and before it confirms the slot (the crash window exactly-once must survive);
+/// `cleanup_unreachable` makes the launcher's deletion of a dropped sink's progress topic fail.
 pub static TEST_FAILPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// `cdc.test_skip_dedup`: test-only; turns off skipping of already-committed transactions, so the
 /// fault-injection suite can prove its oracle detects duplicates.
@@ -102,8 +103,8 @@ pub fn init() {
     );
     GucRegistry::define_string_guc(
         c"cdc.test_failpoint",
-        c"Test only: a point where the worker exits on purpose.",
-        c"after_sink_commit: exit after a Kafka commit, before the slot is confirmed.",
+        c"Test only: a point where the worker exits (or fails) on purpose, as <failpoint>:<sink name>.",
+        c"after_sink_commit: exit after a Kafka commit, before the slot is confirmed; cleanup_unreachable: the deletion of a dropped sink's progress topic fails.",
         &TEST_FAILPOINT,
         GucContext::Sighup,
         GucFlags::SUPERUSER_ONLY,

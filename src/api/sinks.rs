@@ -374,8 +374,10 @@ pub fn refuse_event_table(schema: &str, oid: pg_sys::Oid, display: &str) {
 }
 
 /// Drops a destination. The worker drops its replication slot after this commits (a slot drop
-/// cannot be rolled back, so it waits for the commit). The event table of a table sink is kept
-/// (a NOTICE names it): drop it yourself once its events are no longer needed.
+/// cannot be rolled back, so it waits for the commit), and the launcher deletes an exactly-once
+/// Kafka or Event Hubs sink's progress topic once the sink's worker stopped (`_cdc_cleanups` holds
+/// it until then, and while the broker is down). The event table of a table sink is kept (a NOTICE
+/// names it): drop it yourself once its events are no longer needed.
 ///
 /// ```sql
 /// SELECT cdc_drop_sink('kafka_orders');
@@ -395,11 +397,38 @@ fn cdc_drop_sink(sink_name: Option<&str>) {
     });
     crate::worker::launcher::catalog_changed();
     let deleted = catalog::json_write(
-        &format!("WITH d AS (DELETE FROM {schema}._cdc_sinks WHERE sink_name = $1 RETURNING 1) SELECT to_jsonb(count(*)) FROM d"),
+        &format!(
+            "WITH d AS (DELETE FROM {schema}._cdc_sinks WHERE sink_name = $1
+                        RETURNING sink_id, sink_type, config, slot_name, delivery_mode)
+             SELECT to_jsonb(d) FROM d"
+        ),
         &[sink_name.into()],
-    );
-    if deleted == Some(serde_json::json!(0)) {
-        super::no_such_sink(sink_name);
+    )
+    .unwrap_or_else(|| super::no_such_sink(sink_name));
+    let kafka_like = matches!(catalog::str_field(&deleted, "sink_type"), "kafka" | "eventhub");
+    if kafka_like && catalog::str_field(&deleted, "delivery_mode") == "exactly_once" {
+        let topic = cdc_sinks::kafka::progress_topic(catalog::str_field(&deleted, "slot_name"));
+        if catalog::has(&schema, "_cdc_cleanups") {
+            // After COMMIT, and once the sink's worker stopped: deleting it now could not be rolled back.
+            catalog::run(
+                &format!(
+                    "INSERT INTO {schema}._cdc_cleanups (sink_id, sink_name, sink_type, config, kind, target)
+                     VALUES ($1::uuid, $2, $3, $4, 'progress_topic', $5)"
+                ),
+                &[
+                    catalog::str_field(&deleted, "sink_id").into(),
+                    sink_name.into(),
+                    catalog::str_field(&deleted, "sink_type").into(),
+                    JsonB(deleted["config"].clone()).into(),
+                    topic.as_str().into(),
+                ],
+            );
+        } else {
+            pgrx::notice!(
+                "the progress topic {topic} of sink \"{sink_name}\" stays at the broker: this catalog predates its \
+                 deletion (ALTER EXTENSION pg_cdc UPDATE); delete it with your Kafka tools"
+            );
+        }
     }
     if let Some(table) = event_table.flatten() {
         pgrx::notice!(

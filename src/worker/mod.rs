@@ -25,6 +25,7 @@
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 mod batch;
+mod cleanup;
 mod decoding;
 mod keyless;
 pub mod launcher;

@@ -247,7 +247,7 @@ fn open_in_place(
 
 /// The Kafka config of a sink that speaks Kafka (a Kafka sink, or Event Hubs with its connection
 /// string read from its file); `None` for the other types.
-fn kafka_config_of(config: &SinkConfig) -> Result<Option<KafkaSinkConfig>, SinkError> {
+pub(super) fn kafka_config_of(config: &SinkConfig) -> Result<Option<KafkaSinkConfig>, SinkError> {
     Ok(match config {
         SinkConfig::Kafka(k) => Some(k.clone()),
         SinkConfig::EventHub(e) => {
@@ -358,7 +358,7 @@ fn start_open(run: &SinkRun, config: &SinkConfig, cat: &Catalog) -> Result<Openi
                 .transactional_id
                 .clone()
                 .unwrap_or_else(|| format!("pg_cdc-{}-{}-{hex}", cat.system_identifier, cat.database_oid)),
-            progress_topic: format!("pg_cdc.progress.{hex}"),
+            progress_topic: cdc_sinks::kafka::progress_topic(&row.slot),
             progress_key: row.id.clone(),
         }
     });
@@ -552,6 +552,8 @@ pub struct Worker {
     /// when: used instead of reading it again while its session holds the slot, nothing changed
     /// and it is younger than `launcher::CATALOG_REFRESH`.
     cached: Option<(Catalog, u64, Instant)>,
+    /// The launcher's deletion of what dropped sinks left at their destination.
+    cleanups: super::cleanup::Cleanups,
 }
 
 impl Worker {
@@ -577,6 +579,7 @@ impl Worker {
             restart_mark: None,
             failpoint: (String::new(), Armed::default()),
             cached: None,
+            cleanups: Default::default(),
         }
     }
 
@@ -587,12 +590,13 @@ impl Worker {
         if text == self.failpoint.0 {
             return;
         }
+        let who = self.role.name();
         let armed = Armed::parse(&text).unwrap_or_else(|e| {
-            pgrx::warning!("pg_cdc worker: {e}; no failpoint is armed");
+            pgrx::warning!("{who}: {e}; no failpoint is armed");
             Armed::default()
         });
         if armed != Armed::default() {
-            pgrx::log!("pg_cdc worker: test failpoint {} armed", text.trim());
+            pgrx::log!("{who}: test failpoint {} armed", text.trim());
         }
         self.failpoint = (text, armed);
     }
@@ -666,6 +670,10 @@ impl Worker {
                 self.warn_retained_wal(&cat);
                 self.mark_restart_point(&cat);
                 self.drop_orphan_slots(&cat);
+                self.refresh_failpoint();
+                if let Some(schema) = &self.schema {
+                    self.cleanups.tick(schema, &self.failpoint.1, generation);
+                }
                 return false;
             }
             Role::Sink(id) => id.clone(),

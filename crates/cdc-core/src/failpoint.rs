@@ -1,4 +1,4 @@
-//! Failpoints: named moments where the worker exits on purpose, for the fault-injection tests.
+//! Failpoints: named moments where the worker exits (or fails) on purpose, for the fault-injection tests.
 //!
 //! The setting `cdc.test_failpoint` arms one, always for one sink: `<failpoint>:<sink name>`
 //! (`after_sink_commit:orders_kafka`). A failpoint without a sink is refused, so a test can never
@@ -12,16 +12,20 @@ pub enum Failpoint {
     /// in-database sink's transaction with its events and checkpoint),
     /// before the slot is confirmed: the window exactly-once must survive.
     AfterSinkCommit,
+    /// The launcher's deletion of the dropped sink's progress topic fails as if the broker were
+    /// down (the sink's `_cdc_cleanups` row stays, with the error, until the failpoint is disarmed).
+    CleanupUnreachable,
 }
 
 impl Failpoint {
     /// Every failpoint.
-    pub const ALL: [Failpoint; 1] = [Failpoint::AfterSinkCommit];
+    pub const ALL: [Failpoint; 2] = [Failpoint::AfterSinkCommit, Failpoint::CleanupUnreachable];
 
     /// Its name in `cdc.test_failpoint`.
     pub fn name(self) -> &'static str {
         match self {
             Failpoint::AfterSinkCommit => "after_sink_commit",
+            Failpoint::CleanupUnreachable => "cleanup_unreachable",
         }
     }
 }

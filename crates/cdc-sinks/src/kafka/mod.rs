@@ -213,6 +213,39 @@ pub struct KafkaSink {
     reports_at_begin: (u64, u64),
 }
 
+/// The name of the progress topic of the exactly-once sink whose slot is `slot` (`_cdc_<hex>`).
+pub fn progress_topic(slot: &str) -> String {
+    format!("pg_cdc.progress.{}", slot.trim_start_matches("_cdc_"))
+}
+
+/// Deletes `topic` (a dropped sink's progress topic), waiting up to `timeout` for the broker. Ok(true)
+/// when it was deleted, Ok(false) when the broker has no such topic (deleted already, or never made).
+pub fn delete_topic(
+    cfg: &KafkaSinkConfig,
+    default_bootstrap: &str,
+    client_id: &str,
+    topic: &str,
+    timeout: Duration,
+) -> Result<bool, SinkError> {
+    let (client_config, _) = client_configs(cfg, default_bootstrap, client_id, None);
+    let admin: AdminClient<DefaultClientContext> = with_signals_blocked(|| client_config.create())
+        .map_err(|e| kafka_err("cannot create a Kafka admin client", e))?;
+    let opts = AdminOptions::new().operation_timeout(Some(timeout)).request_timeout(Some(timeout));
+    let results = futures_executor::block_on(admin.delete_topics(&[topic], &opts))
+        .map_err(|e| kafka_err(&format!("cannot delete topic {topic}"), e))?;
+    let mut deleted = false;
+    for r in results {
+        match r {
+            Ok(_) => deleted = true,
+            Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+            Err((name, code)) => {
+                return Err(kafka_err(&format!("cannot delete topic {name}"), KafkaError::AdminOp(code)))
+            }
+        }
+    }
+    Ok(deleted)
+}
+
 /// The connection settings (for the admin client and the progress reader) and the producer's
 /// settings of a sink: its `properties`, then pg_cdc's choices. pg_cdc's defaults (`client.id`,
 /// `queue.buffering.max.kbytes`, `message.timeout.ms`, `linger.ms`) give way to the sink's
