@@ -14,6 +14,8 @@
 #   scripts/kinesis.sh status    exit 0 running and answering, 1 running but not answering, 3 stopped
 #   scripts/kinesis.sh logs [tail args]   e.g. `logs -n 200` or `logs -f`
 #   scripts/kinesis.sh reset     stop: every stream lives in the server's memory only, so this drops them
+#   scripts/kinesis.sh create-stream NAME [SHARDS]   create a stream (2 shards) as an operator would,
+#                                unless it exists; waits until it is ACTIVE (AWS's own SDK, boto3)
 #
 # Clients need any access key and secret (signatures are parsed but never checked) and a region;
 # requests need an Authorization header and X-Amz-Date, as any AWS SDK sends. The access key id
@@ -259,8 +261,32 @@ cmd_reset() {
   log "no persistent state; streams are gone with the process"
 }
 
+# An operator's CreateStream, through boto3 (in the tests' venv), against the local server.
+cmd_create_stream() {
+  local name="${1:?usage: scripts/kinesis.sh create-stream NAME [SHARDS]}" shards="${2:-2}"
+  "$PG_CDC_VENV/bin/python" - "$name" "$shards" <<'PY'
+import sys, time, os
+import boto3
+name, shards = sys.argv[1], int(sys.argv[2])
+k = boto3.client("kinesis", endpoint_url=os.environ["KINESIS_ENDPOINT"], region_name="us-east-1",
+                 aws_access_key_id="operator", aws_secret_access_key="operator")
+if name in k.list_streams()["StreamNames"]:
+    print(f"[kinesis] stream {name} exists")
+else:
+    k.create_stream(StreamName=name, ShardCount=shards)
+    print(f"[kinesis] created stream {name} ({shards} shards)")
+for _ in range(100):
+    if k.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]["StreamStatus"] == "ACTIVE":
+        break
+    time.sleep(0.1)
+else:
+    sys.exit(f"[kinesis] stream {name} did not become ACTIVE")
+PY
+}
+
 case "${1:-}" in
   install) cmd_install ;;
+  create-stream) shift; cmd_create_stream "$@" ;;
   start) cmd_start ;;
   stop) cmd_stop ;;
   kill) cmd_kill ;;

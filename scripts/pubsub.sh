@@ -15,6 +15,9 @@
 #   scripts/pubsub.sh status    exit 0 running and answering, 1 running but not answering, 3 stopped
 #   scripts/pubsub.sh logs [tail args]   e.g. `logs -n 200` or `logs -f`
 #   scripts/pubsub.sh reset     stop: everything lives in the server's memory, so this drops it
+#   scripts/pubsub.sh create-topic PROJECT TOPIC [SUBSCRIPTION]   create a topic, and an ordered
+#                               subscription to it, as an operator would, unless they exist (Google's
+#                               own Python client)
 #
 # Clients reach it as Google's reach an emulator: PUBSUB_EMULATOR_HOST=127.0.0.1:$PUBSUB_PORT
 # (scripts/env.sh exports it); pg_cdc through cdc.pubsub_endpoint = $PUBSUB_ENDPOINT (scripts/pg.sh).
@@ -134,8 +137,34 @@ cmd_exec_server() {
   exec "${run_as_prefix[@]}" "$binary" -addr "127.0.0.1:$PUBSUB_PORT"
 }
 
+# An operator's topic (and subscription for its consumer), through Google's client in the tests' venv.
+cmd_create_topic() {
+  local usage="usage: scripts/pubsub.sh create-topic PROJECT TOPIC [SUBSCRIPTION]"
+  "$PG_CDC_VENV/bin/python" - "${1:?$usage}" "${2:?$usage}" "${3:-}" <<'PY'
+import sys
+from google.api_core import exceptions
+from google.cloud import pubsub_v1
+project, topic, subscription = sys.argv[1:4]
+pub, sub = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+t = pub.topic_path(project, topic)
+try:
+    pub.create_topic(name=t)
+    print(f"[pubsub] created topic {t}")
+except exceptions.AlreadyExists:
+    print(f"[pubsub] topic {t} exists")
+if subscription:
+    s = sub.subscription_path(project, subscription)
+    try:
+        sub.create_subscription(request={"name": s, "topic": t, "enable_message_ordering": True})
+        print(f"[pubsub] created subscription {s}")
+    except exceptions.AlreadyExists:
+        print(f"[pubsub] subscription {s} exists")
+PY
+}
+
 case "${1:-}" in
   install) cmd_install ;;
+  create-topic) shift; cmd_create_topic "$@" ;;
   start) cmd_start ;;
   stop) cmd_stop ;;
   kill) cmd_kill ;;

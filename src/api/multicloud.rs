@@ -15,11 +15,14 @@ use crate::errors::raise;
 /// the sinks its rows go to), optionally `default_route` (the route of rows whose value names no
 /// route, or is NULL) and `enabled` (false turns routing off). Enables capture of the table when
 /// it is not captured yet, else keeps its capture config and adds the routing to it. Routing
-/// needs before images, so it sets `include_before_image` (REPLICA IDENTITY FULL). The sinks
-/// named must exist and carry the table (22023, nothing changed otherwise). A row whose routing
+/// needs before images, so it sets `include_before_image` (REPLICA IDENTITY FULL). A sink named
+/// that exists must carry the table (22023, nothing changed otherwise). A row whose routing
 /// value changes reaches its old route's sinks as a DELETE and its new route's as an INSERT (a
 /// sink in both gets the UPDATE); a TRUNCATE reaches every sink of any route; a sink in no route
-/// gets nothing of the table. Returns the table's capture id, as `cdc_enable` does.
+/// gets nothing of the table. A sink a route names that does not exist yet is accepted with a
+/// WARNING (the seed adds its sinks after the routing): the route waits for it (`waiting_for_sink`
+/// in `cdc_multicloud_status`), and the sink, once added, gets the route's rows as its snapshot and
+/// then its changes. Returns the table's capture id, as `cdc_enable` does.
 ///
 /// ```sql
 /// SELECT cdc_enable_multicloud(table_name => 'global_customers', config => '{
@@ -59,8 +62,8 @@ fn cdc_enable_multicloud(table_name: Option<pg_sys::Oid>, config: Option<JsonB>)
     super::capture::enable(oid, Value::Object(merged))
 }
 
-/// Refuses a routing whose sinks do not exist or do not carry the table (22023), or a catalog
-/// older than 0.4.0 (55000).
+/// Refuses a routing to a sink that does not carry the table (22023), or a catalog older than 0.4.0
+/// (55000); warns about the sinks it names that do not exist yet.
 pub(crate) fn check_routes(schema: &str, oid: pg_sys::Oid, table: &str, routing: &Routing, catalog_ready: bool) {
     if !catalog_ready {
         raise(
@@ -77,6 +80,7 @@ pub(crate) fn check_routes(schema: &str, oid: pg_sys::Oid, table: &str, routing:
         &[names.clone().into(), oid.into()],
     )
     .unwrap_or_default();
+    let mut waiting = Vec::new();
     for name in &names {
         match found.get(name).and_then(Value::as_bool) {
             Some(true) => {}
@@ -87,14 +91,20 @@ pub(crate) fn check_routes(schema: &str, oid: pg_sys::Oid, table: &str, routing:
                 )
                 .hint("Route the table to sinks that carry it, or add it to the sink's tables."),
             ),
-            None => raise(
-                CdcError::new(
-                    ErrorKind::InvalidParameter,
-                    format!("config.regional_routing: sink \"{name}\" does not exist"),
-                )
-                .hint("Add the sinks first (cdc_add_sink), then route to them."),
-            ),
+            None => waiting.push(format!("\"{name}\"")),
         }
+    }
+    if !waiting.is_empty() {
+        // The seed's order: the routing first, the sinks after. Their routes wait for them.
+        pgrx::warning!(
+            "config.regional_routing: {} {} not exist yet: {} waiting_for_sink in cdc_multicloud_status until \
+             cdc_add_sink adds {}, and then {} the route's rows (its snapshot) and changes",
+            if waiting.len() == 1 { "sink" } else { "sinks" },
+            if waiting.len() == 1 { format!("{} does", waiting[0]) } else { format!("{} do", waiting.join(", ")) },
+            if waiting.len() == 1 { "it is" } else { "they are" },
+            if waiting.len() == 1 { "it" } else { "them" },
+            if waiting.len() == 1 { "it gets" } else { "each gets" },
+        );
     }
 }
 

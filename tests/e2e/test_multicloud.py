@@ -35,8 +35,8 @@ def expected(changes, routes):
         for r in {old, new} & set(routes):
             per_route[r] += 1
         for s in in_old | in_new:
-            if op == "INSERT":
-                per_sink[s][rid].append(("INSERT", new))
+            if op in ("INSERT", "READ"):
+                per_sink[s][rid].append((op, new))
             elif op == "DELETE":
                 per_sink[s][rid].append(("DELETE", old))
             elif s in in_old and s in in_new:
@@ -71,12 +71,9 @@ def test_seed_example_5_routes_each_region_to_its_clouds(pg, three_clouds, clien
     fresh_stream("customers-americas")
     hub = f"customers-europe-{unique}"
     subscription = fresh_topic(clients, "customers-asia")
-    # The sinks first: the routes name them, and they must exist (the seed lists them after).
-    kinesis_sinks.add("aws_kinesis", '{"stream_name": "customers-americas", "region": "us-east-1"}')
-    eventhub_sinks.add("azure_eventhub", {"namespace": "helios-cdc", "eventhub": hub, "bootstrap_servers": SASL,
-                                          "connection_string_file": conn_file,
-                                          "properties": {"ssl.ca.location": CA}})
-    pubsub_sinks.add("gcp_pubsub", '{"project": "helios-analytics", "topic": "customers-asia"}')
+    # The seed's order: the routing first, naming sinks that do not exist yet (a WARNING names them).
+    warnings = []
+    pg.add_notice_handler(lambda d: d.severity == "WARNING" and warnings.append(d.message_primary))
     pg.execute(f"""SELECT cdc_enable_multicloud(
     table_name => '{table}',
     config => '{{
@@ -91,9 +88,25 @@ def test_seed_example_5_routes_each_region_to_its_clouds(pg, three_clouds, clien
         }}
     }}'::jsonb
 )""")
-    # The workload, and the oracle's record of it: (op, id, region before, region after).
+    assert any("do not exist yet" in w and all(f'"{n}"' in w for n in ("aws_kinesis", "azure_eventhub", "gcp_pubsub"))
+               for w in warnings), warnings
+    (waiting,) = pg.execute("SELECT * FROM cdc_multicloud_status(%s)", (table,)).fetchone()
+    assert {s: v["status"] for d in waiting["regional_distribution"].values() for s, v in d["sinks"].items()} == \
+        dict.fromkeys(["aws_kinesis", "azure_eventhub", "gcp_pubsub"], "waiting_for_sink")
+    # Rows written before the sinks exist reach them as their snapshot (READ), by route.
     regions = ["americas", "europe", "asia", "africa"]
     region, changes = {}, []
+    for i in range(100, 108):
+        r = regions[i % 4]
+        pg.execute(f"INSERT INTO {table} VALUES (%s, %s, %s)", (i, f"c{i}", r))
+        region[i] = r
+        changes.append(("READ", i, None, r))
+    kinesis_sinks.add("aws_kinesis", '{"stream_name": "customers-americas", "region": "us-east-1"}')
+    eventhub_sinks.add("azure_eventhub", {"namespace": "helios-cdc", "eventhub": hub, "bootstrap_servers": SASL,
+                                          "connection_string_file": conn_file,
+                                          "properties": {"ssl.ca.location": CA}})
+    pubsub_sinks.add("gcp_pubsub", '{"project": "helios-analytics", "topic": "customers-asia"}')
+    # The workload, and the oracle's record of it: (op, id, region before, region after).
     for i in range(24):
         r = regions[i % 4]
         pg.execute(f"INSERT INTO {table} VALUES (%s, %s, %s)", (i, f"c{i}", r))
@@ -156,8 +169,6 @@ def test_refusals_change_nothing(pg, unique):
     table = f"mc_refused_{unique}"
     pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, region text)")
     cases = [
-        ({"regional_routing": {"routing_column": "region", "routes": {"eu": ["no_such_sink"]}}}, "22023",
-         'sink "no_such_sink" does not exist'),
         ({"regional_routing": {"routing_column": "regio", "routes": {"eu": ["x"]}}}, "42703", 'Did you mean "region"'),
         ({"regional_routing": {"routing_column": "region", "routes": {}}}, "22023", "at least one route"),
         ({"regional_routing": {"routing_column": "region", "routes": {"eu": ["x"]}, "default_route": "us"}}, "22023",
@@ -172,4 +183,35 @@ def test_refusals_change_nothing(pg, unique):
         assert e.value.sqlstate == state, (config, e.value)
         assert text in str(e.value) + str(getattr(e.value.diag, "message_hint", "")), (config, e.value)
     assert pg.execute("SELECT count(*) FROM _cdc_publications WHERE table_oid = %s::regclass", (table,)).fetchone()[0] == 0
+    pg.execute(f"DROP TABLE {table}")
+
+
+def test_a_route_waits_for_a_sink_added_later_and_a_dropped_one(pg, sinks, unique):
+    """A route may name a sink that does not exist yet (WARNING): cdc_multicloud_status shows it as
+    waiting_for_sink; once added it gets the route's rows (its snapshot) and changes, and no other
+    route's; dropped, it waits again."""
+    table, topic, sink = f"mc_wait_{unique}", f"mc-wait-{unique}", f"mc_wait_{unique}"
+    pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, region text)")
+    pg.execute(f"INSERT INTO {table} VALUES (1, 'eu'), (2, 'us')")
+    warnings = []
+    pg.add_notice_handler(lambda d: d.severity == "WARNING" and warnings.append(d.message_primary))
+    pg.execute("SELECT cdc_enable_multicloud(%s, %s::jsonb)",
+               (table, json.dumps({"regional_routing": {"routing_column": "region", "routes": {"eu": [sink]}}})))
+    assert any(f'sink "{sink}" does not exist yet' in w for w in warnings), warnings
+
+    def status():
+        (doc,) = pg.execute("SELECT * FROM cdc_multicloud_status(%s)", (table,)).fetchone()
+        return doc["regional_distribution"]["eu"]["sinks"][sink]["status"]
+
+    assert status() == "waiting_for_sink"
+    sinks.add(sink, topic, tables=[table])
+    pg.execute(f"INSERT INTO {table} VALUES (3, 'eu'), (4, 'us')")
+    got = consume(topic, 2)
+    # Order between keys depends on where the snapshot's chunk lands in the stream: compared as a set.
+    assert sorted((m["value"]["metadata"]["operation"], m["value"]["after"]["id"]) for m in got) == \
+        [("INSERT", 3), ("READ", 1)], "the route's rows, as its snapshot, and its changes; nothing of us"
+    wait_for(lambda: status() == "healthy", what="the sink healthy in its route")
+    pg.execute("SELECT cdc_drop_sink(%s)", (sink,))
+    assert status() == "waiting_for_sink"
+    pg.execute("SELECT cdc_disable(%s)", (table,))
     pg.execute(f"DROP TABLE {table}")

@@ -192,11 +192,11 @@ pub struct SinkView {
     pub lag_bytes: Option<i64>,
 }
 
-/// A sink's status in `cdc_multicloud_status`: `healthy` while it runs (or snapshots), `missing`
-/// when it was dropped, else its state.
+/// A sink's status in `cdc_multicloud_status`: `healthy` while it runs (or snapshots),
+/// `waiting_for_sink` when no sink of that name exists (not added yet, or dropped), else its state.
 fn sink_status(view: Option<&SinkView>) -> String {
     match view.map(|v| v.state.as_str()) {
-        None => "missing".into(),
+        None => "waiting_for_sink".into(),
         Some("running" | "snapshotting") => "healthy".into(),
         Some(other) => other.into(),
     }
@@ -366,7 +366,7 @@ mod tests {
         };
         let s = status_json("t", "0/10", &r, &even, retrying);
         assert_eq!(s["regional_distribution"]["americas"]["sinks"]["aws_kinesis"]["status"], "retrying");
-        assert_eq!(s["regional_distribution"]["europe"]["sinks"]["gcp_pubsub"]["status"], "missing");
+        assert_eq!(s["regional_distribution"]["europe"]["sinks"]["gcp_pubsub"]["status"], "waiting_for_sink");
         assert_eq!(s["cross_cloud_consistency"]["sync_status"], "degraded");
     }
 
