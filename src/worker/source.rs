@@ -427,7 +427,10 @@ pub fn record_progress(schema: &str, sink_name: &str, progress: &HashMap<u32, Ta
         .map(|(oid, p)| json!({"table_oid": oid, "n": p.events, "last_lsn": p.last_commit_lsn, "ts": p.last_commit_unix_micros}))
         .collect();
     // Before 0.6.0 the catalog keys the offsets by the table's name as regclass::text prints it, and
-    // has no table_schema.
+    // has no table_schema. The lock the INSERT takes anyway, taken before the look at the catalog: an
+    // ALTER EXTENSION UPDATE committing in between would leave the INSERT of the old form without its
+    // constraint (the confirm failed, and the sink read its last delivery again).
+    catalog::run(&format!("LOCK TABLE {schema}._cdc_offsets IN ROW EXCLUSIVE MODE"), &[]);
     let sql = if catalog::has_column(schema, "_cdc_offsets", "table_schema") {
         format!(
             "INSERT INTO {schema}._cdc_offsets AS o
