@@ -113,6 +113,7 @@ fn run(role: Role) {
         poll = (poll * 2).min(naptime());
     }
     worker.confirm_delivered();
+    worker.wait_for_openings(OPENING_GRACE);
     worker.release();
     // proc_exit skips Rust destructors: close the producers first.
     drop(worker);
@@ -122,6 +123,9 @@ fn run(role: Role) {
     // its sink exists).
     unsafe { pg_sys::proc_exit(i32::from(!sink_worker)) };
 }
+
+/// How long an exiting worker waits for the threads still opening its sinks.
+const OPENING_GRACE: Duration = Duration::from_secs(5);
 
 /// How often a napping worker looks whether WAL was flushed since its last pass, right after a
 /// pass that read something (doubling after each pass that did not, up to the naptime).

@@ -554,6 +554,9 @@ pub struct Worker {
     cached: Option<(Catalog, u64, Instant)>,
     /// The launcher's deletion of what dropped sinks left at their destination.
     cleanups: super::cleanup::Cleanups,
+    /// Sinks being opened on their own thread whose result is no longer wanted (the sink failed,
+    /// or was dropped): the process waits for them before it exits ([`Worker::wait_for_openings`]).
+    abandoned: Vec<Opening>,
 }
 
 impl Worker {
@@ -580,6 +583,7 @@ impl Worker {
             failpoint: (String::new(), Armed::default()),
             cached: None,
             cleanups: Default::default(),
+            abandoned: Vec::new(),
         }
     }
 
@@ -616,6 +620,32 @@ impl Worker {
         let confirmed = decoding::held_slot_confirmed().unwrap_or_default();
         for run in self.sinks.values_mut() {
             confirm_or_warn(self.schema.as_deref(), run, confirmed);
+        }
+    }
+
+    /// Waits, at most `limit`, for the threads still opening a sink (this worker's, or one it gave
+    /// up), and closes what they opened. A process that exits while such a thread runs inside
+    /// librdkafka or a cloud client crashes in exit()'s cleanup (SIGSEGV), and the postmaster then
+    /// restarts every backend: a sink dropped right after it was added did that.
+    pub fn wait_for_openings(&mut self, limit: Duration) {
+        let mut threads: Vec<Opening> = self.sinks.values_mut().filter_map(|r| r.opening.take()).collect();
+        threads.append(&mut self.abandoned);
+        let deadline = Instant::now() + limit;
+        while threads.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (done, running): (Vec<Opening>, Vec<Opening>) = threads.into_iter().partition(|h| h.is_finished());
+        for h in done {
+            // Dropping what it opened closes it (its producer, its client) on this thread.
+            drop(h.join());
+        }
+        if !running.is_empty() {
+            pgrx::warning!(
+                "{}: {} sink(s) still opening after {} s; exiting anyway",
+                self.role.name(),
+                running.len(),
+                limit.as_secs()
+            );
         }
     }
 
@@ -1039,7 +1069,10 @@ impl Worker {
             let hold = run.producer.as_mut().and_then(|p| p.sink().hold_until());
             run.retry_at = Some(retry_at(run.failures).max(hold.unwrap_or_else(Instant::now)));
             run.producer = None;
-            run.opening = None;
+            if let Some(opening) = run.opening.take() {
+                self.abandoned.retain(|h| !h.is_finished());
+                self.abandoned.push(opening);
+            }
             run.assembler.reset();
         }
         // Read the catalog again next time (a failure may come from a change it does not show yet).
