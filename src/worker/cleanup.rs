@@ -107,8 +107,8 @@ impl Cleanups {
 /// How soon to look again while cleanups are pending (each one's own pause decides when it is due).
 const RECHECK: Duration = Duration::from_millis(500);
 
-/// The oldest cleanup whose pause since its last attempt is over (`due`, null if none), and how many
-/// are pending.
+/// The least tried cleanup whose pause since its last attempt is over (`due`, null if none), and how
+/// many are pending.
 fn next_due(schema: &str) -> Option<Value> {
     if !catalog::has(schema, "_cdc_cleanups") {
         return None;
@@ -120,7 +120,9 @@ fn next_due(schema: &str) -> Option<Value> {
                               WHERE c.last_attempt_at IS NULL
                                  OR c.last_attempt_at
                                     + least(interval '1 second' * power(2, least(c.attempts, 20)), interval '5 minutes') <= now()
-                              ORDER BY c.cleanup_id LIMIT 1))"
+                              -- The least tried first: a destination that stays down must not
+                              -- hold back the cleanups of the others (each attempt may wait 10 s).
+                              ORDER BY c.attempts, c.cleanup_id LIMIT 1))"
         ),
         &[],
     )
