@@ -1,6 +1,7 @@
 //! The worker's SPI calls: catalog, slots, progress, types. Each function runs inside `run_tx` and
 //! returns owned Rust data. (Reading the slot is `decoding.rs`.)
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cdc_core::pipeline::RawFrame;
 use cdc_core::types::{PgTypeRow, TypeRegistry};
@@ -416,6 +417,26 @@ pub fn learn_type_oids(oids: &[u32], types: &mut TypeRegistry) {
 
 pub use cdc_core::deliver::read::TableProgress;
 
+/// Whether this sink worker has seen `_cdc_offsets` with `table_schema` (0.6.0 on): once it has, no
+/// more look at the catalog at each confirm (an update never goes back; a new catalog comes only with
+/// DROP EXTENSION, which drops this worker's sink).
+static OFFSETS_HAVE_TABLE_SCHEMA: AtomicBool = AtomicBool::new(false);
+
+/// Whether `_cdc_offsets` has `table_schema`, in the transaction that writes it. Before 0.6.0 the
+/// catalog keys the offsets by the table's name as regclass::text prints it, and has no table_schema.
+/// The lock the INSERT takes anyway is taken before the look at the catalog: an ALTER EXTENSION
+/// UPDATE committing in between would leave the INSERT of the old form without its constraint (the
+/// confirm failed, and the sink read its last delivery again).
+fn offsets_have_table_schema(schema: &str) -> bool {
+    if OFFSETS_HAVE_TABLE_SCHEMA.load(Ordering::Relaxed) {
+        return true;
+    }
+    catalog::run(&format!("LOCK TABLE {schema}._cdc_offsets IN ROW EXCLUSIVE MODE"), &[]);
+    let has = catalog::has_column(schema, "_cdc_offsets", "table_schema");
+    OFFSETS_HAVE_TABLE_SCHEMA.store(has, Ordering::Relaxed);
+    has
+}
+
 /// Records the per-table progress of a delivered read (`_cdc_offsets`); tables dropped since are
 /// left out.
 pub fn record_progress(schema: &str, sink_name: &str, progress: &HashMap<u32, TableProgress>) {
@@ -426,12 +447,7 @@ pub fn record_progress(schema: &str, sink_name: &str, progress: &HashMap<u32, Ta
         .iter()
         .map(|(oid, p)| json!({"table_oid": oid, "n": p.events, "last_lsn": p.last_commit_lsn, "ts": p.last_commit_unix_micros}))
         .collect();
-    // Before 0.6.0 the catalog keys the offsets by the table's name as regclass::text prints it, and
-    // has no table_schema. The lock the INSERT takes anyway, taken before the look at the catalog: an
-    // ALTER EXTENSION UPDATE committing in between would leave the INSERT of the old form without its
-    // constraint (the confirm failed, and the sink read its last delivery again).
-    catalog::run(&format!("LOCK TABLE {schema}._cdc_offsets IN ROW EXCLUSIVE MODE"), &[]);
-    let sql = if catalog::has_column(schema, "_cdc_offsets", "table_schema") {
+    let sql = if offsets_have_table_schema(schema) {
         format!(
             "INSERT INTO {schema}._cdc_offsets AS o
                     (sink_name, table_name, last_lsn, last_timestamp, events_published, table_oid, table_schema)

@@ -110,9 +110,10 @@ def create_topic(topic, partitions=1):
         f.result(15)
 
 
-def delete_topics(topics):
+def delete_topics(topics, wait=False):
     """Deletes test topics, so the broker the tests share stays small (its restarts in the chaos run
-    load every partition). Best effort: a topic that was never created is fine."""
+    load every partition). Best effort: a topic that was never created is fine. With `wait`, returns
+    once the broker no longer lists them (a topic of that name made next starts empty)."""
     if not topics:
         return
     admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
@@ -121,6 +122,16 @@ def delete_topics(topics):
             f.result(15)
         except Exception:  # noqa: BLE001 - never created, or already gone
             pass
+    if wait:
+        wait_for(lambda: not set(topics) & set(admin.list_topics(timeout=15).topics), what="topics deleted")
+
+
+def drop_schema(conn, schema):
+    """Stops capturing the tables of `schema`, then drops it with everything in it."""
+    for (oid,) in conn.execute("SELECT p.table_oid FROM _cdc_publications p JOIN pg_class k ON k.oid = p.table_oid "
+                               "WHERE k.relnamespace::regnamespace::text = %s", (schema,)).fetchall():
+        conn.execute("SELECT cdc_disable(%s::regclass)", (oid,))
+    conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 @pytest.fixture

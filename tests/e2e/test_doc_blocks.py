@@ -16,7 +16,7 @@ import threading
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from conftest import BOOTSTRAP, connect, consume, wait_for, wal_lsn
+from conftest import BOOTSTRAP, connect, consume, delete_topics, drop_schema, wait_for, wal_lsn
 from test_eventhub_sink import CA, SASL, connection_string
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -164,20 +164,10 @@ def scratch_cleanup(before_sinks, before_topics):
             if s not in before_sinks:
                 c.execute("SELECT cdc_drop_sink(%s)", (s,))
         for schema in ("doc_scratch", "cdc_demo"):
-            for (oid,) in c.execute("SELECT p.table_oid FROM _cdc_publications p JOIN pg_class k ON k.oid = p.table_oid "
-                                    "WHERE k.relnamespace::regnamespace::text = %s", (schema,)).fetchall():
-                c.execute("SELECT cdc_disable(%s::regclass)", (oid,))
-            c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
-    new = [t for t in admin.list_topics(timeout=15).topics
+            drop_schema(c, schema)
+    new = [t for t in AdminClient({"bootstrap.servers": BOOTSTRAP}).list_topics(timeout=15).topics
            if t not in before_topics and not t.startswith("__") and not t.startswith("pg_cdc.progress.")]
-    if new:
-        for f in admin.delete_topics(new, operation_timeout=15).values():
-            try:
-                f.result(20)
-            except Exception:  # noqa: BLE001 - gone already
-                pass
-        wait_for(lambda: not set(new) & set(admin.list_topics(timeout=15).topics), what="the block's topics deleted")
+    delete_topics(new, wait=True)
 
 
 def run_block(text, hook_port):

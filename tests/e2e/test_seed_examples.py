@@ -8,11 +8,10 @@ import os
 import subprocess
 
 import pytest
-from confluent_kafka.admin import AdminClient
 from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1
 
-from conftest import BOOTSTRAP, connect, consume, read_messages, server_settings, wait_for
+from conftest import connect, consume, delete_topics, drop_schema, read_messages, server_settings, wait_for
 from test_eventhub_sink import sasl_client
 from test_kinesis_sink import kinesis, read_stream
 from test_pubsub_sink import Reader
@@ -44,18 +43,8 @@ def clean(n):
     with connect() as c:
         for s in made["sinks"]:
             c.execute("SELECT cdc_drop_sink(%s) FROM _cdc_sinks WHERE sink_name = %s", (s, s))
-        for (oid,) in c.execute("SELECT p.table_oid FROM _cdc_publications p JOIN pg_class k ON k.oid = p.table_oid "
-                                "WHERE k.relnamespace::regnamespace::text = %s", (f"seed_example_{n}",)).fetchall():
-            c.execute("SELECT cdc_disable(%s::regclass)", (oid,))
-        c.execute(f"DROP SCHEMA IF EXISTS seed_example_{n} CASCADE")
-    if made["topics"]:
-        admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
-        for f in admin.delete_topics(made["topics"], operation_timeout=15).values():
-            try:
-                f.result(20)
-            except Exception:  # noqa: BLE001 - not there
-                pass
-        wait_for(lambda: not set(made["topics"]) & set(admin.list_topics(timeout=15).topics), what="topics deleted")
+        drop_schema(c, f"seed_example_{n}")
+    delete_topics(made["topics"], wait=True)
     k = kinesis()
     for s in made.get("streams", []):
         try:
