@@ -80,11 +80,15 @@ CONF
   fi
   # The role the postgres sink's tests apply as must give a password (SCRAM), so they prove it comes
   # from a password file: that line goes before the trusted ones (the first match wins).
-  if ! grep -q "cdc_apply_test" "$PGDATA_DIR/pg_hba.conf"; then
-    { echo "host all cdc_apply_test all scram-sha-256"; cat "$PGDATA_DIR/pg_hba.conf"; } > "$PGDATA_DIR/pg_hba.conf.new"
-    mv "$PGDATA_DIR/pg_hba.conf.new" "$PGDATA_DIR/pg_hba.conf"
-    chown postgres:postgres "$PGDATA_DIR/pg_hba.conf"
-  fi
+  # So does the superuser the delegation tests connect as (a sink a cdc_admin member adds must not
+  # reach this server as a superuser, even with its password).
+  for role in cdc_apply_test cdc_super_test; do
+    if ! grep -q "$role" "$PGDATA_DIR/pg_hba.conf"; then
+      { echo "host all $role all scram-sha-256"; cat "$PGDATA_DIR/pg_hba.conf"; } > "$PGDATA_DIR/pg_hba.conf.new"
+      mv "$PGDATA_DIR/pg_hba.conf.new" "$PGDATA_DIR/pg_hba.conf"
+      chown postgres:postgres "$PGDATA_DIR/pg_hba.conf"
+    fi
+  done
   grep -q "include_if_exists = 'pg_cdc.conf'" "$PGDATA_DIR/postgresql.conf" \
     || echo "include_if_exists = 'pg_cdc.conf'" >> "$PGDATA_DIR/postgresql.conf"
 }

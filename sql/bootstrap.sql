@@ -38,6 +38,7 @@ CREATE TABLE _cdc_sinks (
     last_error       text,
     state_since      timestamptz NOT NULL DEFAULT now(),
     table_names      text[],
+    added_by         oid,
     -- The labels of cdc_core::state::SinkState, the only strings ever stored here (a unit test
     -- compares the two lists).
     CONSTRAINT _cdc_sinks_state_check CHECK (state IN ('creating_slot', 'starting', 'snapshotting', 'running', 'retrying', 'error', 'finished'))
@@ -48,6 +49,7 @@ COMMENT ON COLUMN _cdc_sinks.table_oids IS 'tables this sink is limited to (conf
 COMMENT ON COLUMN _cdc_sinks.table_names IS 'the tables of table_oids, schema-qualified, as cdc_add_sink resolved config.tables (a rename does not change them; cdc_status lists those whose table was dropped in missing_tables)';
 COMMENT ON COLUMN _cdc_sinks.state IS 'creating_slot | starting | snapshotting | running | retrying | error | finished, set by the worker (docs/sql-reference.md)';
 COMMENT ON COLUMN _cdc_sinks.last_error IS 'the last error the worker met for this sink (no secrets)';
+COMMENT ON COLUMN _cdc_sinks.added_by IS 'the role that added the sink (NULL: added before 0.7.0, by a superuser); while it is not a superuser, a postgres sink''s connection must use a password and not be a superuser''s on this server';
 
 CREATE TABLE _cdc_offsets (
     sink_name        text NOT NULL REFERENCES _cdc_sinks (sink_name) ON DELETE CASCADE,

@@ -298,3 +298,27 @@ COMMENT ON FUNCTION _cdc_table_fields(oid) IS 'pg_cdc internal: the columns of a
 COMMENT ON FUNCTION _cdc_schema_changes() IS 'pg_cdc internal: event trigger that records a new schema version of a captured table after ALTER TABLE';
 COMMENT ON FUNCTION _cdc_schema_changed(oid[]) IS 'pg_cdc internal: records and checks new schema versions of the given tables';
 COMMENT ON VIEW cdc_snapshots IS 'pg_cdc: progress of every snapshot, per sink and table';
+
+-- cdc_admin: a role that manages capture and sinks without being a superuser. Members get EXECUTE
+-- on the functions below and no right on the catalog: each function checks what such a role may
+-- configure (tables it may SELECT, files in cdc.admin_file_dir, no librdkafka property that runs
+-- code, a postgres sink with its own password file), then does the rest as the bootstrap superuser
+-- (src/api/access.rs). Roles are the cluster's: the role outlives DROP EXTENSION and is shared by
+-- a second install. cdc_create_tokenization_key and cdc_consume stay with superusers.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'cdc_admin') THEN
+        CREATE ROLE cdc_admin NOLOGIN;
+        COMMENT ON ROLE cdc_admin IS 'pg_cdc: manages capture and sinks without being a superuser (GRANT cdc_admin TO <role>)';
+    END IF;
+END $$;
+GRANT EXECUTE ON FUNCTION cdc_enable(regclass, jsonb), cdc_enable_multicloud(regclass, jsonb), cdc_disable(regclass),
+    cdc_add_sink(text, text, jsonb), cdc_drop_sink(text), cdc_snapshot(regclass, text, boolean),
+    cdc_cancel_snapshot(regclass, text), cdc_schema_history(regclass), cdc_force_schema_break(regclass),
+    cdc_create_version_topic(regclass, integer), cdc_check_compatibility(regclass, text),
+    cdc_preview(regclass, jsonb, integer), cdc_delivery_status(text), cdc_filter_metrics(regclass),
+    cdc_multicloud_status(regclass), cdc_status(), cdc_metrics(regclass), cdc_prometheus_metrics() TO cdc_admin;
+GRANT SELECT ON cdc_snapshots TO cdc_admin;
+-- Monitoring roles read every status function (none shows a sink config).
+GRANT EXECUTE ON FUNCTION cdc_delivery_status(text), cdc_filter_metrics(regclass), cdc_multicloud_status(regclass)
+    TO pg_monitor;

@@ -14,6 +14,7 @@
 //! | `cdc.max_retry_backoff_ms` | sighup | 30000 | cap of the exponential backoff after a sink error |
 //! | `cdc.tokenization_key_file` | sighup, superuser | (none) | file holding the secret key of `tokenize` (mode 0600 or 0400) |
 //! | `cdc.tokenization_key_version` | sighup, superuser | 1 | version of that key, reported in events; change it with the key |
+//! | `cdc.admin_file_dir` | sighup, superuser | (none) | the directory whose files a role that is not a superuser may name in a sink config (none: no file) |
 use std::ffi::CString;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
@@ -48,6 +49,8 @@ pub static MAX_RETRY_BACKOFF_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000
 
 /// `cdc.tokenization_key_file`: the path, never the key (settings are logged when they change).
 pub static TOKENIZATION_KEY_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// `cdc.admin_file_dir`: see [`crate::api::access`].
+pub static ADMIN_FILE_DIR: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// `cdc.tokenization_key_version`.
 pub static TOKENIZATION_KEY_VERSION: GucSetting<i32> = GucSetting::<i32>::new(1);
 
@@ -88,6 +91,15 @@ pub fn init() {
         c"Readable by the server's OS user only (mode 0600 or 0400). The key itself is never a setting, \
           because PostgreSQL logs settings when they change.",
         &TOKENIZATION_KEY_FILE,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_string_guc(
+        c"cdc.admin_file_dir",
+        c"Directory whose files roles that are not superusers may name in sink configs.",
+        c"Secret files, key files, ssl.*.location and password files of a sink added by a role that is not a \
+          superuser must be inside it (symbolic links followed); when not set, such a role names no file.",
+        &ADMIN_FILE_DIR,
         GucContext::Sighup,
         GucFlags::SUPERUSER_ONLY,
     );

@@ -118,8 +118,10 @@ fn cdc_enable(table_name: Option<pg_sys::Oid>, config: Option<JsonB>) -> Uuid {
 /// table, then records it (replacing an earlier one).
 pub(crate) fn enable(oid: pg_sys::Oid, config: Value) -> Uuid {
     check_prerequisites();
+    super::access::require_select(oid, "capture");
+    let _entry = super::access::enter();
     let schema = schema();
-    let (info, shape) = table_shape(oid);
+    let (info, shape) = super::access::as_caller(|| table_shape(oid));
     let cfg = parse_capture_config(&config, &shape).or_raise();
     super::sinks::refuse_event_table(&schema, oid, &shape.display_name);
     if cfg.tokenizes() {
@@ -364,13 +366,16 @@ fn resolve_lookups(table: pg_sys::Oid, cfg: &cdc_core::config::CaptureConfig, ra
     let mut out = Vec::new();
     for (i, e) in cfg.enrich.iter().enumerate() {
         let path = format!("config.transformations[{}]", at.get(i).copied().unwrap_or(i));
-        let loid = catalog::select_one::<pg_sys::Oid>("SELECT to_regclass($1)::oid", &[e.lookup_table.as_str().into()])
-            .unwrap_or_else(|| {
-                raise(CdcError::new(
-                    ErrorKind::UndefinedTable,
-                    format!("{path}.lookup_table: relation \"{}\" does not exist", e.lookup_table),
-                ))
-            });
+        let loid = super::access::as_caller(|| {
+            catalog::select_one::<pg_sys::Oid>("SELECT to_regclass($1)::oid", &[e.lookup_table.as_str().into()])
+        })
+        .unwrap_or_else(|| {
+            raise(CdcError::new(
+                ErrorKind::UndefinedTable,
+                format!("{path}.lookup_table: relation \"{}\" does not exist", e.lookup_table),
+            ))
+        });
+        super::access::require_select(loid, "enrich from");
         check_lookup_table(&path, table, e, loid).or_raise();
         out.push(loid.to_u32());
     }
@@ -510,6 +515,8 @@ VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 "#)]
 fn cdc_disable(table_name: Option<pg_sys::Oid>) {
     let oid = required(table_name, "table_name");
+    super::access::require_select(oid, "stop capturing");
+    let _entry = super::access::enter();
     let schema = schema();
     let previous_lookups = previous_lookup_oids(&schema, oid.to_u32());
     crate::worker::launcher::catalog_changed();

@@ -46,6 +46,8 @@ fn cdc_enable_multicloud(table_name: Option<pg_sys::Oid>, config: Option<JsonB>)
                 .hint("Give {\"regional_routing\": {\"routing_column\": ..., \"routes\": {...}}}."),
         )
     };
+    super::access::require_select(oid, "capture");
+    let _entry = super::access::enter();
     let schema = schema();
     let current =
         catalog::json(&format!("SELECT config FROM {schema}._cdc_publications WHERE table_oid = $1"), &[oid.into()]);
@@ -134,6 +136,7 @@ CREATE FUNCTION cdc_multicloud_status(table_name regclass DEFAULT NULL) RETURNS 
 VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 "#)]
 fn cdc_multicloud_status(table_name: Option<pg_sys::Oid>) -> SetOfIterator<'static, JsonB> {
+    let _entry = super::access::enter();
     let schema = schema();
     if let Some(oid) = table_name {
         super::captured_table_name(&schema, oid);

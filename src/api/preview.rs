@@ -41,6 +41,8 @@ fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows:
     if !(0..=1000).contains(&limit) {
         raise(CdcError::new(ErrorKind::InvalidParameter, format!("max_rows must be between 0 and 1000, not {limit}")));
     }
+    super::access::require_select(oid, "preview");
+    let _entry = super::access::enter();
     let schema = schema();
     let captured = catalog::json(
         &format!(
@@ -86,6 +88,9 @@ fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows:
         columns,
     };
     let lookup_oids: Vec<u32> = serde_json::from_value(captured["lookup_oids"].clone()).unwrap_or_default();
+    for l in lookup_oids.iter().filter(|&&l| l != 0) {
+        super::access::require_select(pg_sys::Oid::from(*l), "preview the enrichment from");
+    }
     let mut lookups = live_lookups(oid.to_u32(), &captured["config"], &lookup_oids);
     for b in
         (0..cfg.enrich.len()).filter_map(|i| lookups.binding(LookupId { table_oid: oid.to_u32(), position: i as u32 }))

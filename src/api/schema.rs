@@ -474,6 +474,7 @@ VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 "#)]
 fn cdc_schema_history(table_name: Option<pg_sys::Oid>) -> JsonB {
     let oid = required(table_name, "table_name");
+    let _entry = super::access::enter();
     let schema = schema();
     let (_, evolution) = captured(&schema, oid, "Enable capture with cdc_enable; its history starts then.");
     let own_topic = own_topic_sql(&schema);
@@ -581,6 +582,8 @@ VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 "#)]
 fn cdc_force_schema_break(table_name: Option<pg_sys::Oid>) -> JsonB {
     let oid = required(table_name, "table_name");
+    super::access::require_select(oid, "let a schema change through on");
+    let _entry = super::access::enter();
     let schema = schema();
     let (_, evolution) = captured(&schema, oid, "Only captured tables have a compatibility mode to break.");
     if evolution.mode == Mode::None {
@@ -591,10 +594,10 @@ fn cdc_force_schema_break(table_name: Option<pg_sys::Oid>) -> JsonB {
     }
     catalog::run(
         &format!(
-            "INSERT INTO {schema}._cdc_schema_breaks (table_oid) VALUES ($1)
-             ON CONFLICT (table_oid) DO UPDATE SET allowed_by = current_user, allowed_at = now()"
+            "INSERT INTO {schema}._cdc_schema_breaks (table_oid, allowed_by) VALUES ($1, $2)
+             ON CONFLICT (table_oid) DO UPDATE SET allowed_by = EXCLUDED.allowed_by, allowed_at = now()"
         ),
-        &[oid.into()],
+        &[oid.into(), super::access::caller_name().into()],
     );
     cdc_schema_history(Some(oid))
 }
@@ -623,6 +626,8 @@ VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 fn cdc_create_version_topic(table_name: Option<pg_sys::Oid>, version: Option<i32>) -> JsonB {
     let oid = required(table_name, "table_name");
     let version = required(version, "version");
+    super::access::require_select(oid, "give version topics to");
+    let _entry = super::access::enter();
     let schema = schema();
     captured(&schema, oid, "Only captured tables have versions to give a topic.");
     if !has_version_topics(&schema) {
@@ -675,10 +680,10 @@ fn cdc_create_version_topic(table_name: Option<pg_sys::Oid>, version: Option<i32
     }
     catalog::run(
         &format!(
-            "INSERT INTO {schema}._cdc_version_topics (table_oid, version) VALUES ($1, $2)
-             ON CONFLICT (table_oid, version) DO UPDATE SET requested_by = current_user, requested_at = now()"
+            "INSERT INTO {schema}._cdc_version_topics (table_oid, version, requested_by) VALUES ($1, $2, $3)
+             ON CONFLICT (table_oid, version) DO UPDATE SET requested_by = EXCLUDED.requested_by, requested_at = now()"
         ),
-        &[oid.into(), version.into()],
+        &[oid.into(), version.into(), super::access::caller_name().into()],
     );
     crate::worker::launcher::catalog_changed();
     let mut topics = Vec::new();
@@ -739,6 +744,7 @@ VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 fn cdc_check_compatibility(table_name: Option<pg_sys::Oid>, proposed_change: Option<&str>) -> JsonB {
     let oid = required(table_name, "table_name");
     let proposed = required(proposed_change, "proposed_change");
+    let _entry = super::access::enter();
     let schema = schema();
     let (config, evolution) = captured(&schema, oid, "Only captured tables have consumers to keep compatible.");
     let table = table_display_name(oid);

@@ -77,6 +77,19 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         raise(CdcError::new(ErrorKind::InvalidParameter, "sink_name must be 1 to 200 characters long"));
     }
     let cfg = parse_config(sink_type, &config.0).or_raise();
+    // A role that is not a superuser: its sink carries only tables it names and may read, and
+    // its config names no file outside cdc.admin_file_dir and no setting that runs code.
+    if cfg.common().tables.is_none() && !super::access::caller_is_superuser() {
+        raise(
+            CdcError::new(
+                ErrorKind::InsufficientPrivilege,
+                "config.tables is required when the sink is not added by a superuser: a sink without it carries every captured table",
+            )
+            .hint("List the tables the sink carries, e.g. \"tables\": [\"orders\"]."),
+        );
+    }
+    super::access::check_sink_config(&cfg);
+    let _entry = super::access::enter();
     let exists = crate::catalog::select_one::<bool>(
         &format!("SELECT EXISTS (SELECT 1 FROM {schema}._cdc_sinks WHERE sink_name = $1)"),
         &[sink_name.into()],
@@ -92,8 +105,14 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
     // With their schema-qualified names, kept to bind a table of that name created again after a DROP.
     let (table_oids, table_names): (Option<Vec<pg_sys::Oid>>, Option<Vec<String>>) = match &cfg.common().tables {
         Some(names) => {
-            let (oids, qualified) =
-                names.iter().enumerate().map(|(i, n)| resolve_table(&format!("config.tables[{i}]"), n)).unzip();
+            let (oids, qualified): (Vec<pg_sys::Oid>, Vec<String>) = names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| super::access::as_caller(|| resolve_table(&format!("config.tables[{i}]"), n)))
+                .unzip();
+            for oid in &oids {
+                super::access::require_select(*oid, "carry");
+            }
             (Some(oids), Some(qualified))
         }
         None => (None, None),
@@ -135,7 +154,10 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
                     .hint("Run ALTER EXTENSION pg_cdc UPDATE first."),
             );
         }
-        if catalog::select_one::<bool>("SELECT to_regclass($1) IS NOT NULL", &[t.table.as_str().into()]) == Some(true) {
+        let taken = super::access::as_caller(|| {
+            catalog::select_one::<bool>("SELECT to_regclass($1) IS NOT NULL", &[t.table.as_str().into()])
+        });
+        if taken == Some(true) {
             raise(
                 CdcError::new(
                     ErrorKind::DuplicateTable,
@@ -213,12 +235,22 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
             table_names.into(),
         ],
     );
-    if let SinkConfig::Table(t) = &cfg {
-        // The event table, owned by the caller; the worker writes into it.
-        catalog::run(&cdc_sinks::table::create_sql(&t.table), &[]);
+    if catalog::has_column(&schema, "_cdc_sinks", "added_by") {
         catalog::run(
-            &format!("INSERT INTO {schema}._cdc_table_sinks (sink_id, event_table) SELECT $1, to_regclass($2)::oid"),
-            &[id.into(), t.table.as_str().into()],
+            &format!("UPDATE {schema}._cdc_sinks SET added_by = $2 WHERE sink_id = $1"),
+            &[id.into(), super::access::caller().into()],
+        );
+    }
+    if let SinkConfig::Table(t) = &cfg {
+        // The event table, owned by the caller (created with its rights, where its search_path
+        // says); the worker writes into it.
+        let table_oid = super::access::as_caller(|| {
+            catalog::run(&cdc_sinks::table::create_sql(&t.table), &[]);
+            catalog::select_one::<pg_sys::Oid>("SELECT to_regclass($1)::oid", &[t.table.as_str().into()])
+        });
+        catalog::run(
+            &format!("INSERT INTO {schema}._cdc_table_sinks (sink_id, event_table) VALUES ($1, $2)"),
+            &[id.into(), table_oid.into()],
         );
     }
     if snapshot {
@@ -385,6 +417,7 @@ pub fn refuse_event_table(schema: &str, oid: pg_sys::Oid, display: &str) {
 #[pg_extern(volatile)]
 fn cdc_drop_sink(sink_name: Option<&str>) {
     let sink_name = required(sink_name, "sink_name");
+    let _entry = super::access::enter();
     let schema = schema();
     let event_table = has_table_sinks(&schema).then(|| {
         catalog::select_one::<String>(

@@ -47,6 +47,8 @@ fn cdc_snapshot(
         refuse_waiting_in_a_transaction();
     }
     check_prerequisites();
+    super::access::require_select(oid, "snapshot");
+    let _entry = super::access::enter();
     let schema = schema();
     let (table, sinks) = validate(&schema, oid, sink_name);
     if !wait {
@@ -85,6 +87,8 @@ RETURNS SETOF bigint VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME
 fn cdc_cancel_snapshot(table_name: Option<pg_sys::Oid>, sink_name: Option<&str>) -> SetOfIterator<'static, i64> {
     let oid = required(table_name, "table_name");
     check_prerequisites();
+    super::access::require_select(oid, "cancel the snapshots of");
+    let _entry = super::access::enter();
     let schema = schema();
     require_snapshots_catalog(&schema);
     if let Some(name) = sink_name {
@@ -106,14 +110,14 @@ fn cdc_cancel_snapshot(table_name: Option<pg_sys::Oid>, sink_name: Option<&str>)
     let ids: Vec<i64> = catalog::json_write(
         &format!(
             "WITH c AS (UPDATE {schema}._cdc_snapshots s SET state = 'cancelled', finished_at = now(),
-                                note = 'cancelled by ' || current_user
+                                note = 'cancelled by ' || $3
                           FROM {schema}._cdc_sinks k
                          WHERE k.sink_id = s.sink_id AND ($1::text IS NULL OR k.sink_name = $1)
                            AND s.table_oid = $2 AND s.state IN ('pending', 'running')
                         RETURNING s.snapshot_id)
              SELECT coalesce(jsonb_agg(snapshot_id ORDER BY snapshot_id), '[]') FROM c"
         ),
-        &[sink_name.into(), oid.into()],
+        &[sink_name.into(), oid.into(), super::access::caller_name().into()],
     )
     .and_then(|v| serde_json::from_value(v).ok())
     .unwrap_or_default();

@@ -18,6 +18,7 @@ use super::{required, schema};
 #[pg_extern(volatile)]
 fn cdc_delivery_status(sink_name: Option<&str>) -> JsonB {
     let sink_name = required(sink_name, "sink_name");
+    let _entry = super::access::enter();
     let schema = schema();
     let row = crate::catalog::json(
         &format!(
@@ -75,6 +76,7 @@ VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 "#)]
 fn cdc_filter_metrics(table_name: Option<pg_sys::Oid>) -> JsonB {
     let oid = required(table_name, "table_name");
+    let _entry = super::access::enter();
     let schema = schema();
     let name = super::captured_table_name(&schema, oid);
     let sinks = crate::catalog::json(

@@ -126,6 +126,9 @@ pub struct SinkRow {
     pub state: String,
     /// Error last written.
     pub last_error: Option<String>,
+    /// Added by a role that is not a superuser (see `cdc_sinks::delegation`).
+    #[serde(default)]
+    pub delegated: bool,
 }
 
 impl SinkRow {
@@ -258,6 +261,12 @@ pub fn load_catalog() -> Catalog {
         "NULL::jsonb".to_string()
     };
     let routing_lsn = if catalog::has(&schema, "_cdc_route_offsets") { "p.routing_lsn::text" } else { "NULL::text" };
+    // Added by a role that is not a superuser now (a dropped role is none); before 0.7.0, by a superuser.
+    let delegated = if catalog::has_column(&schema, "_cdc_sinks", "added_by") {
+        "coalesce((SELECT NOT r.rolsuper FROM pg_roles r WHERE r.oid = added_by), added_by IS NOT NULL)"
+    } else {
+        "false"
+    };
     let mut cat = load(&format!(
         r#"SELECT jsonb_build_object(
   'installed', true,
@@ -269,7 +278,8 @@ pub fn load_catalog() -> Catalog {
   'snapshot', pg_current_snapshot()::text,
   'sinks', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'id', sink_id, 'name', sink_name, 'type', sink_type, 'config', config, 'slot', slot_name,
-                'tables', table_oids::bigint[], 'state', state, 'last_error', last_error) ORDER BY created_at), '[]')
+                'tables', table_oids::bigint[], 'state', state, 'last_error', last_error,
+                'delegated', {delegated}) ORDER BY created_at), '[]')
               FROM {schema}._cdc_sinks),
   'tables', (SELECT coalesce(jsonb_agg(jsonb_build_object('oid', table_oid::bigint, 'config', config, 'key_columns', key_columns,
                                                          'name', table_name, 'history', {history},

@@ -333,11 +333,17 @@ fn start_open(run: &SinkRun, config: &SinkConfig, cat: &Catalog) -> Result<Openi
         let (name, database) = (run.row.name.clone(), cat.database.clone());
         let shuffle = gucs::TEST_APPLY_SHUFFLE.get();
         let cfg = cfg.clone();
+        // A sink a role that is not a superuser added: no connection without a password, nor as a
+        // superuser of this very server (checked at each connection: pg_hba.conf may change).
+        let delegated = run.row.delegated.then(|| cat.system_identifier.clone());
         return Ok(with_signals_blocked(move || {
             std::thread::spawn(move || {
                 let app = format!("pg_cdc-{name}");
                 let mut conn = Libpq::connect(&cfg.connection, &app, Duration::from_secs(60))
                     .map_err(|e| SinkError { class: e.class(), message: e.message })?;
+                if let Some(system) = delegated {
+                    conn.check_delegated(&system).map_err(|e| SinkError { class: e.class(), message: e.message })?;
+                }
                 conn.set_interrupt(stop_requested);
                 let mut sink = PostgresSink::new(conn, &cfg, pipeline, name, database, sources);
                 sink.set_shuffle(i64::from(shuffle));

@@ -1,5 +1,7 @@
 """ALTER EXTENSION pg_cdc UPDATE from the previous release while a sink delivers and the application
 writes: the sink, its slot and its progress are kept, and every row arrives exactly once."""
+import json
+import os
 import threading
 import time
 
@@ -110,3 +112,43 @@ def test_update_from_0_5_0_merges_the_rows_a_rename_split(pg, sinks, unique):
     finally:
         if pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] != default:
             pg.execute("ALTER EXTENSION pg_cdc UPDATE")
+
+
+def test_update_from_0_6_0_keeps_the_sinks_superusers_added_working(pg, unique):
+    """0.7.0 checks what a sink added by a role that is not a superuser may do, also when its worker
+    connects (a postgres sink may not connect by trust). Sinks of 0.6.0 were added by superusers: after
+    the update they have no added_by and keep working, a trust connection included (test_delegation.py
+    shows the same connection refused for a cdc_admin member's sink)."""
+    t, name, db = f"upgd_{unique}", f"upgd_{unique}", f"pg_cdc_upgd_{unique}"
+    host, port = os.environ.get("PGHOST", "127.0.0.1"), os.environ.get("PGPORT", "55432")
+    default = pg.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'pg_cdc'").fetchone()[0]
+    drop_extension(pg)
+    pg.execute("CREATE EXTENSION pg_cdc VERSION '0.6.0'")
+    pg.execute(f"CREATE DATABASE {db}")
+    try:
+        pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+        pg.execute("SELECT cdc_enable(%s)", (t,))
+        # Trust (loopback, as the server's superuser): what a cdc_admin member may not add.
+        conninfo = f"host={host} port={port} dbname={db} user=postgres"
+        pg.execute("SELECT cdc_add_sink(%s, 'postgres', %s::jsonb)",
+                   (name, json.dumps({"connection": conninfo, "tables": [t]})))
+        pg.execute(f"INSERT INTO {t} VALUES (1)")
+        with psycopg.connect(f"host={host} port={port} dbname={db} user=postgres", autocommit=True) as target:
+            def ids():
+                if not target.execute("SELECT to_regclass(%s) IS NOT NULL", (f"public.{t}",)).fetchone()[0]:
+                    return []
+                return target.execute(f"SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM public.{t}").fetchone()[0]
+            wait_for(lambda: ids() == [1], timeout=60, what="0.6.0: the row applied")
+            pg.execute("ALTER EXTENSION pg_cdc UPDATE")
+            assert pg.execute("SELECT added_by FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone() == (None,)
+            pg.execute(f"INSERT INTO {t} VALUES (2)")
+            # A new worker reads the new catalog (restart it, as a server restart would).
+            pg.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'")
+            wait_for(lambda: ids() == [1, 2], timeout=60, what="after the update: the next row applied")
+            assert pg.execute("SELECT last_error FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone() == (None,)
+    finally:
+        pg.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (name,))
+        pg.execute("SELECT cdc_disable(table_oid::regclass) FROM _cdc_publications WHERE table_oid = to_regclass(%s)", (t,))
+        if pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] != default:
+            pg.execute("ALTER EXTENSION pg_cdc UPDATE")
+        pg.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")

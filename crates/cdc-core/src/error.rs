@@ -68,6 +68,9 @@ pub enum ErrorKind {
     SubstringError,
     /// 25001 active_sql_transaction: a call that cannot run inside a transaction block.
     ActiveSqlTransaction,
+    /// 42501 insufficient_privilege: what a role that is not a superuser may not configure (a
+    /// table it may not read, a file outside `cdc.admin_file_dir`, a setting that runs code).
+    InsufficientPrivilege,
 }
 
 impl ErrorKind {
@@ -92,6 +95,7 @@ impl ErrorKind {
             ErrorKind::WindowingError => "42P20",
             ErrorKind::InvalidObjectDefinition => "42P17",
             ErrorKind::ActiveSqlTransaction => "25001",
+            ErrorKind::InsufficientPrivilege => "42501",
             ErrorKind::DatatypeMismatch => "42804",
             ErrorKind::CannotCoerce => "42846",
             ErrorKind::UndefinedParameter => "42P02",

@@ -110,6 +110,29 @@ impl Libpq {
         Ok(c)
     }
 
+    /// For a sink a role that is not a superuser added (see [`crate::delegation`]): refuses a
+    /// connection the target did not ask a password for (`trust`, `peer`, a client certificate
+    /// the server's user holds), and one that is a superuser's session on this very cluster
+    /// (`local_system_identifier`, as `pg_control_system()` shows it): either would give the
+    /// sink's author what only the server's own user or a superuser has.
+    pub fn check_delegated(&mut self, local_system_identifier: &str) -> Result<(), TargetError> {
+        // SAFETY: conn is a valid, connected connection.
+        let used_password = unsafe { pq::PQconnectionUsedPassword(self.conn) } == 1;
+        let rows = self.query(
+            "SELECT current_setting('is_superuser') = 'on', \
+                    CASE WHEN current_setting('is_superuser') = 'on' \
+                         THEN (SELECT system_identifier::text FROM pg_control_system()) END",
+            &[],
+        )?;
+        let row = rows.first().cloned().unwrap_or_default();
+        let superuser = row.first().cloned().flatten().as_deref() == Some("t");
+        let system = row.get(1).cloned().flatten();
+        match delegated_refusal(used_password, superuser, system.as_deref(), local_system_identifier) {
+            None => Ok(()),
+            Some(message) => Err(TargetError { sqlstate: "42501".into(), message, connection: false }),
+        }
+    }
+
     /// Checked every 100 ms while a statement runs: true cancels it.
     pub fn set_interrupt(&mut self, interrupt: fn() -> bool) {
         self.interrupt = Some(interrupt);
@@ -227,4 +250,28 @@ impl Target for Libpq {
             None => Ok(rows),
         }
     }
+}
+
+/// Why a delegated sink's connection is refused, or `None` (see [`Libpq::check_delegated`]).
+pub fn delegated_refusal(
+    used_password: bool,
+    superuser: bool,
+    system_identifier: Option<&str>,
+    local_system_identifier: &str,
+) -> Option<String> {
+    if !used_password {
+        return Some(
+            "the sink was added by a role that is not a superuser, and the target server did not ask for a password \
+             (trust, peer or certificate authentication): only a superuser may add such a connection"
+                .into(),
+        );
+    }
+    if superuser && system_identifier == Some(local_system_identifier) {
+        return Some(
+            "the sink was added by a role that is not a superuser, and its connection is a superuser's session on this \
+             very server: only a superuser may add such a connection"
+                .into(),
+        );
+    }
+    None
 }
