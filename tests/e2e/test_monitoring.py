@@ -144,12 +144,19 @@ def test_a_monitoring_role_sees_figures_and_nothing_else(pg, unique):
             c.execute("SELECT * FROM cdc_status()").fetchall()
             assert c.execute("SELECT cdc_metrics(%s)", (t,)).fetchone()[0]["table"] == t
             assert "# TYPE pg_cdc_sink_state gauge" in c.execute("SELECT cdc_prometheus_metrics()").fetchone()[0]
+            # Every status function (0.7.0 granted the last three): none shows a sink config.
+            assert c.execute("SELECT cdc_filter_metrics(%s)", (t,)).fetchone()[0]["table"] == t
+            c.execute("SELECT * FROM cdc_multicloud_status()").fetchall()
+            with pytest.raises(psycopg.errors.UndefinedObject):
+                c.execute("SELECT cdc_delivery_status('x')")  # allowed: it looks for the sink
             for forbidden in ["SELECT config FROM _cdc_sinks", "SELECT * FROM _cdc_lookup_rows",
-                              "SELECT cdc_delivery_status('x')", f"SELECT cdc_disable('{t}')"]:
+                              f"SELECT cdc_disable('{t}')", f"SELECT cdc_preview('{t}')"]:
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     c.execute(forbidden)
             c.execute(f"SET ROLE {nobody}")
-            for call in ["SELECT * FROM cdc_status()", f"SELECT cdc_metrics('{t}')", "SELECT cdc_prometheus_metrics()"]:
+            for call in ["SELECT * FROM cdc_status()", f"SELECT cdc_metrics('{t}')", "SELECT cdc_prometheus_metrics()",
+                         "SELECT cdc_delivery_status('x')", f"SELECT cdc_filter_metrics('{t}')",
+                         "SELECT * FROM cdc_multicloud_status()"]:
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     c.execute(call)
     finally:
