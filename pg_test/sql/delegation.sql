@@ -33,13 +33,14 @@ SET ROLE regress_cdc_admin;
 -- What it may do: capture a table it may read, add a sink carrying it (its slot made without
 -- REPLICATION), see it, preview it, drop it.
 SELECT cdc_enable('granted', '{"operations": ["INSERT", "UPDATE"]}') IS NOT NULL AS enabled;
+-- (Before its Kafka sink exists: the history asks each Kafka sink's brokers for its consumers.)
+SELECT jsonb_array_length(cdc_schema_history('granted') -> 'schema_versions') AS versions;
+SELECT (cdc_force_schema_break('granted') ->> 'next_break_allowed')::boolean AS break_allowed;
 SELECT cdc_add_sink('regress_admin_sink', 'kafka',
                     '{"bootstrap_servers": "127.0.0.1:1", "topic": "t", "tables": ["granted"]}') IS NOT NULL AS added;
 SELECT sink_name, slot_name IS NOT NULL AS has_slot FROM cdc_status() WHERE sink_name = 'regress_admin_sink';
 SELECT (cdc_delivery_status('regress_admin_sink') ->> 'sink') AS delivery_status;
 SELECT jsonb_array_length(cdc_preview('granted') -> 'previews') AS previewed;
-SELECT jsonb_array_length(cdc_schema_history('granted') -> 'schema_versions') AS versions;
-SELECT (cdc_force_schema_break('granted') ->> 'next_break_allowed')::boolean AS break_allowed;
 SELECT cdc_check_compatibility('granted', 'ADD COLUMN extra int') ->> 'compatibility_check' AS compatibility_check;
 SELECT cdc_enable_multicloud('granted', '{"regional_routing": {"enabled": true, "routing_column": "note",
     "routes": {"one": ["regress_admin_sink"]}}}') IS NOT NULL AS routed;
