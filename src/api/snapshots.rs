@@ -367,6 +367,9 @@ pub extern "C-unwind" fn pg_cdc_snapshot_request_main(_arg: pg_sys::Datum) {
     // own rights were checked before the request was handed over.
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
     BackgroundWorker::transaction(|| {
+        // As the sink workers (see worker::source::set_session_settings): a superuser's process
+        // resolves nothing in a schema other roles may create in.
+        catalog::run("SELECT set_config('search_path', 'pg_catalog, pg_temp', true)", &[]);
         let Some(schema) = catalog::extension_schema() else { return };
         let table = captured_table_name(&schema, oid);
         let sinks = carrying_sinks(&schema, oid, None, only.as_deref());

@@ -30,8 +30,13 @@ pub const DECODING_WORK_MEM: &str = "16MB";
 /// How long a worker's statement waits for a lock (a read turn excepted).
 const LOCK_TIMEOUT: &str = "10s";
 
-/// The worker's session settings: the text format, no statement timeout, the decoding memory.
+/// The worker's session settings: the text format, no statement timeout, the decoding memory, and
+/// `search_path = pg_catalog, pg_temp`. The worker runs as a superuser and names every table and
+/// pg_cdc object by its schema; with the default path ("$user", public) a role allowed to create in
+/// public could shadow a function the worker's statements call (`jsonb_build_object(text, ...)`) and
+/// have it run as the superuser.
 pub fn set_session_settings(application_name: &str) {
+    catalog::run("SET search_path = pg_catalog, pg_temp", &[]);
     for (name, value) in TEXT_FORMAT_SETTINGS {
         catalog::run(&format!("SET {name} = '{value}'"), &[]);
     }
@@ -477,9 +482,11 @@ pub fn record_progress(schema: &str, sink_name: &str, progress: &HashMap<u32, Ta
     } else {
         format!(
             "INSERT INTO {schema}._cdc_offsets AS o (sink_name, table_name, last_lsn, last_timestamp, events_published, table_oid)
-             SELECT $1, c.oid::regclass::text, x.last_lsn, 'epoch'::timestamptz + x.ts * interval '1 microsecond', x.n, x.table_oid
+             SELECT $1, CASE WHEN n.nspname IN ('public', current_user) THEN quote_ident(c.relname) ELSE c.oid::regclass::text END,
+                    x.last_lsn, 'epoch'::timestamptz + x.ts * interval '1 microsecond', x.n, x.table_oid
                FROM jsonb_to_recordset($2) AS x(table_oid oid, n bigint, last_lsn bigint, ts bigint)
                JOIN pg_class c ON c.oid = x.table_oid
+               JOIN pg_namespace n ON n.oid = c.relnamespace
              ON CONFLICT (sink_name, table_name) DO UPDATE
                 SET last_lsn = EXCLUDED.last_lsn, last_timestamp = EXCLUDED.last_timestamp,
                     events_published = o.events_published + EXCLUDED.events_published, table_oid = EXCLUDED.table_oid"
