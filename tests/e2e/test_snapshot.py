@@ -636,9 +636,14 @@ def test_a_chunk_committed_before_the_slot_moved_is_delivered_once(pg, sinks, un
 
 
 def test_control_settled_by_the_slot_alone_a_chunk_is_delivered_twice(pg, sinks, unique):
+    logged = server_log_size()
     with server_settings({"cdc.test_snapshot_ignore_checkpoint": "on"}):
         rows, ids = crash_after_a_chunk_commit(pg, sinks, unique)
-    assert len(ids) == rows and max(ids.values()) == 2, "the chunk in flight read again and delivered twice"
+    # The failpoint may fire again in the next worker before it is disarmed: each exit at it sends the
+    # chunk in flight once more.
+    exits = server_log(logged).count(f'failpoint after_sink_commit of sink "snap_fp_{unique}": exiting')
+    assert exits >= 1
+    assert len(ids) == rows and max(ids.values()) == exits + 1, "the chunk in flight read again and delivered again"
 
 
 def test_read_rows_of_a_table_no_change_was_streamed_for_yet_are_typed(pg, tsinks, unique):
