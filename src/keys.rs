@@ -7,7 +7,7 @@
 //! - the context key that seals user context messages ([`cdc_core::context`]), made by pg_cdc
 //!   itself: `pg_cdc_context.key` in the data directory, 32 random bytes, created on first use.
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
 use cdc_core::redact::TokenKey;
 use cdc_core::{CdcError, ErrorKind};
@@ -65,45 +65,7 @@ pub fn load(source: &KeySource) -> Result<Option<TokenKey>, String> {
         .map_err(|e| format!("tokenization key file \"{path}\": {}", e.message))
 }
 
-/// Reads a file holding a secret (`what` names it in messages; a relative path is relative to the
-/// data directory): a regular file that neither group nor others can read. Errors name the file and
-/// the problem, never its contents.
-pub fn read_secret_file(what: &str, path: &str) -> Result<Vec<u8>, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read the {what} \"{path}\": {e}"))?;
-    if !meta.is_file() {
-        return Err(format!("the {what} \"{path}\" is not a regular file"));
-    }
-    if meta.permissions().mode() & 0o077 != 0 {
-        return Err(format!(
-            "the {what} \"{path}\" can be read by group or others; it must be mode 0600 or 0400 (chmod 600)"
-        ));
-    }
-    std::fs::read(path).map_err(|e| format!("cannot read the {what} \"{path}\": {e}"))
-}
-
-/// The secret of a webhook sink's `secret_file`: its content without trailing whitespace (so a file
-/// written with `echo` works); an empty one is refused.
-pub fn webhook_secret(path: &str) -> Result<Vec<u8>, String> {
-    let mut bytes = read_secret_file("webhook secret file", path)?;
-    while bytes.last().is_some_and(u8::is_ascii_whitespace) {
-        bytes.pop();
-    }
-    if bytes.is_empty() {
-        return Err(format!("the webhook secret file \"{path}\" is empty"));
-    }
-    Ok(bytes)
-}
-
-/// The connection string of an Event Hubs sink's `connection_string_file`, checked for its shape
-/// (errors name the file and what is missing, never the content).
-pub fn eventhub_connection(path: &str) -> Result<String, String> {
-    let bytes = read_secret_file("Event Hubs connection string file", path)?;
-    let text = String::from_utf8(bytes)
-        .map_err(|_| format!("the Event Hubs connection string file \"{path}\" is not text"))?;
-    cdc_sinks::eventhub::config::check_connection_string(&text)
-        .map_err(|why| format!("the Event Hubs connection string file \"{path}\" holds no connection string: {why}"))?;
-    Ok(text.trim().to_string())
-}
+pub use cdc_sinks::secrets::{eventhub_connection, read_secret_file, webhook_secret};
 
 /// Refuses (55000) to configure `what` when no usable tokenization key is in force: a table whose
 /// events tokenize must never stop a sink (and every other table it carries) afterwards.

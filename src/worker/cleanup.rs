@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cdc_core::failpoint::{Armed, Failpoint};
-use cdc_sinks::kafka::with_signals_blocked;
+use cdc_sinks::open::with_signals_blocked;
 use cdc_sinks::{ErrorClass, SinkError};
 use serde_json::Value;
 
@@ -71,18 +71,10 @@ impl Cleanups {
             return;
         }
         let unreachable = failpoint.fires(Failpoint::CleanupUnreachable, sink_name);
-        let config = match cdc_sinks::parse_config(catalog::str_field(due, "sink_type"), &due["config"])
-            .map_err(|e| SinkError { class: ErrorClass::Operator, message: e.message })
-            .and_then(|c| super::state::kafka_config_of(&c))
-        {
-            Ok(Some(c)) => c,
-            Ok(None) => {
-                let message = "the sink is not a Kafka or Event Hubs sink".to_string();
-                record(schema, id, &topic, Err(SinkError { class: ErrorClass::Operator, message }));
-                return;
-            }
+        let config = match cdc_sinks::parse_config(catalog::str_field(due, "sink_type"), &due["config"]) {
+            Ok(c) => c,
             Err(e) => {
-                record(schema, id, &topic, Err(e));
+                record(schema, id, &topic, Err(SinkError { class: ErrorClass::Operator, message: e.message }));
                 return;
             }
         };
@@ -97,7 +89,7 @@ impl Cleanups {
                         message: "failpoint cleanup_unreachable: the broker is taken as down".into(),
                     });
                 }
-                cdc_sinks::kafka::delete_topic(&config, &bootstrap, &client_id, &target, ATTEMPT_TIMEOUT)
+                cdc_sinks::open::delete_leftover(&config, &target, &bootstrap, &client_id, ATTEMPT_TIMEOUT)
             })
         });
         self.running = Some((id, topic, handle));

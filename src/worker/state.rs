@@ -13,16 +13,10 @@ use cdc_core::state::SinkState;
 use cdc_core::stats::DeliveryCounters;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
-use cdc_sinks::eventhub::config::Connection;
-use cdc_sinks::kafka::config::KafkaSinkConfig;
-use cdc_sinks::kafka::{with_signals_blocked, KafkaSink, Transactional};
-use cdc_sinks::kinesis::aws::{AwsKinesis, Defaults};
-use cdc_sinks::postgres::libpq::Libpq;
-use cdc_sinks::postgres::{PostgresSink, SourceTable};
-use cdc_sinks::pubsub::google::GooglePubSub;
-use cdc_sinks::pulsar::client::PulsarClient;
-use cdc_sinks::table::TableSink;
-use cdc_sinks::webhook::WebhookSink;
+use cdc_sinks::kinesis::aws::Defaults;
+use cdc_sinks::open::{with_signals_blocked, OpenContext, Opening, ServerSettings};
+use cdc_sinks::postgres::SourceTable;
+use cdc_sinks::table::EventStore;
 use cdc_sinks::{parse_config, Checkpoint, DeliveryMode, ErrorClass, Sink, SinkConfig, SinkError};
 use pgrx::pg_sys;
 
@@ -182,203 +176,82 @@ impl SinkRun {
 /// time of the last delivered transaction with one (Unix microseconds).
 type RouteProgress = HashMap<(u32, Arc<str>, Lsn), (u64, i64)>;
 
-/// A sink's open destination, by type: besides building it, the one place the worker names sink
-/// types; everything else goes through the `Sink` port.
+/// A sink's open destination.
 pub(super) enum Producer {
-    /// A Kafka (or Event Hubs) producer or a Kinesis client, opened on a thread of its own (see
-    /// [`start_open`]) and then driven by its delivery thread: the next unit is read while the
-    /// last one commits.
+    /// Opened on a thread of its own (see [`start_open`]) and then driven by its delivery thread:
+    /// the next unit is read while the last one commits.
     Threaded(DeliveryThread),
-    /// An in-database sink (opened in the read's transaction).
-    Table(TableSink<SpiStore>),
-    /// A webhook (opened in the read's transaction: nothing to open but its secret).
-    Webhook(WebhookSink),
+    /// Opened in the read's transaction, and driven in it (an in-database sink, a webhook).
+    InPlace(Box<dyn Sink>),
 }
 
 impl Producer {
     fn sink(&mut self) -> &mut dyn Sink {
         match self {
             Producer::Threaded(t) => t,
-            Producer::Table(t) => t,
-            Producer::Webhook(w) => w,
+            Producer::InPlace(s) => s.as_mut(),
         }
     }
 
     fn in_source_database(&self) -> bool {
         match self {
             Producer::Threaded(t) => t.in_source_database(),
-            Producer::Table(t) => t.in_source_database(),
-            Producer::Webhook(w) => w.in_source_database(),
+            Producer::InPlace(s) => s.in_source_database(),
         }
     }
 }
 
-/// Opens a sink that opens quickly, in the read's transaction: an in-database sink (finds its event
-/// table and reads its checkpoint, with SPI) or a webhook (reads its secret). `None` for a Kafka,
-/// Event Hubs or Kinesis sink, which opens on its own thread ([`start_open`]).
+/// Opens a sink that opens quickly, in the read's transaction (see `cdc_sinks::open`); an
+/// in-database sink writes through SPI. `None` for a sink that opens on its own thread.
 fn open_in_place(
     schema: &str,
     row: &SinkRow,
     config: &SinkConfig,
 ) -> Result<Option<(Producer, Option<Checkpoint>)>, SinkError> {
-    match config {
-        SinkConfig::Kafka(_)
-        | SinkConfig::EventHub(_)
-        | SinkConfig::Kinesis(_)
-        | SinkConfig::PubSub(_)
-        | SinkConfig::Pulsar(_)
-        | SinkConfig::Postgres(_) => Ok(None),
-        SinkConfig::Table(cfg) => {
-            let mut sink = TableSink::new(SpiStore::open(schema, &row.id, cfg)?);
-            let checkpoint = sink.open()?;
-            Ok(Some((Producer::Table(sink), checkpoint)))
-        }
-        SinkConfig::Webhook(cfg) => {
-            let secret = match &cfg.secret_file {
-                Some(path) => Some(
-                    keys::webhook_secret(path).map_err(|message| SinkError { class: ErrorClass::Operator, message })?,
-                ),
-                None => None,
-            };
-            Ok(Some((Producer::Webhook(WebhookSink::new(cfg, secret)), None)))
-        }
-    }
+    let opened = cdc_sinks::open::open_in_place(config, |cfg| {
+        SpiStore::open(schema, &row.id, cfg).map(|s| Box::new(s) as Box<dyn EventStore>)
+    })?;
+    Ok(opened.map(|(sink, checkpoint)| (Producer::InPlace(sink), checkpoint)))
 }
 
-/// The Kafka config of a sink that speaks Kafka (a Kafka sink, or Event Hubs with its connection
-/// string read from its file); `None` for the other types.
-pub(super) fn kafka_config_of(config: &SinkConfig) -> Result<Option<KafkaSinkConfig>, SinkError> {
-    Ok(match config {
-        SinkConfig::Kafka(k) => Some(k.clone()),
-        SinkConfig::EventHub(e) => {
-            let connection = match &e.connection {
-                Connection::Inline(s) => s.clone(),
-                Connection::File(path) => keys::eventhub_connection(path)
-                    .map_err(|message| SinkError { class: ErrorClass::Operator, message })?,
-            };
-            Some(e.kafka_config(&connection))
-        }
-        SinkConfig::Table(_)
-        | SinkConfig::Webhook(_)
-        | SinkConfig::Kinesis(_)
-        | SinkConfig::PubSub(_)
-        | SinkConfig::Pulsar(_)
-        | SinkConfig::Postgres(_) => None,
-    })
-}
-
-/// A sink opened on its own thread (its interrupt set to [`stop_requested`]).
-type Opened = Box<dyn Sink + Send>;
-
-/// A producer being opened on its own thread, and what it gives.
-type Opening = std::thread::JoinHandle<Result<(Opened, Option<Checkpoint>), SinkError>>;
-
-/// Starts opening a sink on its own thread. A Kafka producer fences older producers of the
-/// pipeline and reads its last checkpoint (exactly-once), which takes up to the transaction
-/// timeout when the broker is unreachable; a Kinesis client finds its credentials (seconds, when
-/// the chain asks an instance metadata service that is not there) and checks its stream. Neither
-/// may stall the other sinks. The thread touches nothing of PostgreSQL, and starts with every
-/// signal blocked, so PostgreSQL's handlers stay on the main thread.
-fn start_open(run: &SinkRun, config: &SinkConfig, cat: &Catalog) -> Result<Opening, SinkError> {
-    if let SinkConfig::Kinesis(cfg) = config {
-        let setting = |g| Some(gucs::string(g)).filter(|s| !s.trim().is_empty());
-        let defaults = Defaults { region: setting(&gucs::AWS_REGION), endpoint: setting(&gucs::KINESIS_ENDPOINT) };
-        let cfg = cfg.clone();
-        return Ok(with_signals_blocked(move || {
-            std::thread::spawn(move || {
-                let mut sink = AwsKinesis::open(&cfg, &defaults)?.into_sink(&cfg);
-                sink.set_interrupt(stop_requested);
-                Ok((Box::new(sink) as Opened, None))
-            })
-        }));
-    }
-    if let SinkConfig::PubSub(cfg) = config {
-        let endpoint = Some(gucs::string(&gucs::PUBSUB_ENDPOINT)).filter(|s| !s.trim().is_empty());
-        let cfg = cfg.clone();
-        return Ok(with_signals_blocked(move || {
-            std::thread::spawn(move || {
-                let mut api = GooglePubSub::open(&cfg, endpoint.as_deref())?;
-                api.set_interrupt(stop_requested);
-                let sink = api.into_sink(&cfg);
-                Ok((Box::new(sink) as Opened, None))
-            })
-        }));
-    }
-    if let SinkConfig::Pulsar(cfg) = config {
-        let (cfg, name, database) = (cfg.clone(), run.row.name.clone(), cat.database.clone());
-        let reuse_names = gucs::TEST_PULSAR_REUSE_PRODUCER_NAME.get();
-        return Ok(with_signals_blocked(move || {
-            std::thread::spawn(move || {
-                let mut api = PulsarClient::open(&cfg, &name, reuse_names)?;
-                api.set_interrupt(stop_requested);
-                let sink = api.into_sink(&cfg, &database);
-                Ok((Box::new(sink) as Opened, None))
-            })
-        }));
-    }
-    if let SinkConfig::Postgres(cfg) = config {
-        // The sink's tables: their keys, and their schema histories to create and alter the
-        // target tables from.
-        let sources: HashMap<u32, SourceTable> = cat
-            .tables
-            .iter()
-            .filter(|t| run.row.carries(t.oid))
-            .map(|t| {
-                let history = t.history.as_ref().map(source::history).unwrap_or_default();
-                (t.oid, SourceTable { key_columns: t.key_columns.clone(), history })
-            })
-            .collect();
-        let hex = run.row.slot.trim_start_matches("_cdc_").to_string();
-        let pipeline = format!("pg_cdc-{}-{}-{hex}", cat.system_identifier, cat.database_oid);
-        let (name, database) = (run.row.name.clone(), cat.database.clone());
-        let shuffle = gucs::TEST_APPLY_SHUFFLE.get();
-        let cfg = cfg.clone();
-        // A sink a role that is not a superuser added: no connection without a password, nor as a
-        // superuser of this very server (checked at each connection: pg_hba.conf may change).
-        let delegated = run.row.delegated.then(|| cat.system_identifier.clone());
-        return Ok(with_signals_blocked(move || {
-            std::thread::spawn(move || {
-                let app = format!("pg_cdc-{name}");
-                let mut conn = Libpq::connect(&cfg.connection, &app, Duration::from_secs(60))
-                    .map_err(|e| SinkError { class: e.class(), message: e.message })?;
-                if let Some(system) = delegated {
-                    conn.check_delegated(&system).map_err(|e| SinkError { class: e.class(), message: e.message })?;
-                }
-                conn.set_interrupt(stop_requested);
-                let mut sink = PostgresSink::new(conn, &cfg, pipeline, name, database, sources);
-                sink.set_shuffle(i64::from(shuffle));
-                let checkpoint = sink.open()?;
-                Ok((Box::new(sink) as Opened, checkpoint))
-            })
-        }));
-    }
-    let Some(config) = kafka_config_of(config)? else {
-        return Err(SinkError { class: ErrorClass::Retry, message: "the sink is not open".into() });
-    };
-    let config = &config;
-    let row = &run.row;
-    let transactional = config.exactly_once.then(|| {
-        let hex = row.slot.trim_start_matches("_cdc_");
-        Transactional {
-            transactional_id: config
-                .transactional_id
-                .clone()
-                .unwrap_or_else(|| format!("pg_cdc-{}-{}-{hex}", cat.system_identifier, cat.database_oid)),
-            progress_topic: cdc_sinks::kafka::progress_topic(&row.slot),
-            progress_key: row.id.clone(),
-        }
-    });
-    let client_id = format!("pg_cdc-{}", row.name);
-    let bootstrap = gucs::string(&gucs::KAFKA_BOOTSTRAP_SERVERS);
-    let (config, database) = (config.clone(), cat.database.clone());
-    Ok(with_signals_blocked(move || {
-        std::thread::spawn(move || {
-            let mut p = KafkaSink::new(&config, &bootstrap, &database, &client_id, transactional)?;
-            let checkpoint = p.open()?;
-            p.set_interrupt(stop_requested);
-            Ok((Box::new(p) as Opened, checkpoint))
+/// What opening a sink needs besides its config, from the catalog and the server settings.
+fn open_context(run: &SinkRun, cat: &Catalog) -> OpenContext {
+    let setting = |g| Some(gucs::string(g)).filter(|s| !s.trim().is_empty());
+    // The sink's tables: their keys, and their schema histories (an apply sink creates and
+    // alters its target tables from them).
+    let source_tables: HashMap<u32, SourceTable> = cat
+        .tables
+        .iter()
+        .filter(|t| run.row.carries(t.oid))
+        .map(|t| {
+            let history = t.history.as_ref().map(source::history).unwrap_or_default();
+            (t.oid, SourceTable { key_columns: t.key_columns.clone(), history })
         })
-    }))
+        .collect();
+    OpenContext {
+        sink_id: run.row.id.clone(),
+        sink_name: run.row.name.clone(),
+        slot: run.row.slot.clone(),
+        system_identifier: cat.system_identifier.clone(),
+        database: cat.database.clone(),
+        database_oid: cat.database_oid,
+        settings: ServerSettings {
+            kafka_bootstrap_servers: gucs::string(&gucs::KAFKA_BOOTSTRAP_SERVERS),
+            kinesis: Defaults { region: setting(&gucs::AWS_REGION), endpoint: setting(&gucs::KINESIS_ENDPOINT) },
+            pubsub_endpoint: setting(&gucs::PUBSUB_ENDPOINT),
+            pulsar_reuse_producer_name: gucs::TEST_PULSAR_REUSE_PRODUCER_NAME.get(),
+            apply_shuffle: i64::from(gucs::TEST_APPLY_SHUFFLE.get()),
+        },
+        delegated: run.row.delegated,
+        source_tables,
+        interrupt: Some(stop_requested),
+    }
+}
+
+/// Starts opening a sink on its own thread (see `cdc_sinks::open::start_open`): a slow or
+/// unreachable destination stalls no other sink.
+fn start_open(run: &SinkRun, config: &SinkConfig, cat: &Catalog) -> Result<Opening, SinkError> {
+    cdc_sinks::open::start_open(config, &open_context(run, cat))
 }
 
 /// Installs a producer that finished opening, refusing a slot ahead of its checkpoint.
@@ -1217,8 +1090,8 @@ impl Worker {
                     Err(e) => return Err(Failure::sink(e)),
                 }
             }
-            if let Some(Producer::Table(t)) = run.producer.as_mut() {
-                t.store_mut().trim_if_due();
+            if let Some(Producer::InPlace(sink)) = run.producer.as_mut() {
+                sink.maintain();
             }
             // Reading (decoding) takes a turn: with many sinks, parallel reads would take the
             // primary's CPU (each slot decodes all WAL). Flushing to the destination holds none.

@@ -79,6 +79,10 @@ impl SpiStore {
 }
 
 impl EventStore for SpiStore {
+    fn maintain(&mut self) {
+        self.trim_if_due();
+    }
+
     fn insert(&mut self, events: &[Event]) -> Result<(), SinkError> {
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         let commit: Vec<i64> = events.iter().map(|e| e.commit_lsn.0 as i64).collect();

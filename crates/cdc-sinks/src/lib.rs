@@ -17,10 +17,12 @@ pub mod eventhub;
 pub mod format;
 pub mod kafka;
 pub mod kinesis;
+pub mod open;
 pub mod postgres;
 pub mod pubsub;
 pub mod pulsar;
 pub mod registry;
+pub mod secrets;
 pub mod table;
 #[cfg(test)]
 mod testutil;

@@ -157,6 +157,10 @@ pub trait Sink {
     fn hold_until(&self) -> Option<std::time::Instant> {
         None
     }
+
+    /// Housekeeping of a sink the worker opened in its own transaction, called in that transaction
+    /// before each read (the in-database sink trims its event table when due).
+    fn maintain(&mut self) {}
 }
 
 /// One read of a sink's slot: the changes after its confirmed position, in LSN order, ending with

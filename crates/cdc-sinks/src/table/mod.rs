@@ -72,6 +72,23 @@ pub trait EventStore {
     fn save_checkpoint(&mut self, checkpoint: Checkpoint) -> Result<(), SinkError>;
     /// The checkpoint stored last.
     fn load_checkpoint(&mut self) -> Result<Option<Checkpoint>, SinkError>;
+    /// Housekeeping before a read (the worker's store trims the event table when due).
+    fn maintain(&mut self) {}
+}
+
+impl<S: EventStore + ?Sized> EventStore for Box<S> {
+    fn insert(&mut self, events: &[Event]) -> Result<(), SinkError> {
+        (**self).insert(events)
+    }
+    fn save_checkpoint(&mut self, checkpoint: Checkpoint) -> Result<(), SinkError> {
+        (**self).save_checkpoint(checkpoint)
+    }
+    fn load_checkpoint(&mut self) -> Result<Option<Checkpoint>, SinkError> {
+        (**self).load_checkpoint()
+    }
+    fn maintain(&mut self) {
+        (**self).maintain()
+    }
 }
 
 /// The in-database sink over its store.
@@ -127,6 +144,10 @@ impl<S: EventStore> Sink for TableSink<S> {
 
     fn in_source_database(&self) -> bool {
         true
+    }
+
+    fn maintain(&mut self) {
+        self.store.maintain();
     }
 }
 
