@@ -209,3 +209,9 @@ pub fn create_logical_slot(slot: &str) {
         pg_sys::CurrentResourceOwner = owner;
     }
 }
+
+/// Whether the catalog has the snapshots' table: not before `ALTER EXTENSION pg_cdc UPDATE` brought
+/// it to 0.4.0.
+pub fn has_snapshots(schema: &str) -> bool {
+    has(schema, "_cdc_snapshots")
+}

@@ -49,7 +49,7 @@ fn cdc_metrics(table_name: Option<pg_sys::Oid>) -> JsonB {
     let schema = schema();
     let name = super::captured_table_name(&schema, oid);
     // READ events of the table's snapshots since the counters started, for the lag_events estimate.
-    let snapshot_rows = if crate::api::sinks::has_snapshots(&schema) {
+    let snapshot_rows = if crate::catalog::has_snapshots(&schema) {
         format!(
             "(SELECT coalesce(sum(x.rows_done), 0) FROM {schema}._cdc_snapshots x
                WHERE x.sink_id = s.sink_id AND x.table_oid = $1 AND x.started_at >= coalesce(to_timestamp($2::float8 / 1e6), 'infinity'))"
@@ -188,7 +188,7 @@ fn cdc_prometheus_metrics() -> String {
     } else {
         ""
     };
-    let snapshots = crate::api::sinks::has_snapshots(&schema)
+    let snapshots = crate::catalog::has_snapshots(&schema)
         .then(|| {
             catalog::json(
                 &format!(

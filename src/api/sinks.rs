@@ -183,7 +183,7 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
     let slot = slot_name(&id);
     // SAFETY: reads the current transaction's top-level xid, set once it has written.
     let wrote = unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId;
-    let snapshots = has_snapshots(&schema);
+    let snapshots = catalog::has_snapshots(&schema);
     let snapshot = snapshots && cfg.common().snapshot_mode.snapshots();
     if !snapshots {
         pgrx::notice!(
@@ -366,12 +366,6 @@ fn require_secret_file<T>(key: &str, what: &str, read: Result<T, String>) {
             "Write {what} to a file in (or relative to) the data directory, owned by the server's user, mode 0600."
         )));
     }
-}
-
-/// Whether the catalog has the snapshots' table: not before `ALTER EXTENSION pg_cdc UPDATE` brought
-/// it to 0.4.0.
-pub fn has_snapshots(schema: &str) -> bool {
-    catalog::has(schema, "_cdc_snapshots")
 }
 
 /// Whether the catalog has the in-database sinks' table: not before `ALTER EXTENSION pg_cdc UPDATE`

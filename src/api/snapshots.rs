@@ -236,7 +236,7 @@ fn validate(schema: &str, oid: pg_sys::Oid, sink_name: Option<&str>) -> (String,
 
 /// Refuses (55000) a catalog from before snapshots (0.4.0).
 fn require_snapshots_catalog(schema: &str) {
-    if !super::sinks::has_snapshots(schema) {
+    if !crate::catalog::has_snapshots(schema) {
         raise(
             CdcError::new(ErrorKind::PrerequisiteState, "this catalog predates snapshots")
                 .hint("Run ALTER EXTENSION pg_cdc UPDATE."),
@@ -495,7 +495,7 @@ fn progress_line(table: &str, p: &Progress) -> String {
 /// `initial` (or `initial_only`, until it finished), gets a snapshot of it (kind `added`): its
 /// rows arrive as READ events as a new sink's would. Nothing on a catalog that predates snapshots.
 pub(crate) fn snapshot_added_table(schema: &str, oid: pg_sys::Oid) {
-    if !super::sinks::has_snapshots(schema) {
+    if !crate::catalog::has_snapshots(schema) {
         return;
     }
     // snapshot_mode defaults to initial (cdc_core::config::SnapshotMode).

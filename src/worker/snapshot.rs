@@ -323,7 +323,7 @@ pub fn open_tables(schema: &str, sink_id: &str) -> Result<OpenSnapshots, String>
         }
     }
     let mut keyless = Vec::new();
-    if crate::api::sinks::has_snapshots(schema) {
+    if crate::catalog::has_snapshots(schema) {
         let rows = catalog::json(
             &format!(
                 "SELECT coalesce(jsonb_agg(jsonb_build_array(table_oid::bigint,
@@ -350,7 +350,7 @@ pub fn open_tables(schema: &str, sink_id: &str) -> Result<OpenSnapshots, String>
 
 /// The tables of a sink's snapshots with rows left.
 fn open_oids(schema: &str, sink_id: &str) -> Result<Vec<u32>, String> {
-    if !crate::api::sinks::has_snapshots(schema) {
+    if !crate::catalog::has_snapshots(schema) {
         return Ok(Vec::new());
     }
     let oids = catalog::json(

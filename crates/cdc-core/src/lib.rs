@@ -19,6 +19,7 @@ pub mod error;
 pub mod expr;
 pub mod failpoint;
 pub mod format;
+pub mod frame;
 pub mod json;
 pub mod lookup;
 pub mod lsn;

@@ -21,9 +21,9 @@ use crate::decode::TupleValue;
 use crate::decode::{decode, DecodeError, Message, OldKind, Tuple};
 use crate::envelope::{Encoder, Event, FilterMark, Op, RelationPlan, RowChange, TxnInfo};
 use crate::format::EventFormat;
+use crate::frame::MvccSnapshot;
 use crate::lookup::{Answer, LookupChange, LookupRow, Lookups};
 use crate::lsn::Lsn;
-use crate::snapshot::MvccSnapshot;
 use crate::stats::TableCounters;
 use crate::types::TypeRegistry;
 
@@ -37,32 +37,7 @@ pub const HEARTBEAT_PREFIX: &str = "pg_cdc.heartbeat";
 /// that does not carry it, or carries its older config and schema history.
 pub const CAPTURE_MESSAGE_PREFIX: &str = "pg_cdc.capture";
 
-/// One pgoutput message and its LSN, as logical decoding writes it (a row of
-/// `pg_logical_slot_peek_binary_changes`, or one write of the worker's decoding session).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawFrame {
-    /// The row's `lsn`.
-    pub lsn: Lsn,
-    /// The row's `data`: one pgoutput message.
-    pub data: Vec<u8>,
-}
-
-/// A committed transaction, ready to publish.
-#[derive(Debug, Clone)]
-pub struct Transaction {
-    /// Transaction id.
-    pub xid: u32,
-    /// LSN of the commit record.
-    pub commit_lsn: Lsn,
-    /// LSN just past the commit record: confirm the slot to this once the events are delivered.
-    pub end_lsn: Lsn,
-    /// Commit time, PostgreSQL microseconds.
-    pub commit_time: i64,
-    /// Events for this sink, in commit order.
-    pub events: Vec<Event>,
-    /// Filter and transformation counts of this transaction, by table OID.
-    pub counters: HashMap<u32, TableCounters>,
-}
+pub use crate::frame::{RawFrame, Transaction};
 
 /// What one batch of frames produced.
 #[derive(Debug, Default)]

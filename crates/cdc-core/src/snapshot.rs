@@ -32,68 +32,11 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::decode::{decode, Message, Relation, TupleValue};
 use crate::deliver::port::ChangeSource;
-use crate::pipeline::RawFrame;
+use crate::frame::RawFrame;
 use crate::types::TypeRegistry;
 use crate::{CdcError, CdcResult, ErrorKind, Lsn};
 
-/// A transaction snapshot as `pg_current_snapshot()` prints it (`xmin:xmax:xip,...`): 64-bit
-/// transaction ids (epoch and xid).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MvccSnapshot {
-    xmin: u64,
-    xmax: u64,
-    /// Transactions in progress when the snapshot was taken, ascending.
-    xip: Vec<u64>,
-}
-
-impl MvccSnapshot {
-    /// Parses `pg_current_snapshot()::text`.
-    pub fn parse(text: &str) -> CdcResult<Self> {
-        let bad = || CdcError::new(ErrorKind::InvalidParameter, format!("not a transaction snapshot: {text:?}"));
-        let mut parts = text.trim().splitn(3, ':');
-        let (Some(xmin), Some(xmax), Some(xip)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(bad());
-        };
-        let xmin: u64 = xmin.parse().map_err(|_| bad())?;
-        let xmax: u64 = xmax.parse().map_err(|_| bad())?;
-        let mut xip = xip
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .map(|s| s.parse::<u64>().map_err(|_| bad()))
-            .collect::<CdcResult<Vec<_>>>()?;
-        if xmin > xmax || xip.iter().any(|&x| x < xmin || x >= xmax) {
-            return Err(bad());
-        }
-        xip.sort_unstable();
-        Ok(MvccSnapshot { xmin, xmax, xip })
-    }
-
-    /// Whether a committed top-level transaction, known by the 32-bit xid pgoutput's BEGIN
-    /// carries, is visible in this snapshot: it committed before the snapshot was taken. The
-    /// epoch comes from the snapshot's xmax: a transaction decoded while the snapshot matters is
-    /// within 2^31 of it (PostgreSQL's wraparound limit keeps every live xid there).
-    pub fn sees_committed(&self, xid: u32) -> bool {
-        let full = self.widen(xid);
-        if full < self.xmin {
-            return true;
-        }
-        if full >= self.xmax {
-            return false;
-        }
-        self.xip.binary_search(&full).is_err()
-    }
-
-    /// The transactions in progress when it was taken.
-    pub fn in_progress(&self) -> &[u64] {
-        &self.xip
-    }
-
-    /// The 64-bit id of `xid`: the one nearest to xmax.
-    fn widen(&self, xid: u32) -> u64 {
-        let delta = i64::from(xid.wrapping_sub(self.xmax as u32) as i32);
-        (self.xmax as i64 + delta).max(0) as u64
-    }
-}
+pub use crate::frame::MvccSnapshot;
 
 /// The prefix of the high watermark messages the worker writes (`pg_logical_emit_message`,
 /// non-transactional): the content names the chunk, so every other sink (whose slot decodes the
@@ -635,8 +578,9 @@ mod tests {
         for bad in ["", "1:2", "a:2:", "5:4:", "1:10:12", "1:10:x", "1:10:0"] {
             assert!(MvccSnapshot::parse(bad).is_err(), "{bad:?}");
         }
-        assert_eq!(MvccSnapshot::parse("1:10:").unwrap(), MvccSnapshot { xmin: 1, xmax: 10, xip: vec![] });
-        assert_eq!(MvccSnapshot::parse(" 3:10:7,4\n").unwrap().xip, vec![4, 7]);
+        let empty = MvccSnapshot::parse("1:10:").unwrap();
+        assert!(empty.in_progress().is_empty() && empty.sees_committed(9) && !empty.sees_committed(10));
+        assert_eq!(MvccSnapshot::parse(" 3:10:7,4\n").unwrap().in_progress(), [4, 7]);
     }
 
     use crate::decode::RelationColumn;

@@ -570,7 +570,7 @@ mod tests {
     #[test]
     fn flush_as_a_sink_waits_for_its_own_commit() {
         let mut r = rig(false, QUEUE_BYTES);
-        let tx = vec![crate::pipeline::Transaction {
+        let tx = vec![crate::frame::Transaction {
             xid: 1,
             commit_lsn: Lsn(5),
             end_lsn: Lsn(6),

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use super::port::{ChangeSource, Checkpoint, DeliveryMode, ErrorClass, PublishStats, Sink, SinkError};
 use crate::decode::{decode, Message};
 use crate::envelope::Event;
-use crate::pipeline::RawFrame;
+use crate::frame::RawFrame;
 use crate::types::TypeRegistry;
 
 /// A slot read over frames held in memory; it hands out at most `chunk` rows per fetch, so tests

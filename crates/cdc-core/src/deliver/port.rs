@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use crate::envelope::Event;
-use crate::pipeline::{RawFrame, Transaction};
+use crate::frame::{RawFrame, Transaction};
 use crate::types::TypeRegistry;
 use crate::Lsn;
 

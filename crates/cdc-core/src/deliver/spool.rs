@@ -20,7 +20,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-use crate::pipeline::RawFrame;
+use crate::frame::RawFrame;
 use crate::Lsn;
 
 /// A frame in the spill file: its LSN (8 bytes), its length (4), its bytes.
