@@ -7,7 +7,7 @@ use cdc_core::envelope::Event;
 use cdc_sinks::table::config::TableSinkConfig;
 use cdc_sinks::table::{insert_sql, trim_sql, EventStore};
 use cdc_sinks::{Checkpoint, ErrorClass, SinkError};
-use pgrx::JsonB;
+use pgrx::{pg_sys, JsonB};
 
 use crate::catalog;
 
@@ -25,20 +25,27 @@ pub struct SpiStore {
     retention_hours: i32,
     retention_events: Option<i64>,
     last_trim: Option<Instant>,
+    /// The event table's owner when it is not a superuser (a `cdc_admin` member added the sink):
+    /// the worker writes and trims the table as that role, so a trigger its owner puts on it runs
+    /// with the owner's rights, never the worker's.
+    owner: Option<pg_sys::Oid>,
 }
 
 impl SpiStore {
     /// Finds the sink's event table (by OID: a rename is harmless). Runs SPI: call it inside a
     /// transaction.
     pub fn open(schema: &str, sink_id: &str, cfg: &TableSinkConfig) -> Result<SpiStore, SinkError> {
-        let table = catalog::select_one::<String>(
+        let found = catalog::json(
             &format!(
-                "SELECT c.oid::regclass::text FROM {schema}._cdc_table_sinks t JOIN pg_class c ON c.oid = t.event_table \
+                "SELECT jsonb_build_object('table', c.oid::regclass::text,
+                        'owner', CASE WHEN NOT r.rolsuper THEN c.relowner::bigint END)
+                   FROM {schema}._cdc_table_sinks t JOIN pg_class c ON c.oid = t.event_table
+                   JOIN pg_roles r ON r.oid = c.relowner
                   WHERE t.sink_id = $1::uuid"
             ),
             &[sink_id.into()],
-        )
-        .ok_or_else(|| SinkError {
+        );
+        let table = found.as_ref().map(|f| catalog::str_field(f, "table").to_string()).ok_or_else(|| SinkError {
             class: ErrorClass::Operator,
             message: format!(
                 "the event table of this sink ({}) was dropped: drop and re-add the sink to create it again",
@@ -53,7 +60,34 @@ impl SpiStore {
             retention_hours: cfg.retention_hours as i32,
             retention_events: cfg.retention_events.map(|n| n.min(i64::MAX as u64) as i64),
             last_trim: None,
+            owner: found
+                .as_ref()
+                .and_then(|f| f.get("owner"))
+                .and_then(serde_json::Value::as_u64)
+                .map(|o| pg_sys::Oid::from(o as u32)),
         })
+    }
+
+    /// Runs `f` (a statement on the event table) as the table's owner when that is not a
+    /// superuser, as a restricted operation (no SET ROLE, no temporary objects), the way
+    /// PostgreSQL runs a table owner's code in maintenance; else as the worker.
+    fn as_owner<R>(&self, f: impl FnOnce() -> R) -> R {
+        let Some(owner) = self.owner else { return f() };
+        let mut user = pg_sys::InvalidOid;
+        let mut sec = 0;
+        // SAFETY: saves and switches the current user and security context, and switches back
+        // after `f`; after an ERROR the (sub)transaction's abort restores them.
+        unsafe {
+            pg_sys::GetUserIdAndSecContext(&mut user, &mut sec);
+            pg_sys::SetUserIdAndSecContext(
+                owner,
+                sec | (pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_RESTRICTED_OPERATION) as i32,
+            );
+        }
+        let out = f();
+        // SAFETY: back to the worker's user.
+        unsafe { pg_sys::SetUserIdAndSecContext(user, sec) };
+        out
     }
 
     /// Removes the events past the retention, at most every minute; records how far in
@@ -64,8 +98,9 @@ impl SpiStore {
             return;
         }
         self.last_trim = Some(Instant::now());
-        let upto =
-            catalog::select_one_write::<i64>(&self.trim, &[self.retention_hours.into(), self.retention_events.into()]);
+        let upto = self.as_owner(|| {
+            catalog::select_one_write::<i64>(&self.trim, &[self.retention_hours.into(), self.retention_events.into()])
+        });
         if let Some(upto) = upto {
             catalog::run(
                 &format!(
@@ -92,10 +127,12 @@ impl EventStore for SpiStore {
         let op: Vec<&str> = events.iter().map(|e| e.op.as_str()).collect();
         let key: Vec<Option<String>> = events.iter().map(|e| e.key.as_deref().map(text)).collect();
         let payload: Vec<String> = events.iter().map(|e| text(&e.payload)).collect();
-        catalog::run(
-            &self.insert,
-            &[commit.into(), index.into(), lsn.into(), table.into(), op.into(), key.into(), payload.into()],
-        );
+        self.as_owner(|| {
+            catalog::run(
+                &self.insert,
+                &[commit.into(), index.into(), lsn.into(), table.into(), op.into(), key.into(), payload.into()],
+            )
+        });
         Ok(())
     }
 

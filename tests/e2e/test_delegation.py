@@ -235,3 +235,36 @@ def test_an_admins_postgres_sink_needs_a_password_and_never_reaches_this_server_
             c.execute(f"DROP DATABASE IF EXISTS {target_db} WITH (FORCE)")
             c.execute(f"ALTER ROLE {SUPER} NOSUPERUSER")
             os.unlink(passfile)
+
+
+def test_a_trigger_on_an_admins_event_table_runs_with_the_admins_rights(admin, unique):
+    """A table sink's event table belongs to the role that added the sink, who may put a trigger on it;
+    the worker, a superuser, writes into it. It writes as the table's owner (a restricted operation), so
+    the trigger never runs as the superuser."""
+    table, sink = f"{admin}.trig_{unique}", f"e2e_trig_{unique}"
+    events, log = f"{admin}.trig_ev_{unique}", f"{admin}.trig_log_{unique}"
+    with connect() as c:
+        c.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+        c.execute(f"GRANT SELECT ON {table} TO {ADMIN}")
+        c.execute(f"CREATE TABLE {log} (who text, su text)")
+        c.execute(f"GRANT INSERT ON {log} TO PUBLIC")
+        try:
+            as_admin(c, "SELECT cdc_enable(%s)", (table,))
+            as_admin(c, "SELECT cdc_add_sink(%s, 'table', %s::jsonb)",
+                     (sink, json.dumps({"table": events, "tables": [table]})))
+            as_admin(c, f"""CREATE FUNCTION {admin}.trig_fn_{unique}() RETURNS trigger LANGUAGE plpgsql AS $$
+                            BEGIN
+                                INSERT INTO {log}
+                                SELECT current_user, rolsuper::text FROM pg_roles WHERE rolname = current_user;
+                                RETURN NEW;
+                            END $$""")
+            as_admin(c, f"CREATE TRIGGER spy BEFORE INSERT ON {events} FOR EACH ROW EXECUTE FUNCTION {admin}.trig_fn_{unique}()")
+            c.execute(f"INSERT INTO {table} VALUES (1)")
+            wait_for(lambda: c.execute(f"SELECT count(*) FROM {events}").fetchone()[0] >= 1, timeout=60,
+                     what="the event written")
+            assert c.execute(f"SELECT DISTINCT who, su FROM {log}").fetchall() == [(ADMIN, "false")]
+            assert c.execute("SELECT state, last_error FROM _cdc_sinks WHERE sink_name = %s", (sink,)).fetchone()[1] is None
+        finally:
+            c.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (sink,))
+            c.execute("SELECT cdc_disable(table_oid::regclass) FROM _cdc_publications WHERE table_oid = to_regclass(%s)",
+                      (table,))
