@@ -215,3 +215,47 @@ pub fn create_logical_slot(slot: &str) {
 pub fn has_snapshots(schema: &str) -> bool {
     has(schema, "_cdc_snapshots")
 }
+
+/// Runs `f` as `role` (no SET ROLE inside; `restricted`: also a security-restricted operation, as
+/// PostgreSQL runs a table owner's code in maintenance), then switches back. After an ERROR the
+/// (sub)transaction's abort restores the user, as it does for SECURITY DEFINER functions.
+pub fn as_user<R>(role: pg_sys::Oid, restricted: bool, f: impl FnOnce() -> R) -> R {
+    let mut user = pg_sys::InvalidOid;
+    let mut sec = 0;
+    let extra = if restricted {
+        pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_RESTRICTED_OPERATION
+    } else {
+        pg_sys::SECURITY_LOCAL_USERID_CHANGE
+    };
+    // SAFETY: saves the current user and security context, and switches to `role`.
+    unsafe {
+        pg_sys::GetUserIdAndSecContext(&mut user, &mut sec);
+        pg_sys::SetUserIdAndSecContext(role, sec | extra as i32);
+    }
+    let out = f();
+    // SAFETY: back to the saved user and context.
+    unsafe { pg_sys::SetUserIdAndSecContext(user, sec) };
+    out
+}
+
+/// Sets a setting at the current GUC nesting level, as a function's `SET` clause does (undone by
+/// `AtEOXact_GUC` at that level, or by the transaction's rollback).
+///
+/// # Safety
+/// Call it after `NewGUCNestLevel`, in a transaction.
+pub unsafe fn set_at_nest_level(name: &std::ffi::CStr, value: &std::ffi::CStr) {
+    // SAFETY: what fmgr_security_definer does for a SET clause (superuser context: pg_cdc sets
+    // it, not the caller).
+    unsafe {
+        pg_sys::set_config_option(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+    }
+}

@@ -72,7 +72,7 @@ pub(crate) fn enter() -> Entry {
         pg_sys::GetUserIdAndSecContext(&mut user, &mut sec_context);
         let search_path = current_search_path();
         let nest_level = pg_sys::NewGUCNestLevel();
-        set_search_path(c"pg_catalog, pg_temp");
+        crate::catalog::set_at_nest_level(c"search_path", c"pg_catalog, pg_temp");
         pg_sys::SetUserIdAndSecContext(
             pg_sys::Oid::from(pg_sys::BOOTSTRAP_SUPERUSERID),
             sec_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
@@ -104,23 +104,16 @@ impl Drop for Entry {
 /// create what it owns); unchanged when the call did not [`enter`].
 pub(crate) fn as_caller<R>(f: impl FnOnce() -> R) -> R {
     let Some(entered) = ENTERED.with(|e| e.borrow().clone()) else { return f() };
-    let mut user = pg_sys::InvalidOid;
-    let mut sec_context = 0;
-    // SAFETY: the same switch as enter(), back to the caller for the length of `f`.
+    let path = std::ffi::CString::new(entered.search_path).unwrap_or_default();
+    // SAFETY: the caller's search_path at a nesting level of its own, popped after `f`.
     let nest_level = unsafe {
-        pg_sys::GetUserIdAndSecContext(&mut user, &mut sec_context);
         let nest_level = pg_sys::NewGUCNestLevel();
-        let path = std::ffi::CString::new(entered.search_path.clone()).unwrap_or_default();
-        set_search_path(&path);
-        pg_sys::SetUserIdAndSecContext(entered.caller, sec_context);
+        crate::catalog::set_at_nest_level(c"search_path", &path);
         nest_level
     };
-    let out = f();
-    // SAFETY: back to the superuser and the pinned search_path.
-    unsafe {
-        pg_sys::SetUserIdAndSecContext(user, sec_context);
-        pg_sys::AtEOXact_GUC(true, nest_level);
-    }
+    let out = crate::catalog::as_user(entered.caller, false, f);
+    // SAFETY: back to the pinned search_path.
+    unsafe { pg_sys::AtEOXact_GUC(true, nest_level) };
     out
 }
 
@@ -142,23 +135,6 @@ unsafe fn current_search_path() -> String {
     }
     // SAFETY: a C string.
     unsafe { std::ffi::CStr::from_ptr(v) }.to_string_lossy().into_owned()
-}
-
-/// Sets `search_path` at the current GUC nesting level (undone by `AtEOXact_GUC`).
-unsafe fn set_search_path(value: &std::ffi::CStr) {
-    // SAFETY: as quiet_statement() sets its setting.
-    unsafe {
-        pg_sys::set_config_option(
-            c"search_path".as_ptr(),
-            value.as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            0,
-            false,
-        );
-    }
 }
 
 /// Refuses a table the caller may not read whole (42501): no SELECT on the table itself (column

@@ -37,16 +37,7 @@ pub(crate) fn quiet_statement() -> QuietStatement {
     // then the setting saved at it (superuser context: pg_cdc sets it, not the caller).
     unsafe {
         let nest_level = pgrx::pg_sys::NewGUCNestLevel();
-        pgrx::pg_sys::set_config_option(
-            c"log_min_error_statement".as_ptr(),
-            c"panic".as_ptr(),
-            pgrx::pg_sys::GucContext::PGC_SUSET,
-            pgrx::pg_sys::GucSource::PGC_S_SESSION,
-            pgrx::pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            0,
-            false,
-        );
+        crate::catalog::set_at_nest_level(c"log_min_error_statement", c"panic");
         QuietStatement { nest_level }
     }
 }

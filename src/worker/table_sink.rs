@@ -72,22 +72,10 @@ impl SpiStore {
     /// superuser, as a restricted operation (no SET ROLE, no temporary objects), the way
     /// PostgreSQL runs a table owner's code in maintenance; else as the worker.
     fn as_owner<R>(&self, f: impl FnOnce() -> R) -> R {
-        let Some(owner) = self.owner else { return f() };
-        let mut user = pg_sys::InvalidOid;
-        let mut sec = 0;
-        // SAFETY: saves and switches the current user and security context, and switches back
-        // after `f`; after an ERROR the (sub)transaction's abort restores them.
-        unsafe {
-            pg_sys::GetUserIdAndSecContext(&mut user, &mut sec);
-            pg_sys::SetUserIdAndSecContext(
-                owner,
-                sec | (pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_RESTRICTED_OPERATION) as i32,
-            );
+        match self.owner {
+            Some(owner) => catalog::as_user(owner, true, f),
+            None => f(),
         }
-        let out = f();
-        // SAFETY: back to the worker's user.
-        unsafe { pg_sys::SetUserIdAndSecContext(user, sec) };
-        out
     }
 
     /// Removes the events past the retention, at most every minute; records how far in

@@ -16,7 +16,7 @@ import uuid
 import psycopg
 import pytest
 
-from conftest import BOOTSTRAP, connect, consume, delete_topics, server_settings, wait_for, wait_setting
+from conftest import BOOTSTRAP, connect, consume, delete_topics, server_settings, sink_state, wait_for, wait_setting
 
 ADMIN = "cdc_e2e_admin"
 SUPER = "cdc_super_test"  # scripts/pg.sh puts a SCRAM pg_hba line first for it
@@ -83,10 +83,6 @@ def private_file(path, content):
     os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
     os.system(f"chown postgres {path}")
     return path
-
-
-def state_of(conn, sink):
-    return conn.execute("SELECT state, last_error FROM _cdc_sinks WHERE sink_name = %s", (sink,)).fetchone()
 
 
 def test_an_admin_that_is_not_a_superuser_streams_a_table_it_may_read(admin, unique):
@@ -205,7 +201,7 @@ def test_an_admins_postgres_sink_needs_a_password_and_never_reaches_this_server_
                 admin_sink, super_sink = f"e2e_pg_{case}_admin_{unique}", f"e2e_pg_{case}_super_{unique}"
                 apply_sink(c, name=admin_sink, table=table, conninfo=conninfo, by_admin=True, state_schema=f"st_a_{case}")
                 sinks.append(admin_sink)
-                state = wait_for(lambda: (s := state_of(c, admin_sink)) and s[1] and why in s[1] and s,
+                state = wait_for(lambda: (s := sink_state(c, admin_sink)) and s[1] and why in s[1] and s,
                                  timeout=60, what=f"{case}: the admin's sink refused")
                 assert state[0] in ("retrying", "error"), state
                 # Negative control: the same connection, added by a superuser, applies the row.

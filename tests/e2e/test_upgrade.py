@@ -7,7 +7,7 @@ import time
 
 import psycopg
 
-from conftest import connect, consume, delivery_status, wait_for
+from conftest import connect, consume, delivery_status, restart_worker, wait_for
 
 
 def drop_extension(pg):
@@ -143,7 +143,7 @@ def test_update_from_0_6_0_keeps_the_sinks_superusers_added_working(pg, unique):
             assert pg.execute("SELECT added_by FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone() == (None,)
             pg.execute(f"INSERT INTO {t} VALUES (2)")
             # A new worker reads the new catalog (restart it, as a server restart would).
-            pg.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'")
+            restart_worker(pg)
             wait_for(lambda: ids() == [1, 2], timeout=60, what="after the update: the next row applied")
             assert pg.execute("SELECT last_error FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone() == (None,)
     finally:
