@@ -5,6 +5,7 @@
 //! These functions are SECURITY DEFINER and granted to `pg_monitor`: a monitoring role sees the
 //! figures and states, never the sink configs (they may hold credentials).
 use cdc_core::metrics::{Exposition, Histogram, Kind};
+use cdc_core::state::SnapshotState;
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::{json, Value};
@@ -154,6 +155,7 @@ VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 "#)]
 fn cdc_prometheus_metrics() -> String {
+    let open = SnapshotState::open_sql();
     let schema = schema();
     let sinks = catalog::json(
         &format!(
@@ -197,7 +199,7 @@ fn cdc_prometheus_metrics() -> String {
                          'estimate', s.rows_estimate) ORDER BY k.sink_name, s.snapshot_id), '[]')
                        FROM {schema}._cdc_snapshots s JOIN {schema}._cdc_sinks k USING (sink_id)
                        LEFT JOIN {schema}._cdc_publications p ON p.table_oid = s.table_oid
-                      WHERE s.state IN ('pending', 'running')"
+                      WHERE s.state IN {open}"
                 ),
                 &[],
             )

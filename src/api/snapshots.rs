@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use cdc_core::state::SnapshotState;
 use cdc_core::{CdcError, ErrorKind};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime};
 use pgrx::prelude::*;
@@ -85,6 +86,7 @@ CREATE FUNCTION cdc_cancel_snapshot(table_name regclass, sink_name text DEFAULT 
 RETURNS SETOF bigint VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 "#)]
 fn cdc_cancel_snapshot(table_name: Option<pg_sys::Oid>, sink_name: Option<&str>) -> SetOfIterator<'static, i64> {
+    let (open, cancelled) = (SnapshotState::open_sql(), SnapshotState::Cancelled.sql());
     let oid = required(table_name, "table_name");
     check_prerequisites();
     super::access::require_select(oid, "cancel the snapshots of");
@@ -102,18 +104,18 @@ fn cdc_cancel_snapshot(table_name: Option<pg_sys::Oid>, sink_name: Option<&str>)
             "SELECT to_jsonb(count(*)) FROM (SELECT 1 FROM {schema}._cdc_sinks k
                WHERE ($1::text IS NULL OR k.sink_name = $1)
                  AND EXISTS (SELECT 1 FROM {schema}._cdc_snapshots s WHERE s.sink_id = k.sink_id
-                                AND s.table_oid = $2 AND s.state IN ('pending', 'running'))
+                                AND s.table_oid = $2 AND s.state IN {open})
                FOR UPDATE OF k) x"
         ),
         &[sink_name.into(), oid.into()],
     );
     let ids: Vec<i64> = catalog::json_write(
         &format!(
-            "WITH c AS (UPDATE {schema}._cdc_snapshots s SET state = 'cancelled', finished_at = now(),
+            "WITH c AS (UPDATE {schema}._cdc_snapshots s SET state = {cancelled}, finished_at = now(),
                                 note = 'cancelled by ' || $3
                           FROM {schema}._cdc_sinks k
                          WHERE k.sink_id = s.sink_id AND ($1::text IS NULL OR k.sink_name = $1)
-                           AND s.table_oid = $2 AND s.state IN ('pending', 'running')
+                           AND s.table_oid = $2 AND s.state IN {open}
                         RETURNING s.snapshot_id)
              SELECT coalesce(jsonb_agg(snapshot_id ORDER BY snapshot_id), '[]') FROM c"
         ),
@@ -274,6 +276,7 @@ fn carrying_sinks(schema: &str, oid: pg_sys::Oid, name: Option<&str>, id: Option
 /// Records a snapshot of the table for each of `sinks` (or finds the one under way) in the current
 /// transaction; returns their ids.
 fn request(schema: &str, oid: pg_sys::Oid, table: &str, sinks: &[(String, String)]) -> Vec<i64> {
+    let open = SnapshotState::open_sql();
     crate::worker::launcher::catalog_changed();
     let mut ids = Vec::with_capacity(sinks.len());
     for (sink_id, name) in sinks {
@@ -292,7 +295,7 @@ fn request(schema: &str, oid: pg_sys::Oid, table: &str, sinks: &[(String, String
         let running = catalog::select_one_write::<i64>(
             &format!(
                 "SELECT snapshot_id FROM {schema}._cdc_snapshots
-                  WHERE sink_id = $1::uuid AND table_oid = $2 AND state IN ('pending', 'running')
+                  WHERE sink_id = $1::uuid AND table_oid = $2 AND state IN {open}
                   ORDER BY snapshot_id LIMIT 1"
             ),
             &[sink_id.as_str().into(), oid.into()],
@@ -380,13 +383,14 @@ pub extern "C-unwind" fn pg_cdc_snapshot_request_main(_arg: pg_sys::Datum) {
 /// The snapshots of the table the request worker recorded (or found under way): per sink, the
 /// one under way, or one requested since this statement started.
 fn requested_ids(schema: &str, oid: pg_sys::Oid, sinks: &[(String, String)]) -> Vec<i64> {
+    let open = SnapshotState::open_sql();
     let ids: Vec<String> = sinks.iter().map(|(id, _)| id.clone()).collect();
     catalog::json(
         &format!(
             "SELECT coalesce(jsonb_agg(i ORDER BY i), '[]') FROM (
                  SELECT max(snapshot_id) AS i FROM {schema}._cdc_snapshots
                   WHERE table_oid = $1 AND sink_id::text = ANY ($2)
-                    AND (state IN ('pending', 'running') OR requested_at >= statement_timestamp())
+                    AND (state IN {open} OR requested_at >= statement_timestamp())
                   GROUP BY sink_id) x"
         ),
         &[oid.into(), ids.into()],
@@ -401,12 +405,19 @@ struct Progress {
     sink_name: String,
     sink_state: String,
     last_error: Option<String>,
-    state: String,
+    #[serde(deserialize_with = "snapshot_state")]
+    state: SnapshotState,
     rows_done: i64,
     rows_estimate: Option<i64>,
     percent_done: Option<f64>,
     rows_per_second: Option<f64>,
     eta_seconds: Option<f64>,
+}
+
+/// A snapshot's stored state label, read into its enum.
+fn snapshot_state<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SnapshotState, D::Error> {
+    let label = String::deserialize(d)?;
+    SnapshotState::parse(&label).ok_or_else(|| serde::de::Error::custom(format!("unknown snapshot state {label}")))
 }
 
 /// How often a waiting call reports progress.
@@ -435,9 +446,9 @@ fn follow(schema: &str, table: &str, ids: &[i64]) {
         })
         .and_then(|v| serde_json::from_value(v).ok())
         .unwrap_or_default();
-        let open: Vec<&Progress> = rows.iter().filter(|p| p.state == "pending" || p.state == "running").collect();
+        let open: Vec<&Progress> = rows.iter().filter(|p| p.state.is_open()).collect();
         if open.is_empty() {
-            for p in rows.iter().filter(|p| p.state == "skipped" || p.state == "cancelled") {
+            for p in rows.iter().filter(|p| matches!(p.state, SnapshotState::Skipped | SnapshotState::Cancelled)) {
                 pgrx::warning!("snapshot {} of {table} for sink \"{}\" was {}", p.snapshot_id, p.sink_name, p.state);
             }
             return;
@@ -471,7 +482,7 @@ fn follow(schema: &str, table: &str, ids: &[i64]) {
 /// One snapshot's progress as a NOTICE says it.
 fn progress_line(table: &str, p: &Progress) -> String {
     let mut line = format!("snapshot {} of {table} for sink \"{}\": ", p.snapshot_id, p.sink_name);
-    if p.state == "pending" {
+    if p.state == SnapshotState::Pending {
         line.push_str("waiting for the sink's worker");
         return line;
     }
@@ -495,6 +506,7 @@ fn progress_line(table: &str, p: &Progress) -> String {
 /// `initial` (or `initial_only`, until it finished), gets a snapshot of it (kind `added`): its
 /// rows arrive as READ events as a new sink's would. Nothing on a catalog that predates snapshots.
 pub(crate) fn snapshot_added_table(schema: &str, oid: pg_sys::Oid) {
+    let open = SnapshotState::open_sql();
     if !crate::catalog::has_snapshots(schema) {
         return;
     }
@@ -507,7 +519,7 @@ pub(crate) fn snapshot_added_table(schema: &str, oid: pg_sys::Oid) {
                 AND coalesce(k.config ->> 'snapshot_mode', 'initial') IN ('initial', 'initial_only')
                 AND k.state <> 'finished'
                 AND NOT EXISTS (SELECT 1 FROM {schema}._cdc_snapshots s WHERE s.sink_id = k.sink_id
-                                   AND s.table_oid = $1 AND s.state IN ('pending', 'running'))
+                                   AND s.table_oid = $1 AND s.state IN {open})
               ORDER BY k.sink_name
                 FOR KEY SHARE OF k"
         ),

@@ -24,9 +24,9 @@
 //! back into PostgreSQL: delivery reports are served by `poll` on this thread.
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
-mod batch;
 mod cleanup;
 mod decoding;
+mod env;
 mod keyless;
 pub mod launcher;
 pub(crate) mod snapshot;
@@ -204,18 +204,6 @@ fn end_tx(commit: bool) {
             pg_sys::AbortCurrentTransaction();
         }
     }
-}
-
-/// The backoff after `failures` consecutive failures (`cdc_core::deliver::protocol::backoff`),
-/// capped by `cdc.max_retry_backoff_ms`.
-pub fn backoff(failures: u32) -> Duration {
-    let cap = Duration::from_millis(gucs::MAX_RETRY_BACKOFF_MS.get().max(100) as u64);
-    cdc_core::deliver::protocol::backoff(failures, cap)
-}
-
-/// When a retry is due.
-pub fn retry_at(failures: u32) -> Instant {
-    Instant::now() + backoff(failures)
 }
 
 /// Per-slot bookkeeping for orphan detection: first time (database clock) a slot was seen without a sink.

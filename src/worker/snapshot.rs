@@ -17,7 +17,9 @@ use std::ffi::CStr;
 
 use cdc_core::decode::{Relation, RelationColumn};
 use cdc_core::deliver::read::unix_micros_now;
+use cdc_core::driver::snapshot::{Next, OpenSnapshots, Previous};
 use cdc_core::snapshot::{watermark_content, Chunk, MvccSnapshot, SnapshotReader, WATERMARK_PREFIX};
+use cdc_core::state::SnapshotState;
 use cdc_core::time::PG_EPOCH_OFFSET_MICROS;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
@@ -26,33 +28,6 @@ use serde::Deserialize;
 
 use crate::catalog;
 use crate::lookups::quote_ident;
-
-/// How the chunk read before (if any) is settled.
-#[derive(Debug, Clone, Copy)]
-pub enum Previous {
-    /// The worker delivered the chunk it held.
-    Delivered,
-    /// The worker holds no chunk (it just started the sink): one the catalog has in flight was
-    /// delivered if the sink had delivered up to its watermark when it was opened.
-    OpenedAt(Lsn),
-}
-
-/// What [`take_chunk`] found.
-pub enum Next {
-    /// A chunk, its watermark written.
-    Chunk(Box<Chunk>),
-    /// Rows remain, but not now (a transaction read lately was in progress in the chunk's
-    /// snapshot): try again on a later pass.
-    Later,
-    /// No snapshot of the sink has rows left.
-    Done,
-    /// The next snapshot's table has no window open (a snapshot requested or added while the sink
-    /// was snapshotting other tables): open the windows of its snapshots' tables, then read.
-    Untracked,
-    /// The next snapshot is the initial one of a table without a key: its rows come from one
-    /// snapshot, piece by piece ([`super::keyless`]).
-    Keyless { snapshot_id: i64, table_oid: u32 },
-}
 
 /// The open snapshot a chunk is read for.
 #[derive(Deserialize)]
@@ -112,6 +87,12 @@ fn next_chunk(
     nonce: &str,
     types: &mut TypeRegistry,
 ) -> Result<Next, String> {
+    let (open, running, done, skipped) = (
+        SnapshotState::open_sql(),
+        SnapshotState::Running.sql(),
+        SnapshotState::Done.sql(),
+        SnapshotState::Skipped.sql(),
+    );
     // The sink's row first, as cdc_drop_sink does (its DELETE cascades here): a drop waits for
     // this transaction, or this one sees the sink gone; never both waiting for each other.
     let alive = catalog::select_one_write::<bool>(
@@ -132,8 +113,8 @@ fn next_chunk(
              UPDATE {schema}._cdc_snapshots t SET
                     last_key = CASE WHEN s.delivered THEN t.chunk_last_key ELSE t.last_key END,
                     rows_done = t.rows_done + CASE WHEN s.delivered THEN t.chunk_rows ELSE 0 END,
-                    state = CASE WHEN s.delivered AND t.chunk_last AND t.state = 'running' THEN 'done' ELSE t.state END,
-                    finished_at = CASE WHEN s.delivered AND t.chunk_last AND t.state = 'running' THEN now()
+                    state = CASE WHEN s.delivered AND t.chunk_last AND t.state = {running} THEN {done} ELSE t.state END,
+                    finished_at = CASE WHEN s.delivered AND t.chunk_last AND t.state = {running} THEN now()
                                        ELSE t.finished_at END,
                     chunk_watermark = NULL, chunk_last_key = NULL, chunk_rows = NULL, chunk_last = NULL
                FROM s WHERE t.snapshot_id = s.snapshot_id"
@@ -143,9 +124,9 @@ fn next_chunk(
     // A table no longer captured has nothing to snapshot.
     catalog::run(
         &format!(
-            "UPDATE {schema}._cdc_snapshots s SET state = 'skipped', finished_at = now(),
+            "UPDATE {schema}._cdc_snapshots s SET state = {skipped}, finished_at = now(),
                     note = 'the table is no longer captured'
-              WHERE s.sink_id = $1::uuid AND s.state IN ('pending', 'running')
+              WHERE s.sink_id = $1::uuid AND s.state IN {open}
                 AND NOT EXISTS (SELECT 1 FROM {schema}._cdc_publications p
                                  WHERE p.table_oid = s.table_oid AND p.status = 'active')"
         ),
@@ -155,7 +136,7 @@ fn next_chunk(
         let open = catalog::json(
             &format!(
                 "SELECT to_jsonb(x) FROM (SELECT snapshot_id, table_oid::bigint AS table_oid, last_key, rows_estimate, kind
-                   FROM {schema}._cdc_snapshots WHERE sink_id = $1::uuid AND state IN ('pending', 'running')
+                   FROM {schema}._cdc_snapshots WHERE sink_id = $1::uuid AND state IN {open}
                   ORDER BY snapshot_id LIMIT 1) x"
             ),
             &[sink_id.into()],
@@ -180,7 +161,7 @@ fn next_chunk(
             );
             catalog::run(
                 &format!(
-                    "UPDATE {schema}._cdc_snapshots SET state = 'skipped', finished_at = now(),
+                    "UPDATE {schema}._cdc_snapshots SET state = {skipped}, finished_at = now(),
                             note = 'no primary key or replica identity index: chunks are read by key'
                       WHERE snapshot_id = $1"
                 ),
@@ -200,7 +181,7 @@ fn next_chunk(
         if chunk.is_empty() {
             catalog::run(
                 &format!(
-                    "UPDATE {schema}._cdc_snapshots SET state = 'done', chunk_key = $2,
+                    "UPDATE {schema}._cdc_snapshots SET state = {done}, chunk_key = $2,
                             started_at = coalesce(started_at, now()), finished_at = now()
                       WHERE snapshot_id = $1"
                 ),
@@ -219,7 +200,7 @@ fn next_chunk(
         let watermark = write_watermark(&watermark_content(&id, rows))?;
         catalog::run(
             &format!(
-                "UPDATE {schema}._cdc_snapshots SET state = 'running', chunk_key = $2,
+                "UPDATE {schema}._cdc_snapshots SET state = {running}, chunk_key = $2,
                         started_at = coalesce(started_at, now()), rows_estimate = $3,
                         chunk_watermark = $4::text::pg_lsn, chunk_last_key = $5, chunk_rows = $6, chunk_last = $7
                   WHERE snapshot_id = $1"
@@ -299,21 +280,9 @@ fn estimate_rows(oid: u32, table: &Described) -> Option<i64> {
     plan.0[0]["Plan"]["Plan Rows"].as_f64().map(|r| r.max(0.0) as i64)
 }
 
-/// A table being snapshotted: its OID, chunk key and columns.
-pub type OpenTable = (u32, Vec<String>, Vec<String>);
-
-/// What a sink's reader needs before its first read: whether it has snapshots with rows left; of
-/// their tables, those with a chunk key (each with its key and its columns as the stream lays them
-/// out); and the keyless tables of its initial snapshots, each with the point before which its
-/// changes are dropped (`None`: no plan yet, so all of them; see [`super::keyless`]).
-pub struct OpenSnapshots {
-    pub any: bool,
-    pub keyed: Vec<OpenTable>,
-    pub keyless: Vec<(u32, Option<Lsn>)>,
-}
-
 /// What the reader of a sink needs to know of its snapshots before its first read ([`OpenSnapshots`]).
 pub fn open_tables(schema: &str, sink_id: &str) -> Result<OpenSnapshots, String> {
+    let open = SnapshotState::open_sql();
     let oids = open_oids(schema, sink_id)?;
     let mut keyed = Vec::new();
     for &oid in &oids {
@@ -327,10 +296,10 @@ pub fn open_tables(schema: &str, sink_id: &str) -> Result<OpenSnapshots, String>
         let rows = catalog::json(
             &format!(
                 "SELECT coalesce(jsonb_agg(jsonb_build_array(table_oid::bigint,
-                        CASE WHEN state IN ('pending', 'running') THEN NULL ELSE keyless_until::text END)), '[]')
+                        CASE WHEN state IN {open} THEN NULL ELSE keyless_until::text END)), '[]')
                    FROM {schema}._cdc_snapshots
                   WHERE sink_id = $1::uuid AND kind = 'initial'
-                    AND (keyless_until IS NOT NULL OR state IN ('pending', 'running'))"
+                    AND (keyless_until IS NOT NULL OR state IN {open})"
             ),
             &[sink_id.into()],
         )
@@ -350,13 +319,14 @@ pub fn open_tables(schema: &str, sink_id: &str) -> Result<OpenSnapshots, String>
 
 /// The tables of a sink's snapshots with rows left.
 fn open_oids(schema: &str, sink_id: &str) -> Result<Vec<u32>, String> {
+    let open = SnapshotState::open_sql();
     if !crate::catalog::has_snapshots(schema) {
         return Ok(Vec::new());
     }
     let oids = catalog::json(
         &format!(
             "SELECT coalesce(jsonb_agg(DISTINCT table_oid::bigint), '[]') FROM {schema}._cdc_snapshots
-              WHERE sink_id = $1::uuid AND state IN ('pending', 'running')"
+              WHERE sink_id = $1::uuid AND state IN {open}"
         ),
         &[sink_id.into()],
     )

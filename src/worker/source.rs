@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use cdc_core::pipeline::RawFrame;
+use cdc_core::state::{SinkState, SnapshotState};
 use cdc_core::types::{PgTypeRow, TypeRegistry};
 use cdc_core::Lsn;
 use pgrx::prelude::*;
@@ -574,15 +575,16 @@ pub fn set_state(schema: &str, sink_id: &str, state: &str, error: Option<&str>) 
 /// table it carries) either committed before, and is seen here, or waits and then sees the sink
 /// finished (those requests lock the row too, and leave finished sinks out).
 pub fn finish_sink(schema: &str, sink_id: &str) -> bool {
+    let (open, finished) = (SnapshotState::open_sql(), SinkState::Finished.label());
     catalog::json_write(
         &format!("SELECT to_jsonb(true) FROM {schema}._cdc_sinks WHERE sink_id = $1::uuid FOR UPDATE"),
         &[sink_id.into()],
     );
     catalog::json_write(
         &format!(
-            "WITH f AS (UPDATE {schema}._cdc_sinks SET state = 'finished', last_error = NULL, state_since = now()
+            "WITH f AS (UPDATE {schema}._cdc_sinks SET state = '{finished}', last_error = NULL, state_since = now()
                          WHERE sink_id = $1::uuid AND NOT EXISTS (SELECT 1 FROM {schema}._cdc_snapshots
-                                 WHERE sink_id = $1::uuid AND state IN ('pending', 'running'))
+                                 WHERE sink_id = $1::uuid AND state IN {open})
                         RETURNING 1)
              SELECT to_jsonb(count(*) > 0) FROM f"
         ),

@@ -1,203 +1,69 @@
-//! The worker's state across ticks: one [`SinkRun`] per sink, the type registry, the parsed
-//! capture configs, and orphan-slot sightings.
-use std::collections::{HashMap, VecDeque};
+//! The worker's state across ticks: one [`SinkRun`] per sink (its driver, `cdc_core::driver`, and
+//! what only the worker holds: its decoding session, a producer being opened, a keyless table's
+//! cursor), the type registry, the parsed capture configs, and orphan-slot sightings.
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cdc_core::config::{checkpoint_interval, parse_stored_capture_config, CaptureConfig, SnapshotMode};
-use cdc_core::failpoint::{Armed, Failpoint};
+use cdc_core::deliver::protocol::{self, SlotView};
+use cdc_core::driver::{Driver, Producer, Read, ReadSettings, RESTART_POINT_BYTES};
+use cdc_core::failpoint::Armed;
 use cdc_core::pipeline::{Assembler, SinkTables};
 use cdc_core::redact::TokenKey;
-use cdc_core::snapshot::{Chunk, ChunkSource, MvccSnapshot, Pieces, SnapshotReader};
+use cdc_core::snapshot::{Chunk, MvccSnapshot, Pieces};
 use cdc_core::state::SinkState;
-use cdc_core::stats::DeliveryCounters;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
 use cdc_sinks::kinesis::aws::Defaults;
 use cdc_sinks::open::{with_signals_blocked, OpenContext, Opening, ServerSettings};
 use cdc_sinks::postgres::SourceTable;
 use cdc_sinks::table::EventStore;
-use cdc_sinks::{parse_config, Checkpoint, DeliveryMode, ErrorClass, Sink, SinkConfig, SinkError};
+use cdc_sinks::{parse_config, Checkpoint, ErrorClass, SinkConfig, SinkError};
 use pgrx::pg_sys;
 
-use super::batch::{self, Batch, Failure, Inputs, Unit};
 use super::decoding::{self, Session, SessionRead};
+use super::env::{self, Host};
 use super::keyless;
-use super::snapshot::{self as snapshots, Next, Previous};
+use super::snapshot as snapshots;
 use super::source::{self, Catalog, SinkRow};
 use super::table_sink::SpiStore;
-use super::{retry_at, run_tx, stop_requested, OrphanSightings};
+use super::{run_tx, stop_requested, OrphanSightings};
 use crate::catalog::PUBLICATION_NAMES;
 use crate::{gucs, keys, lookups};
 use cdc_core::deliver::handoff::DeliveryThread;
-use cdc_core::deliver::port::ChangeSource;
-use cdc_core::deliver::protocol::{self, SlotView};
-use cdc_core::deliver::read::{Sent, TableProgress};
-use cdc_core::stats::TableCounters;
-
-/// WAL written between two running-transactions records of the launcher: about the most a new
-/// decoding session decodes again before the slot's confirmed position (see
-/// [`Worker::mark_restart_point`]).
-const RESTART_POINT_BYTES: u64 = 2 << 20;
-
-/// While deliveries keep coming, the slot is confirmed (and `_cdc_offsets` written, in the same
-/// transaction) at most this often; at once after a pass that read nothing, and for the first
-/// delivery after a quiet spell. Confirming after every delivery was the largest fixed cost of a
-/// pass at a steady 2,000 small transactions/s (an upsert planned again each time, and a
-/// transaction). What is delivered and not confirmed yet is read again only by a new session (a
-/// crash, a failure): an exactly-once sink skips it (its checkpoint covers it), an at-least-once
-/// sink sends it again.
-const CONFIRM_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+use cdc_core::deliver::read::{Batch, Failure, BUFFER_FRAMES, FETCH_ROWS};
 
 /// A unit of at least this many rows (a backlog, or a high rate) is committed on the sink's
 /// delivery thread while the next one is read. A smaller one is waited for before the next read:
 /// at a low rate a read right after handing a unit over finds only the few changes committed
 /// since, and the sink would commit twice as many, smaller, transactions for no gain.
-const OVERLAP_ROWS: u64 = batch::FETCH_ROWS as u64;
+const OVERLAP_ROWS: u64 = FETCH_ROWS as u64;
 
 /// Runtime state of one sink.
 pub struct SinkRun {
     pub(super) row: SinkRow,
     config: Result<SinkConfig, String>,
-    pub(super) assembler: Assembler,
-    pub(super) producer: Option<Producer>,
-    failures: u32,
-    retry_at: Option<Instant>,
-    /// (state, last_error) as last written to the catalog (`None`: a label this version does not
-    /// know, so the next state is always written).
-    written: (Option<SinkState>, Option<String>),
-    last_heartbeat: Option<Instant>,
-    heartbeat_end: Option<Lsn>,
-    /// Last checkpoint the sink committed (exactly-once), read at open and kept current.
-    checkpoint: Option<Checkpoint>,
+    /// Its delivery: destination, units handed over and delivered, snapshot, failures, state.
+    pub(super) driver: Driver,
     /// The producer being opened, when it is.
     opening: Option<Opening>,
-    /// Its events are held back for a compliance reason (mirrors the shared counter, so a
-    /// delivering sink does not take the counters' lock each pass to clear it).
-    compliance_hold: bool,
     /// Its decoding session (holds the slot), open from the first read until a failure.
     session: Option<Session>,
-    /// Delivered (flushed) up to here: ahead of the slot's confirmed position until the next
-    /// confirm ([`CONFIRM_INTERVAL`]); reads go on from here.
-    delivered: Option<Lsn>,
-    /// Per-table progress of what was delivered since the last confirm (written with it).
-    unrecorded: HashMap<u32, TableProgress>,
-    /// Per `regional_routing` route, what was delivered since the last confirm (see
-    /// [`cdc_core::deliver::read::Batch::routes`]).
-    unrecorded_routes: RouteProgress,
-    /// When the slot was last confirmed.
-    last_confirm: Option<Instant>,
-    /// Units read and handed to the sink that are not delivered yet, oldest first: their
-    /// flushes run on the sink's delivery thread while the next unit is read.
-    handed: VecDeque<Handed>,
-    /// When a delivery of something last ended: while a unit is in flight and for
-    /// [`DELIVERING_FOR`] after that, its reads take turns among the delivering sinks, never
-    /// waiting behind the reads of sinks with nothing to deliver.
-    last_delivered: Option<Instant>,
-    /// Its snapshot's chunk in flight and the transactions its reads met lately.
-    snap: SnapshotReader,
-    /// Whether it has snapshot rows left to deliver (`None`: not looked up yet).
-    snapshotting: Option<bool>,
-    /// The chunk it held was delivered, and the catalog does not say so yet.
-    chunk_delivered: bool,
-    /// Where it stood (checkpoint, or the slot's confirmed position) when its destination was
-    /// first opened in this run, before it delivered anything: a chunk the catalog has in flight
-    /// from an earlier run was delivered if this is past its watermark.
-    opened_at: Option<Lsn>,
-    /// Chunks read in this run (names their watermarks).
-    chunks: u64,
     /// The keyless table's snapshot whose pieces it is delivering (see [`super::keyless`]).
     keyless: Option<keyless::Plan>,
 }
 
-/// A unit read and handed to its sink, waiting to be delivered: what its delivery records.
-struct Handed {
-    /// Its flush runs on the sink's delivery thread; its report is awaited (else it is done:
-    /// flushed already, or with nothing to flush).
-    awaiting: bool,
-    /// The checkpoint it is flushed with, if any.
-    flushed: Option<Checkpoint>,
-    /// When the flush returned, Unix microseconds.
-    acked: i64,
-    /// Where the slot may be confirmed once it is delivered.
-    target: Option<Lsn>,
-    /// Its events were committed at the destination once flushed (an in-database sink commits
-    /// nothing for a unit without events).
-    commits: bool,
-    exactly_once: bool,
-    progress: HashMap<u32, TableProgress>,
-    routes: RouteProgress,
-    counted: DeliveryCounters,
-    tables: HashMap<u32, TableCounters>,
-    sent_log: Vec<Sent>,
-}
-
 impl SinkRun {
-    /// Where reading stands: the slot's confirmed position, or past it by what was delivered
-    /// since the last confirm and what was handed to the sink since.
-    fn position(&self, confirmed: Lsn) -> Lsn {
-        let handed = self.handed.iter().filter_map(|h| h.target).max();
-        [self.delivered, handed].into_iter().flatten().filter(|d| *d > confirmed).max().unwrap_or(confirmed)
+    /// The driver and its host for one call: the port borrows the session, the driver the rest.
+    fn split<'a>(&'a mut self, schema: &'a str, failpoint: &'a Armed) -> (&'a mut Driver, Host<'a>) {
+        let host = Host { schema, row: &self.row, session: self.session.as_mut(), failpoint };
+        (&mut self.driver, host)
     }
 
     /// Its destination was opened: the first time in this run, where it stood then.
     fn note_opened(&mut self, confirmed: Lsn) {
-        if self.opened_at.is_none() {
-            let checkpoint = self.checkpoint.filter(|_| !gucs::TEST_SNAPSHOT_IGNORE_CHECKPOINT.get());
-            self.opened_at = Some(checkpoint.map_or(confirmed, |c| c.end_lsn.max(confirmed)));
-        }
-    }
-
-    /// Whether it reads a snapshot chunk before its next read: it has snapshot rows left, holds
-    /// no chunk, and its destination is open (so it knows where it stands).
-    fn wants_chunk(&self) -> bool {
-        self.snapshotting == Some(true) && self.snap.chunk.is_none() && self.opened_at.is_some()
-    }
-
-    /// Adds a delivery's per-table progress to what the next confirm records.
-    fn add_progress(&mut self, progress: &HashMap<u32, TableProgress>, routes: &RouteProgress) {
-        for (key, (n, at)) in routes {
-            let u = self.unrecorded_routes.entry(key.clone()).or_default();
-            u.0 += n;
-            u.1 = u.1.max(*at);
-        }
-        for (oid, p) in progress {
-            let u = self.unrecorded.entry(*oid).or_default();
-            u.events += p.events;
-            if p.last_commit_lsn >= u.last_commit_lsn {
-                u.last_commit_lsn = p.last_commit_lsn;
-                u.last_commit_unix_micros = p.last_commit_unix_micros;
-            }
-        }
-    }
-}
-
-/// Events per `regional_routing` route (table OID, route, routing LSN): count, and the commit
-/// time of the last delivered transaction with one (Unix microseconds).
-type RouteProgress = HashMap<(u32, Arc<str>, Lsn), (u64, i64)>;
-
-/// A sink's open destination.
-pub(super) enum Producer {
-    /// Opened on a thread of its own (see [`start_open`]) and then driven by its delivery thread:
-    /// the next unit is read while the last one commits.
-    Threaded(DeliveryThread),
-    /// Opened in the read's transaction, and driven in it (an in-database sink, a webhook).
-    InPlace(Box<dyn Sink>),
-}
-
-impl Producer {
-    fn sink(&mut self) -> &mut dyn Sink {
-        match self {
-            Producer::Threaded(t) => t,
-            Producer::InPlace(s) => s.as_mut(),
-        }
-    }
-
-    fn in_source_database(&self) -> bool {
-        match self {
-            Producer::Threaded(t) => t.in_source_database(),
-            Producer::InPlace(s) => s.in_source_database(),
-        }
+        self.driver.note_opened(confirmed, gucs::TEST_SNAPSHOT_IGNORE_CHECKPOINT.get());
     }
 }
 
@@ -261,57 +127,14 @@ fn finish_open(run: &mut SinkRun, opening: Opening, slot: &SlotView) -> Result<(
     });
     let (opened, checkpoint) = opened.map_err(Failure::sink)?;
     protocol::check_checkpoint(slot, checkpoint, false)?;
-    run.checkpoint = checkpoint;
+    run.driver.checkpoint = checkpoint;
     run.note_opened(slot.confirmed);
     // The delivery thread touches nothing of PostgreSQL and starts with every signal blocked.
     let mut thread = with_signals_blocked(|| DeliveryThread::start(opened))
         .map_err(|e| Failure::new(SinkState::Retrying, format!("cannot start the sink's delivery thread: {e}")))?;
     thread.set_interrupt(stop_requested);
-    run.producer = Some(Producer::Threaded(thread));
+    run.driver.producer = Some(Producer::Threaded(thread));
     Ok(())
-}
-
-/// Adds one read's counts to a sink's counters.
-fn add(c: &mut DeliveryCounters, d: &DeliveryCounters) {
-    c.open_transactions = 0;
-    c.committed_transactions += d.committed_transactions;
-    c.committed_lsn = c.committed_lsn.max(d.committed_lsn);
-    c.duplicate_events_detected += d.duplicate_events_detected;
-    c.duplicate_events_filtered += d.duplicate_events_filtered;
-    c.events_delivered += d.events_delivered;
-    c.bytes_delivered += d.bytes_delivered;
-    c.source_transactions_delivered += d.source_transactions_delivered;
-    c.large_transactions += d.large_transactions;
-    c.pii_redactions += d.pii_redactions;
-    c.audit_records += d.audit_records;
-}
-
-/// Records the latencies of a delivery acknowledged at `acked` (Unix microseconds): per event,
-/// publish (handed over -> acknowledged) and end to end (committed -> acknowledged) for the sink,
-/// capture (committed -> handed over) and end to end for each table. Clock differences between
-/// the commit and the worker (none: same server) never make a latency negative.
-fn record_latencies(sink_id: &str, sent: &[batch::Sent], acked: i64) {
-    if sent.is_empty() {
-        return;
-    }
-    let since = |from: i64, to: i64| (to - from).max(0) as u64;
-    let mut sink = crate::stats::SinkLatency::default();
-    let mut tables: HashMap<u32, crate::stats::TableLatency> = HashMap::new();
-    for s in sent {
-        let (capture, publish, end_to_end) = (
-            since(s.commit_unix_micros, s.sent_unix_micros),
-            since(s.sent_unix_micros, acked),
-            since(s.commit_unix_micros, acked),
-        );
-        for &(oid, n) in &s.tables {
-            sink.publish.record_n(publish, n);
-            sink.end_to_end.record_n(end_to_end, n);
-            let t = tables.entry(oid).or_default();
-            t.capture.record_n(capture, n);
-            t.end_to_end.record_n(end_to_end, n);
-        }
-    }
-    crate::stats::add_latencies(sink_id, &sink, &tables);
 }
 
 /// The first of pg_cdc's publications that does not exist (if one does not), and what the catalog
@@ -330,43 +153,15 @@ fn slot_view<'a>(cat: &'a Catalog, row: &SinkRow) -> (Option<&'a str>, SlotView)
     };
     (missing, slot)
 }
-
-/// Confirms the slot up to what the sink delivered, if that is past `confirmed` (the slot's
-/// confirmed position), and records the per-table progress delivered since the last confirm in
-/// `_cdc_offsets`, in one transaction: after a crash the slot and the offsets agree, and what was
-/// delivered past them is counted when it is read again (see `deliver::read`).
-fn confirm_delivered(schema: Option<&str>, run: &mut SinkRun, confirmed: Lsn) -> Result<(), String> {
-    let Some(lsn) = run.delivered.filter(|d| *d > confirmed) else {
-        return Ok(());
-    };
-    let (Some(schema), Some(session)) = (schema, run.session.as_mut()) else {
-        return Err("the slot's decoding session is gone".into());
-    };
-    let (name, progress, routes) = (run.row.name.clone(), &run.unrecorded, &run.unrecorded_routes);
-    let registrations = run.assembler.take_registrations();
-    run_tx(|| {
-        source::record_progress(schema, &name, progress);
-        source::record_route_progress(schema, &name, routes);
-        source::record_registrations(schema, &registrations);
-        session.confirm(lsn);
-    })?;
-    run.unrecorded.clear();
-    run.unrecorded_routes.clear();
-    run.last_confirm = Some(Instant::now());
-    Ok(())
-}
-
-/// [`confirm_delivered`] where a failure is only logged (the next worker or session reads the
-/// unconfirmed tail again).
-fn confirm_or_warn(schema: Option<&str>, run: &mut SinkRun, confirmed: Lsn) {
-    if let Err(e) = confirm_delivered(schema, run, confirmed) {
+/// Confirms what a sink delivered since the last confirm (see `Driver::confirm_delivered`); a
+/// failure is only logged (the next worker or session reads the unconfirmed tail again).
+fn confirm_or_warn(schema: Option<&str>, run: &mut SinkRun, failpoint: &Armed, confirmed: Lsn) {
+    let Some(schema) = schema else { return };
+    let (driver, mut host) = run.split(schema, failpoint);
+    if let Err(e) = driver.confirm_delivered(&mut host, confirmed) {
         pgrx::warning!("pg_cdc sink \"{}\": cannot confirm replication slot {}: {e}", run.row.name, run.row.slot);
     }
 }
-
-/// How long after a delivery of something a sink's reads take the delivering sinks' turns (a pass
-/// in between that finds nothing, woken by WAL of other tables, does not move it back).
-const DELIVERING_FOR: Duration = Duration::from_secs(1);
 
 /// Which read turn a sink waits for when every turn is taken: spreads the waiters over the turns.
 fn read_turn_hint(id: &str) -> u32 {
@@ -498,7 +293,7 @@ impl Worker {
         }
         let confirmed = decoding::held_slot_confirmed().unwrap_or_default();
         for run in self.sinks.values_mut() {
-            confirm_or_warn(self.schema.as_deref(), run, confirmed);
+            confirm_or_warn(self.schema.as_deref(), run, &self.failpoint.1, confirmed);
         }
     }
 
@@ -597,8 +392,8 @@ impl Worker {
         // With the catalog read again, its snapshots are looked up again: one requested
         // (cdc_snapshot) or a table added since starts at its next pass.
         if let Some(run) = self.sinks.get_mut(&id) {
-            if run.snapshotting == Some(false) {
-                run.snapshotting = None;
+            if run.driver.snapshotting == Some(false) {
+                run.driver.snapshotting = None;
             }
         }
         self.pass(&id, &cat)
@@ -747,7 +542,7 @@ impl Worker {
                 Ok(k) => {
                     self.context_key = Some(k);
                     for run in self.sinks.values_mut() {
-                        run.assembler.set_context_key(self.context_key.clone());
+                        run.driver.assembler.set_context_key(self.context_key.clone());
                     }
                 }
                 Err(e) => {
@@ -764,7 +559,7 @@ impl Worker {
             });
             self.token_settings = Some(settings);
             for run in self.sinks.values_mut() {
-                run.assembler.set_token_key(self.token_key.clone());
+                run.driver.assembler.set_token_key(self.token_key.clone());
             }
         }
     }
@@ -784,7 +579,7 @@ impl Worker {
                 self.settle(&row.id, 0);
                 if let Some(run) = self.sinks.get_mut(&row.id) {
                     let confirmed = decoding::held_slot_confirmed().unwrap_or_default();
-                    confirm_or_warn(self.schema.as_deref(), run, confirmed);
+                    confirm_or_warn(self.schema.as_deref(), run, &self.failpoint.1, confirmed);
                 }
                 let config = parse_config(&row.sink_type, &row.config).map_err(|e| e.to_string());
                 let mut assembler = Assembler::new(&cat.database);
@@ -801,45 +596,18 @@ impl Worker {
                     let copy = lookups::Copy { schema: schema.clone(), sink_id: row.id.clone() };
                     assembler.lookups_mut().set_source(Box::new(copy));
                 }
-                self.sinks.insert(
-                    row.id.clone(),
-                    SinkRun {
-                        row: row.clone(),
-                        config,
-                        assembler,
-                        producer: None,
-                        failures: 0,
-                        retry_at: None,
-                        written: (SinkState::parse(&row.state), row.last_error.clone()),
-                        last_heartbeat: None,
-                        heartbeat_end: None,
-                        checkpoint: None,
-                        opening: None,
-                        // The shared counter may be set from before (a worker restart, a changed
-                        // config): cleared at the first delivery.
-                        compliance_hold: true,
-                        session: None,
-                        delivered: None,
-                        unrecorded: HashMap::new(),
-                        unrecorded_routes: HashMap::new(),
-                        last_confirm: None,
-                        handed: VecDeque::new(),
-                        last_delivered: None,
-                        snap: SnapshotReader::default(),
-                        snapshotting: None,
-                        chunk_delivered: false,
-                        opened_at: None,
-                        chunks: 0,
-                        keyless: None,
-                    },
-                );
+                let driver = Driver::new(assembler, (SinkState::parse(&row.state), row.last_error.clone()));
+                let run = SinkRun { row: row.clone(), config, driver, opening: None, session: None, keyless: None };
+                self.sinks.insert(row.id.clone(), run);
             } else if let Some(r) = self.sinks.get_mut(&row.id) {
                 r.row = row.clone();
             }
             // Which transactions the catalog copy reflects (capture and version messages of
             // later ones make the sink read it again).
             if let Some(r) = self.sinks.get_mut(&row.id) {
-                r.assembler.set_catalog_snapshot(cat.snapshot.as_deref().and_then(|t| MvccSnapshot::parse(t).ok()));
+                r.driver
+                    .assembler
+                    .set_catalog_snapshot(cat.snapshot.as_deref().and_then(|t| MvccSnapshot::parse(t).ok()));
             }
         }
     }
@@ -859,8 +627,8 @@ impl Worker {
             return false;
         };
         if tables.values().all(|c| c.enrich.is_empty()) {
-            if run.assembler.has_lookups() {
-                run.assembler.lookups_mut().set_bindings(&[]);
+            if run.driver.assembler.has_lookups() {
+                run.driver.assembler.lookups_mut().set_bindings(&[]);
             }
             return true;
         }
@@ -913,7 +681,7 @@ impl Worker {
         let Some(run) = self.sinks.get_mut(id) else {
             return false;
         };
-        let l = run.assembler.lookups_mut();
+        let l = run.driver.assembler.lookups_mut();
         l.set_capacity(gucs::ENRICH_CACHE_ROWS.get().max(1) as usize);
         l.set_bindings(&bindings);
         true
@@ -921,72 +689,41 @@ impl Worker {
 
     /// Records a state change in the catalog (only when it differs from what was written).
     fn set_state(&mut self, id: &str, state: SinkState, error: Option<String>) {
-        let Some(schema) = self.schema.clone() else {
-            return;
-        };
-        let Some(run) = self.sinks.get_mut(id) else {
-            return;
-        };
-        if run.written.0 == Some(state) && run.written.1 == error {
-            return;
-        }
-        match &error {
-            Some(e) => pgrx::log!("pg_cdc sink \"{}\": {state}: {e}", run.row.name),
-            None => pgrx::log!("pg_cdc sink \"{}\": {state}", run.row.name),
-        }
-        let (sid, er) = (id.to_string(), error.clone());
-        if run_tx(|| source::set_state(&schema, &sid, state.label(), er.as_deref())).is_ok() {
-            run.written = (Some(state), error);
-        }
+        let (Some(schema), Some(run)) = (self.schema.as_deref(), self.sinks.get_mut(id)) else { return };
+        let (driver, mut host) = run.split(schema, &self.failpoint.1);
+        driver.set_state(&mut host, state, error);
     }
 
     /// Marks a failure: state, backoff, fresh producer and relation state next time.
     fn fail(&mut self, id: &str, state: SinkState, error: String) {
+        self.fail_with(id, Failure::new(state, error));
+    }
+
+    /// Marks a failed read or delivery (see `Driver::fail`). Its decoding session goes too: what
+    /// it decoded and sent is read again by a new session, from the slot's confirmed position (the
+    /// old one may have let go of messages the failed delivery held).
+    fn fail_with(&mut self, id: &str, f: Failure) {
+        // Read the catalog again next time (a failure may come from a change it does not show yet).
+        self.cached = None;
         if let Some(run) = self.sinks.get_mut(id) {
-            run.failures = run.failures.saturating_add(1);
-            // Not before the destination asked (a webhook's Retry-After), whatever the backoff says.
-            let hold = run.producer.as_mut().and_then(|p| p.sink().hold_until());
-            run.retry_at = Some(retry_at(run.failures).max(hold.unwrap_or_else(Instant::now)));
-            run.producer = None;
             if let Some(opening) = run.opening.take() {
                 self.abandoned.retain(|h| !h.is_finished());
                 self.abandoned.push(opening);
             }
-            run.assembler.reset();
-        }
-        // Read the catalog again next time (a failure may come from a change it does not show yet).
-        self.cached = None;
-        self.set_state(id, state, Some(error));
-        if let Some(run) = self.sinks.get_mut(id) {
-            // What it decoded and sent is read again by a new session, from the slot's confirmed
-            // position (the old one may have let go of messages the failed delivery held); what
-            // was delivered since that position too (see CONFIRM_INTERVAL).
             run.session = None;
-            run.delivered = None;
-            run.unrecorded.clear();
-            run.unrecorded_routes.clear();
-            run.handed.clear();
+            let schema = self.schema.as_deref().unwrap_or_default();
+            let (driver, mut host) = run.split(schema, &self.failpoint.1);
+            driver.fail(&mut host, f, &env::settings(), Instant::now());
         }
         // A session that failed to open may hold the slot already.
         decoding::release_slot();
     }
 
-    /// Marks a failed read or delivery; one that holds events back for a compliance reason shows
-    /// in `cdc_delivery_status` (`compliance_metrics`).
-    fn fail_with(&mut self, id: &str, f: Failure) {
-        if let Some(run) = self.sinks.get_mut(id).filter(|_| f.compliance) {
-            run.compliance_hold = true;
-            crate::stats::update(id, |c| c.compliance_hold = 1);
-        }
-        self.fail(id, f.state, f.message);
-    }
-
-    /// One step of one sink. Returns true when it read changes.
+    /// One step of one sink: may it read, its snapshot's next chunk, one read handed over to its
+    /// destination, what is delivered recorded and confirmed. Returns true when it read changes.
     fn step(&mut self, id: &str, cat: &Catalog) -> bool {
-        let Some(run) = self.sinks.get(id) else {
-            return false;
-        };
-        if run.retry_at.is_some_and(|t| Instant::now() < t) {
+        let Some(run) = self.sinks.get(id) else { return false };
+        if run.driver.backing_off(Instant::now()) {
             return false;
         }
         let row = run.row.clone();
@@ -998,6 +735,30 @@ impl Worker {
                 return false;
             }
         };
+        let Some(confirmed) = self.may_read(id, &row, cat) else { return false };
+        if !self.snapshot_step(id, &config) {
+            return false;
+        }
+        // An initial_only sink delivers nothing but its snapshot (and the changes around it).
+        let one_off = config.common().snapshot_mode == SnapshotMode::InitialOnly;
+        let snapshot_done = |r: &SinkRun| r.driver.snapshotting == Some(false) && r.driver.snap.chunk.is_none();
+        if one_off && self.sinks.get(id).is_some_and(snapshot_done) {
+            self.finish(id, confirmed);
+            return false;
+        }
+        let tables = self.tables_for(&row);
+        if !self.bind_lookups(id, &row, &tables) {
+            return false;
+        }
+        let Some((batch, preflushed)) = self.read(id, &row, &config, &tables, confirmed, cat) else { return false };
+        self.deliver(id, &config, batch, preflushed, confirmed, cat, one_off)
+    }
+
+    /// Whether the sink may read now: its stored capture configs can be read, its slot exists
+    /// (made here when the sink was added inside a transaction), its publications and slot are
+    /// fine, its destination is not behind the slot and is not being opened. Returns the slot's
+    /// confirmed position; `None` after failing the sink, or while its destination opens.
+    fn may_read(&mut self, id: &str, row: &SinkRow, cat: &Catalog) -> Option<Lsn> {
         if let Some((oid, why)) = self.unreadable.iter().find(|(oid, _)| row.carries(**oid)) {
             let table =
                 cat.tables.iter().find(|t| t.oid == *oid).map_or_else(|| format!("OID {oid}"), |t| t.name.clone());
@@ -1006,100 +767,105 @@ impl Worker {
                  cdc_enable the table again with a valid config"
             );
             self.fail(id, SinkState::Error, msg);
-            return false;
+            return None;
         }
-        let (missing, slot) = slot_view(cat, &row);
+        let (missing, slot) = slot_view(cat, row);
         if missing.is_none() && !slot.exists && row.state == SinkState::CreatingSlot.label() {
             let slot = row.slot.clone();
             match run_tx(|| source::create_slot(&slot)) {
                 Ok(()) => self.set_state(id, SinkState::Starting, None),
                 Err(e) => self.fail(id, SinkState::Error, format!("cannot create replication slot {slot}: {e}")),
             }
-            return false;
+            return None;
         }
         if let Some(f) = protocol::slot_failure(missing, &slot) {
             self.fail_with(id, f);
-            return false;
+            return None;
         }
-        let confirmed = slot.confirmed;
-        // Reads, flush plans and heartbeats go by what was delivered, the slot by what was confirmed.
-        let position = run.position(confirmed);
-        if let Some(producer) = &run.producer {
-            if let Err(f) = protocol::check_checkpoint(&slot, run.checkpoint, producer.in_source_database()) {
+        let run = self.sinks.get_mut(id)?;
+        if let Some(producer) = &run.driver.producer {
+            if let Err(f) = protocol::check_checkpoint(&slot, run.driver.checkpoint, producer.in_source_database()) {
                 self.fail_with(id, f);
-                return false;
+                return None;
             }
         }
         // A producer being opened: wait for it without blocking the other sinks.
         if run.opening.as_ref().is_some_and(|h| !h.is_finished()) {
-            return false;
+            return None;
         }
-        if let Some(run) = self.sinks.get_mut(id) {
-            if let Some(opening) = run.opening.take() {
-                if let Err(f) = finish_open(run, opening, &slot) {
-                    self.fail_with(id, f);
-                    return false;
-                }
+        if let Some(opening) = run.opening.take() {
+            if let Err(f) = finish_open(run, opening, &slot) {
+                self.fail_with(id, f);
+                return None;
             }
         }
+        Some(slot.confirmed)
+    }
 
-        if !self.snapshot_step(id, &config) {
-            return false;
-        }
-        // An initial_only sink delivers nothing but its snapshot (and the changes around it).
-        let one_off = config.common().snapshot_mode == SnapshotMode::InitialOnly;
-        if one_off && self.sinks.get(id).is_some_and(|r| r.snapshotting == Some(false) && r.snap.chunk.is_none()) {
-            self.finish(id, confirmed);
-            return false;
-        }
-
-        // Read and send, inside one transaction (an in-database sink writes its events in it).
-        let tables = self.tables_for(&row);
-        if !self.bind_lookups(id, &row, &tables) {
-            return false;
-        }
+    /// Reads the sink's slot from where it stands and sends what it read to its destination,
+    /// inside one transaction (an in-database sink writes its events in it, and flushes there
+    /// too). Returns the read, and the flush plan of an in-database sink's; `None` after failing
+    /// the sink, or when the read only started opening the destination.
+    fn read(
+        &mut self,
+        id: &str,
+        row: &SinkRow,
+        config: &SinkConfig,
+        tables: &SinkTables,
+        confirmed: Lsn,
+        cat: &Catalog,
+    ) -> Option<(Batch, Option<protocol::FlushPlan>)> {
         let batch_changes = gucs::BATCH_CHANGES.get();
-        let dedup = !gucs::TEST_SKIP_DEDUP.get();
-        let Some(schema) = self.schema.clone() else {
-            return false;
+        let settings = ReadSettings {
+            large_frames: (batch_changes.max(1) as usize).min(BUFFER_FRAMES),
+            dedup: !gucs::TEST_SKIP_DEDUP.get(),
+            skip_window: gucs::TEST_SKIP_SNAPSHOT_WINDOW.get(),
+            checkpoint_interval: checkpoint_interval(
+                config.common().checkpoint_interval_ms,
+                tables.values().map(|c| &**c),
+            )
+            .map(|ms| Duration::from_millis(u64::from(ms))),
         };
+        let schema = self.schema.clone()?;
         let mut types = std::mem::take(&mut self.types);
-        let Some(mut run) = self.sinks.remove(id) else {
-            return false;
-        };
+        let mut run = self.sinks.remove(id)?;
+        // Reads go by what was delivered and handed over, the slot by what was confirmed.
+        let position = run.driver.position(confirmed);
         // The unit before is still being committed on the delivery thread while this one is read.
-        let overlapped = run.handed.iter().any(|h| h.awaiting);
+        let overlapped = run.driver.overlapping();
         // A failure of an in-database sink rolls the read's transaction back (its events were
         // written in it); the failure itself comes back here.
         let mut rolled_back: Option<Failure> = None;
         let read = run_tx(|| -> Result<(Batch, Option<protocol::FlushPlan>), Failure> {
-            if run.producer.is_none() {
-                match open_in_place(&schema, &row, &config) {
+            if run.driver.producer.is_none() {
+                match open_in_place(&schema, row, config) {
                     Ok(Some((producer, checkpoint))) => {
-                        run.checkpoint = checkpoint;
-                        run.producer = Some(producer);
-                        if run.snapshotting == Some(true) && run.opened_at.is_none() {
+                        run.driver.checkpoint = checkpoint;
+                        run.driver.producer = Some(producer);
+                        let first_open = run.driver.opened_at.is_none();
+                        run.note_opened(confirmed);
+                        if run.driver.snapshotting == Some(true) && first_open {
                             // Where it stands decides whether a chunk in flight was delivered:
                             // read the next chunk before delivering anything.
-                            run.note_opened(confirmed);
                             return Ok((Batch { opening: true, ..Batch::default() }, None));
                         }
-                        run.note_opened(confirmed);
                     }
                     Ok(None) => {}
                     Err(e) => return Err(Failure::sink(e)),
                 }
             }
-            if let Some(Producer::InPlace(sink)) = run.producer.as_mut() {
+            if let Some(Producer::InPlace(sink)) = run.driver.producer.as_mut() {
                 sink.maintain();
             }
             // Reading (decoding) takes a turn: with many sinks, parallel reads would take the
             // primary's CPU (each slot decodes all WAL). Flushing to the destination holds none.
             // A sink that is delivering takes its turn apart from those that had nothing to
             // deliver, so idle sinks' reads never queue ahead of it.
-            // A unit still in flight counts as delivering, as does one delivered lately.
-            let delivering = !run.handed.is_empty() || run.last_delivered.is_some_and(|t| t.elapsed() < DELIVERING_FOR);
-            let pool = if delivering { source::ReadPool::Delivering } else { source::ReadPool::Idle };
+            let pool = if run.driver.delivering(Instant::now()) {
+                source::ReadPool::Delivering
+            } else {
+                source::ReadPool::Idle
+            };
             source::take_read_turn(gucs::MAX_CONCURRENT_READS.get(), read_turn_hint(&row.id), pool);
             let session = match run.session.as_mut() {
                 Some(s) => s,
@@ -1109,69 +875,30 @@ impl Worker {
                 }
             };
             // Only its tables (and their lookup tables) reach pgoutput.
-            let carried = row.tables.as_ref().map(|t| t.iter().copied().chain(run.assembler.lookups().lookup_tables()));
+            let lookups = run.driver.assembler.lookups().lookup_tables();
+            let carried = row.tables.as_ref().map(|t| t.iter().copied().chain(lookups));
             session.carry_only(carried.map(Iterator::collect));
             session.begin_read(position);
             let mut session_read =
                 SessionRead { session, most: batch_changes.max(1) as u64, schema: &schema, sink_name: &row.name };
-            // Reads go through the sink's snapshot reader: a chunk is spliced in at its watermark,
-            // and the transactions met are remembered even with no snapshot open (one requested
-            // later checks its first chunk against them).
-            run.snap.skip_window = gucs::TEST_SKIP_SNAPSHOT_WINDOW.get();
-            let mut spliced = ChunkSource { inner: &mut session_read, state: &mut run.snap };
-            let source: &mut dyn ChangeSource = &mut spliced;
-            let first = source.fetch(batch::FETCH_ROWS, &mut types);
-            // A sink with a snapshot to deliver opens its destination even with no change to send.
-            if first.is_empty() && !(run.producer.is_none() && run.snapshotting == Some(true)) {
-                return Ok((Batch::default(), None));
-            }
-            if run.producer.is_none() {
-                // Only a sink with something to send opens a producer; the next steps wait for it.
-                run.opening = Some(start_open(&run, &config, cat).map_err(Failure::sink)?);
-                return Ok((Batch { opening: true, ..Batch::default() }, None));
-            }
             let opened = || crate::stats::update(&row.id, |c| c.open_transactions = 1);
-            let inputs = Inputs {
-                tables: &tables,
-                checkpoint: run.checkpoint,
-                dedup,
-                large_frames: (batch_changes.max(1) as usize).min(batch::BUFFER_FRAMES),
-                checkpoint_interval: checkpoint_interval(
-                    config.common().checkpoint_interval_ms,
-                    tables.values().map(|c| &**c),
-                )
-                .map(|ms| std::time::Duration::from_millis(u64::from(ms))),
-                on_open: Some(&opened),
-            };
-            let (assembler, producer, checkpoint) = (&mut run.assembler, &mut run.producer, &mut run.checkpoint);
-            let Some(producer) = producer.as_mut() else {
-                return Err(Failure::new(SinkState::Retrying, "the sink is not open"));
-            };
-            let in_source = producer.in_source_database();
-            let sink = producer.sink();
-            let read = {
-                let mut unit = Unit { assembler, sink: &mut *sink, source, types: &mut types };
-                cdc_core::deliver::read::read(&mut unit, &inputs, first)
-            };
-            if !in_source {
-                return read.map(|b| (b, None));
-            }
-            // An in-database sink flushes (writes its checkpoint) in this transaction too, so its
-            // events and checkpoint commit together; any failure rolls both back.
-            let flushed = read.and_then(|b| {
-                let plan = protocol::plan_flush(sink.delivery_mode(), &b, position, *checkpoint, dedup);
-                if let Some(cp) = plan.flush {
-                    sink.flush(cp).map_err(Failure::sink)?;
+            let in_source = run.driver.producer.as_ref().is_some_and(Producer::in_source_database);
+            match run.driver.read(&mut session_read, &mut types, tables, &settings, position, Some(&opened)) {
+                Ok(Read::Nothing) => Ok((Batch::default(), None)),
+                Ok(Read::Open) => {
+                    // Only a sink with something to send opens a producer; the next steps wait for it.
+                    run.opening = Some(start_open(&run, config, cat).map_err(Failure::sink)?);
+                    Ok((Batch { opening: true, ..Batch::default() }, None))
                 }
-                Ok((b, Some(plan)))
-            });
-            if let Err(f) = flushed {
-                sink.abort();
-                let message = f.message.clone();
-                rolled_back = Some(f);
-                pgrx::error!("pg_cdc: delivery rolled back: {message}");
+                Ok(Read::Sent(b, plan)) => Ok((*b, plan)),
+                Err(f) if in_source => {
+                    // Its events were written in this transaction: roll it back.
+                    let message = f.message.clone();
+                    rolled_back = Some(f);
+                    pgrx::error!("pg_cdc: delivery rolled back: {message}");
+                }
+                Err(f) => Err(f),
             }
-            flushed
         });
         let (decoded, skipped) = run.session.as_mut().map_or((0, 0), Session::take_counts);
         let read_rows = matches!(&read, Ok(Ok((b, _))) if b.rows > 0);
@@ -1181,58 +908,66 @@ impl Worker {
             c.reads_overlapped += u64::from(overlapped && read_rows);
         });
         self.sinks.insert(id.to_string(), run);
-        let (batch, preflushed) = match read {
+        let failure = match read {
             Ok(Ok((b, _))) if b.opening => {
                 self.types = types;
-                return false;
+                return None;
             }
-            Ok(Ok(b)) => {
+            Ok(Ok(read)) => {
                 self.types = types;
-                b
+                return Some(read);
             }
             Ok(Err(f)) => {
                 self.types = types;
-                self.abort(id);
-                self.fail_with(id, f);
-                return false;
+                f
             }
             Err(_) if rolled_back.is_some() => {
                 self.types = TypeRegistry::new();
-                self.abort(id);
-                if let Some(f) = rolled_back {
-                    self.fail_with(id, f);
-                }
-                return false;
+                rolled_back?
             }
             Err(e) => {
                 self.types = TypeRegistry::new();
-                let writes =
-                    self.sinks.get_mut(id).and_then(|r| r.producer.as_ref()).is_some_and(|p| p.in_source_database());
-                self.abort(id);
+                let run = self.sinks.get(id)?;
+                let writes = run.driver.producer.as_ref().is_some_and(Producer::in_source_database);
                 // The worker may have used its copy of the catalog: read it, and report a
                 // publication or slot dropped by hand as a pass that read it would.
                 let explained = run_tx(source::load_catalog).ok().and_then(|c| {
-                    let (missing, slot) = slot_view(&c, &row);
+                    let (missing, slot) = slot_view(&c, row);
                     protocol::slot_failure(missing, &slot)
                 });
-                if let Some(f) = explained {
-                    self.fail_with(id, f);
-                    return false;
-                }
-                let what = if writes { " or write its events" } else { "" };
-                self.fail(id, SinkState::Error, format!("cannot read replication slot {}{what}: {e}", row.slot));
-                return false;
+                explained.unwrap_or_else(|| {
+                    let what = if writes { " or write its events" } else { "" };
+                    Failure::new(SinkState::Error, format!("cannot read replication slot {}{what}: {e}", row.slot))
+                })
             }
         };
+        self.abort(id);
+        self.fail_with(id, failure);
+        None
+    }
 
-        // Flush, then confirm, as the protocol allows (see cdc_core::deliver::protocol::plan_flush).
-        let Some(run) = self.sinks.get_mut(id) else {
-            return false;
-        };
-        let mode = run.producer.as_mut().map_or(config.delivery_mode(), |p| p.sink().delivery_mode());
-        let plan = match (&run.producer, preflushed) {
+    /// Hands a read over to the sink's destination, flushes it as the protocol allows (see
+    /// `cdc_core::deliver::protocol::plan_flush`; an in-database sink's `preflushed` in the read's
+    /// transaction), settles what was delivered, confirms when due, and shows the state.
+    #[allow(clippy::too_many_arguments)]
+    fn deliver(
+        &mut self,
+        id: &str,
+        config: &SinkConfig,
+        batch: Batch,
+        preflushed: Option<protocol::FlushPlan>,
+        confirmed: Lsn,
+        cat: &Catalog,
+        one_off: bool,
+    ) -> bool {
+        let dedup = !gucs::TEST_SKIP_DEDUP.get();
+        let Some(schema) = self.schema.clone() else { return false };
+        let Some(run) = self.sinks.get_mut(id) else { return false };
+        let position = run.driver.position(confirmed);
+        let mode = run.driver.producer.as_mut().map_or(config.delivery_mode(), |p| p.sink().delivery_mode());
+        let plan = match (&run.driver.producer, preflushed) {
             (_, Some(plan)) => plan,
-            (Some(_), None) => protocol::plan_flush(mode, &batch, position, run.checkpoint, dedup),
+            (Some(_), None) => protocol::plan_flush(mode, &batch, position, run.driver.checkpoint, dedup),
             (None, None) => {
                 protocol::FlushPlan { flush: None, confirm: batch.target.filter(|l| *l > position && batch.rows > 0) }
             }
@@ -1242,81 +977,31 @@ impl Worker {
         // Not for a sink with lookup tables: their copies are written before the slot is
         // confirmed, and must not hold changes of a unit not yet delivered (a failed delivery
         // would read it again against a copy ahead of its commit).
-        let overlap = rows >= OVERLAP_ROWS && !stop_requested() && !run.assembler.has_lookups();
-        let mut handed = Handed {
-            awaiting: false,
-            flushed: plan.flush,
-            acked: 0,
-            target: plan.confirm,
-            // An in-database sink commits nothing for a unit without events (a heartbeat's).
-            commits: batch.sent || !run.producer.as_ref().is_some_and(Producer::in_source_database),
-            exactly_once: mode == DeliveryMode::ExactlyOnce,
-            progress: batch.progress,
-            routes: batch.routes,
-            counted: batch.counted,
-            tables: batch.tables,
-            sent_log: batch.sent_log,
-        };
-        if let Some(producer) = run.producer.as_mut() {
-            if let Some(checkpoint) = plan.flush {
-                // An in-database sink flushed in the read's transaction already; a large unit is
-                // flushed on the delivery thread while the next is read, and so is one queued
-                // behind a flush in flight; the others here.
-                let flushed = match producer {
-                    _ if preflushed.is_some() => Ok(()),
-                    Producer::Threaded(t) if overlap || t.in_flight() > 0 => {
-                        t.start_flush(checkpoint).map(|()| handed.awaiting = true)
-                    }
-                    p => p.sink().flush(checkpoint),
-                };
-                if let Err(e) = flushed {
-                    self.abort(id);
-                    self.fail_with(id, Failure::sink(e));
-                    return false;
-                }
-                handed.acked = batch::unix_micros_now();
-                if handed.exactly_once {
-                    // The next read skips what this unit holds, as if it had committed; if it
-                    // does not, the sink fails and is opened again, reading the checkpoint anew.
-                    run.checkpoint = Some(checkpoint);
-                }
-            }
-        }
-        if let Some(lsn) = handed.target {
-            crate::stats::update(&row.id, |c| c.read_lsn = c.read_lsn.max(lsn.0));
+        let overlap = rows >= OVERLAP_ROWS && !stop_requested() && !run.driver.assembler.has_lookups();
+        let (driver, mut host) = run.split(&schema, &self.failpoint.1);
+        if let Err(f) = driver.hand_over(&mut host, batch, plan, preflushed.is_some(), overlap, mode) {
+            self.fail_with(id, f);
+            return false;
         }
         if rows == 0 {
             self.maybe_heartbeat(id, position, cat);
         }
-        let Some(run) = self.sinks.get_mut(id) else {
-            return false;
-        };
-        run.handed.push_back(handed);
         if !self.settle(id, usize::from(overlap)) {
             return false;
         }
-        // Confirm what was delivered: at once after a pass that read nothing or the first delivery
-        // after a quiet spell, else at most every CONFIRM_INTERVAL.
-        if let Some(run) = self.sinks.get_mut(id) {
-            let due = rows == 0 || stop_requested() || run.last_confirm.is_none_or(|t| t.elapsed() >= CONFIRM_INTERVAL);
-            if due {
-                if let Err(e) = confirm_delivered(Some(&schema), run, confirmed) {
-                    self.fail(id, SinkState::Error, format!("cannot confirm replication slot {}: {e}", row.slot));
-                    return false;
-                }
+        let Some(run) = self.sinks.get_mut(id) else { return false };
+        let (driver, mut host) = run.split(&schema, &self.failpoint.1);
+        if driver.confirm_due(rows, stop_requested(), Instant::now()) {
+            if let Err(e) = driver.confirm_delivered(&mut host, confirmed) {
+                let msg = format!("cannot confirm replication slot {}: {e}", run.row.slot);
+                self.fail(id, SinkState::Error, msg);
+                return false;
             }
         }
-        if let Some(run) = self.sinks.get_mut(id) {
-            run.failures = 0;
-            run.retry_at = None;
-            if std::mem::take(&mut run.compliance_hold) {
-                crate::stats::update(id, |c| c.compliance_hold = 0);
-            }
-        }
-        let snapshotting =
-            one_off || self.sinks.get(id).is_some_and(|r| r.snapshotting == Some(true) || r.snap.chunk.is_some());
-        self.set_state(id, if snapshotting { SinkState::Snapshotting } else { SinkState::Running }, None);
-        if rows > batch::BUFFER_FRAMES as u64 {
+        driver.succeeded(&mut host);
+        let state = driver.delivering_state(one_off);
+        driver.set_state(&mut host, state, None);
+        if rows > BUFFER_FRAMES as u64 {
             // A big batch filled librdkafka's queue and the buffers; give the freed memory back
             // (glibc keeps it otherwise, and the worker's private memory stays at its peak).
             // SAFETY: glibc's malloc_trim only releases free heap pages; callable at any time.
@@ -1325,138 +1010,54 @@ impl Worker {
         rows > 0
     }
 
-    /// Takes the reports of a sink's handed units, oldest first, until at most `keep` are still
-    /// awaited (waiting for the destination when needed), and records each delivered one. Returns
-    /// false when one failed (the sink is failed then: the units after it are read again).
+    /// Takes the reports of a sink's handed units until at most `keep` are still awaited (see
+    /// `Driver::settle`). Returns false when one failed (the sink is failed then).
     fn settle(&mut self, id: &str, keep: usize) -> bool {
-        let started = Instant::now();
-        loop {
-            let Some(run) = self.sinks.get_mut(id) else { return false };
-            let Some(front) = run.handed.front() else { return true };
-            if front.awaiting {
-                let awaited = run.handed.iter().filter(|h| h.awaiting).count();
-                let t = match run.producer.as_mut() {
-                    Some(Producer::Threaded(t)) if t.in_flight() > 0 => t,
-                    _ => {
-                        // Nothing to wait for (cannot happen: each awaited unit has a flush in flight).
-                        self.fail(id, SinkState::Retrying, "a delivery's report was lost".into());
-                        return false;
-                    }
-                };
-                let report = if awaited > keep {
-                    // Bounded by the sink's own timeouts; when stopping, its interrupt ends it
-                    // within moments, and what is not reported by then is read again.
-                    t.wait_flushed(std::time::Duration::from_millis(100))
-                } else {
-                    t.try_flushed()
-                };
-                let Some(report) = report else {
-                    if awaited > keep && !(stop_requested() && started.elapsed().as_secs() >= 2) {
-                        continue;
-                    }
-                    return true;
-                };
-                if let Err(e) = report.result {
-                    self.abort(id);
-                    self.fail_with(id, Failure::sink(e));
-                    return false;
-                }
-                if let Some(front) = run.handed.front_mut() {
-                    front.awaiting = false;
-                    front.acked = report.at_unix_micros;
-                }
-            }
-            let Some(done) = run.handed.pop_front() else { return true };
-            if !self.delivered_unit(id, done) {
-                return false;
+        let (Some(schema), Some(run)) = (self.schema.as_deref(), self.sinks.get_mut(id)) else { return false };
+        let (driver, mut host) = run.split(schema, &self.failpoint.1);
+        match driver.settle(&mut host, keep) {
+            Ok(()) => true,
+            Err(f) => {
+                self.fail_with(id, f);
+                false
             }
         }
     }
 
     /// Before a read: looks up whether the sink has snapshot rows left, notes a chunk delivered,
-    /// and reads the next chunk when it wants one. Returns false when the sink failed.
+    /// and reads the next chunk when it wants one (the decisions are `cdc_core::driver::snapshot`'s).
+    /// Returns false when the sink failed.
     fn snapshot_step(&mut self, id: &str, config: &SinkConfig) -> bool {
         let Some(schema) = self.schema.clone() else { return false };
         let Some(run) = self.sinks.get_mut(id) else { return false };
-        if run.snapshotting.is_none() {
-            // The windows of its tables open before its first read: every change its reads meet
-            // from now on is delivered as a change, never also as a READ.
+        if run.driver.snapshots_unknown() {
             match run_tx(|| snapshots::open_tables(&schema, id)) {
-                Ok(Ok(open)) => {
-                    for (oid, key, columns) in open.keyed {
-                        run.snap.track(oid, key, &columns);
-                    }
-                    // A keyless table's changes wait for its plan (or follow the one it had).
-                    for (oid, until) in open.keyless {
-                        match until {
-                            Some(p) => run.snap.drop_changes_before(oid, p),
-                            None if run.keyless.as_ref().is_none_or(|k| k.table_oid != oid) => run.snap.hold(oid),
-                            None => {}
-                        }
-                    }
-                    run.snapshotting = Some(open.any);
-                }
+                Ok(Ok(open)) => run.driver.open_windows(open, run.keyless.as_ref().map(|k| k.table_oid)),
                 Ok(Err(e)) | Err(e) => {
                     self.fail(id, SinkState::Retrying, format!("cannot read the sink's snapshots: {e}"));
                     return false;
                 }
             }
         }
-        let Some(run) = self.sinks.get_mut(id) else { return false };
-        let watermark = run.snap.chunk.as_ref().and_then(|c| c.watermark());
-        if watermark.is_some_and(|w| run.delivered.is_some_and(|d| d >= w)) {
-            if let Some(c) = run.snap.chunk.take() {
-                crate::stats::update(id, |s| s.snapshot_rows_delivered += c.kept() as u64);
-            }
-            run.chunk_delivered = true;
+        if let Some(rows) = run.driver.chunk_delivered() {
+            crate::stats::update(id, |s| s.snapshot_rows_delivered += rows);
         }
-        if !run.wants_chunk() {
-            return true;
-        }
-        let previous = if run.chunk_delivered {
-            Previous::Delivered
-        } else {
-            Previous::OpenedAt(run.opened_at.unwrap_or_default())
-        };
-        run.chunks += 1;
-        let nonce = format!("{} {}", std::process::id(), run.chunks);
+        let Some((previous, n)) = run.driver.chunk_wanted() else { return true };
+        let nonce = format!("{} {n}", std::process::id());
         let size = config.common().snapshot_chunk_size;
-        let reader = &run.snap;
-        let types = &mut self.types;
+        let (reader, types) = (&run.driver.snap, &mut self.types);
         match run_tx(|| snapshots::take_chunk(&schema, id, previous, size, reader, &nonce, types)) {
             Ok(Ok((next, open))) => {
-                run.chunk_delivered = false;
-                // The windows of tables whose snapshots are done (or skipped) close.
-                let closed: Vec<u32> = run.snap.tracked_tables().filter(|t| !open.contains(t)).collect();
-                for t in closed {
-                    run.snap.untrack(t);
-                }
-                // A keyless table held for a plan that will not come (cancelled) is let go.
-                for t in run.snap.held().into_iter().filter(|t| !open.contains(t)) {
-                    run.snap.release_hold(t);
-                }
-                // A plan whose snapshot is no longer next (cancelled) is given up.
-                let keyless_next = match next {
-                    Next::Keyless { snapshot_id, table_oid } => Some((snapshot_id, table_oid)),
-                    _ => None,
-                };
-                if run.keyless.as_ref().is_some_and(|k| Some(k.snapshot_id) != keyless_next.map(|n| n.0)) {
+                let taken = run.driver.chunk_taken(next, &open, run.keyless.as_ref().map(|k| k.snapshot_id));
+                if taken.give_up_plan {
                     if let Some(k) = run.keyless.take() {
                         keyless::close(&k.cursor);
                     }
-                    run.snap.pieces = None;
                 }
-                match next {
-                    Next::Chunk(c) => run.snap.chunk = Some(*c),
-                    Next::Later => {}
-                    Next::Done => run.snapshotting = Some(false),
-                    // Its next step opens the windows first (as a sink's first step does).
-                    Next::Untracked => run.snapshotting = None,
-                    Next::Keyless { snapshot_id, table_oid } => {
-                        return self.keyless_step(id, snapshot_id, table_oid, size);
-                    }
+                match taken.keyless {
+                    Some((snapshot_id, table_oid)) => self.keyless_step(id, snapshot_id, table_oid, size),
+                    None => true,
                 }
-                true
             }
             Ok(Err(e)) | Err(e) => {
                 self.fail(id, SinkState::Retrying, format!("cannot read the next snapshot chunk: {e}"));
@@ -1471,7 +1072,7 @@ impl Worker {
         let Some(schema) = self.schema.clone() else { return false };
         let Some(run) = self.sinks.get_mut(id) else { return false };
         if let Some(plan) = run.keyless.as_ref().filter(|k| k.snapshot_id == snapshot_id) {
-            let Some(pieces) = run.snap.pieces.as_mut() else { return false };
+            let Some(pieces) = run.driver.snap.pieces.as_mut() else { return false };
             let i = pieces.next;
             let read_at = cdc_core::deliver::read::unix_micros_now() - cdc_core::time::PG_EPOCH_OFFSET_MICROS;
             let mut chunk = Chunk::keyless(pieces.id(i), plan.relation.clone(), read_at);
@@ -1481,7 +1082,7 @@ impl Worker {
                     if i >= plan.last {
                         run.keyless = None;
                     }
-                    run.snap.chunk = Some(chunk);
+                    run.driver.snap.chunk = Some(chunk);
                     true
                 }
                 Ok(Err(e)) | Err(e) => {
@@ -1493,8 +1094,8 @@ impl Worker {
             // Its slot is given back while an ephemeral one finds the snapshot (a process holds
             // one slot); the next read opens a new session.
             run.session = None;
-            run.chunks += 1;
-            let base = format!("{id} {} k{}", std::process::id(), run.chunks);
+            run.driver.chunks += 1;
+            let base = format!("{id} {} k{}", std::process::id(), run.driver.chunks);
             match keyless::plan(&schema, snapshot_id, table_oid, chunk_size, &base) {
                 Ok(keyless::Planned::Ready(plan)) => {
                     // Its column types, for a table none of whose changes was streamed yet.
@@ -1505,8 +1106,8 @@ impl Worker {
                         return false;
                     }
                     let Some(run) = self.sinks.get_mut(id) else { return false };
-                    run.snap.drop_changes_before(table_oid, plan.until);
-                    run.snap.pieces = Some(Pieces { base, next: 1, last: plan.last });
+                    run.driver.snap.drop_changes_before(table_oid, plan.until);
+                    run.driver.snap.pieces = Some(Pieces { base, next: 1, last: plan.last });
                     pgrx::log!(
                         "pg_cdc sink \"{}\": table {} has no key: its {} rows are read from the snapshot of {} \
                          in {} pieces",
@@ -1539,7 +1140,8 @@ impl Worker {
             return;
         }
         let Some(run) = self.sinks.get_mut(id) else { return };
-        if let Err(e) = confirm_delivered(Some(&schema), run, confirmed) {
+        let (driver, mut host) = run.split(&schema, &self.failpoint.1);
+        if let Err(e) = driver.confirm_delivered(&mut host, confirmed) {
             let msg = format!("cannot confirm replication slot {}: {e}", run.row.slot);
             self.fail(id, SinkState::Error, msg);
             return;
@@ -1548,7 +1150,7 @@ impl Worker {
             Ok(true) => {}
             Ok(false) => {
                 // A snapshot was requested since it looked: its next step opens its window.
-                run.snapshotting = None;
+                run.driver.snapshotting = None;
                 return;
             }
             Err(e) => {
@@ -1574,112 +1176,25 @@ impl Worker {
         self.finished = true;
     }
 
-    /// Records a delivered unit: counters, latencies, the lookup copies, and the position and
-    /// progress the next confirm writes.
-    fn delivered_unit(&mut self, id: &str, done: Handed) -> bool {
-        let Some(run) = self.sinks.get_mut(id) else { return false };
-        if !done.sent_log.is_empty() {
-            // From the end of the delivery, not the read: a slow commit must not move the sink's
-            // next read to the idle sinks' turns (an idle sink's units carry only heartbeats).
-            run.last_delivered = Some(Instant::now());
-        }
-        let row = run.row.clone();
-        let mut counted = done.counted;
-        if let Some(checkpoint) = done.flushed {
-            if done.exactly_once {
-                counted.committed_transactions = 1;
-                counted.committed_lsn = checkpoint.end_lsn.0;
-            }
-            // A unit handed over after this one is open at the destination.
-            let open = u64::from(!run.handed.is_empty());
-            crate::stats::update(&row.id, |c| {
-                add(c, &counted);
-                c.open_transactions = open;
-            });
-            crate::stats::add_tables(&row.id, &done.tables);
-            record_latencies(&row.id, &done.sent_log, done.acked);
-            if done.commits && self.failpoint.1.fires(Failpoint::AfterSinkCommit, &row.name) {
-                pgrx::log!(
-                    "pg_cdc worker: failpoint after_sink_commit of sink \"{}\": exiting before the slot is confirmed",
-                    row.name
-                );
-                // SAFETY: ends this process on purpose (test failpoint); the postmaster restarts it.
-                unsafe { pg_sys::proc_exit(1) };
-            }
-        } else {
-            crate::stats::update(&row.id, |c| add(c, &counted));
-            crate::stats::add_tables(&row.id, &done.tables);
-        }
-        if counted.duplicate_events_filtered > 0 {
-            pgrx::log!(
-                "pg_cdc sink \"{}\": skipped {} events its destination holds already (checkpoint {})",
-                row.name,
-                counted.duplicate_events_filtered,
-                run.checkpoint.map(|c| c.end_lsn).unwrap_or_default()
-            );
-        }
-        let Some(lsn) = done.target else { return true };
-        // The lookup copies first: after a crash between the two they are ahead of the slot,
-        // which they know (their position) and skip; behind it they would miss changes.
-        let flush = run.assembler.lookups_mut().take_flush();
-        if !flush.is_empty() {
-            let Some(schema) = self.schema.clone() else { return false };
-            if let Err(e) = run_tx(|| lookups::write(&schema, &row.id, &flush)) {
-                self.fail(id, SinkState::Error, format!("cannot save the lookup copies of sink \"{}\": {e}", row.name));
-                return false;
-            }
-        }
-        let Some(run) = self.sinks.get_mut(id) else { return false };
-        run.delivered = Some(lsn);
-        run.add_progress(&done.progress, &done.routes);
-        if !done.exactly_once {
-            crate::stats::update(&row.id, |c| c.committed_lsn = c.committed_lsn.max(lsn.0));
-        }
-        true
-    }
-
-    /// Abandons a sink's open delivery (the events are read again later) and counts it.
+    /// Abandons a sink's open delivery (see `Driver::abort`).
     fn abort(&mut self, id: &str) {
-        let Some(run) = self.sinks.get_mut(id) else { return };
-        let Some(producer) = run.producer.as_mut() else { return };
-        let exactly_once = producer.sink().delivery_mode() == DeliveryMode::ExactlyOnce;
-        if stop_requested() {
-            // Shutting down: aborting can block up to the transaction timeout (measured: 30 s after
-            // a SIGTERM that interrupted the first delivery to a new topic, so pg_terminate_backend
-            // took 30 s). Drop the producer instead: the next worker's init_transactions fences it
-            // and aborts its open transaction, which is what exactly-once relies on after a kill.
-            run.producer = None;
-        } else {
-            producer.sink().abort();
-        }
-        crate::stats::update(id, |c| {
-            if exactly_once && c.open_transactions > 0 {
-                c.aborted_transactions += 1;
-            }
-            c.open_transactions = 0;
-        });
+        let (Some(schema), Some(run)) = (self.schema.as_deref(), self.sinks.get_mut(id)) else { return };
+        let (driver, mut host) = run.split(schema, &self.failpoint.1);
+        driver.abort(&mut host);
     }
 
-    /// Emits a heartbeat when the slot is behind the WAL and nothing it captures was written.
+    /// Emits a heartbeat when the slot is behind the WAL and nothing it captures was written
+    /// (see `Driver::heartbeat_due`).
     fn maybe_heartbeat(&mut self, id: &str, confirmed: Lsn, cat: &Catalog) {
-        let Some(run) = self.sinks.get_mut(id) else {
-            return;
-        };
+        let Some(run) = self.sinks.get_mut(id) else { return };
         let insert: Lsn = cat.wal_insert_lsn.parse().unwrap_or_default();
-        let interval = std::time::Duration::from_millis(gucs::HEARTBEAT_INTERVAL_MS.get().max(100) as u64);
-        // Also sooner when the slot is far behind (a new session would decode that WAL again; see
-        // mark_restart_point) and the last heartbeat was read already.
-        let far = insert.0 > confirmed.0.saturating_add(RESTART_POINT_BYTES)
-            && run.heartbeat_end.is_none_or(|h| h <= confirmed);
-        let due = far || run.last_heartbeat.is_none_or(|t| t.elapsed() >= interval);
-        // Only when WAL other than our own last heartbeat was written since it.
-        let moved = insert > confirmed && run.heartbeat_end.is_none_or(|h| insert.0 > h.0 + 128);
-        if !(due && moved) {
+        if !run.driver.heartbeat_due(insert, confirmed, &env::settings(), Instant::now()) {
             return;
         }
-        run.last_heartbeat = Some(Instant::now());
-        if let Ok(Some(lsn)) = run_tx(source::emit_heartbeat) {
-            run.heartbeat_end = lsn.parse().ok();
+        if let Ok(Some(end)) = run_tx(source::emit_heartbeat) {
+            if let Ok(end) = end.parse() {
+                run.driver.heartbeat_written(end);
+            }
         }
     }
 

@@ -14,6 +14,7 @@ pub mod config;
 pub mod context;
 pub mod decode;
 pub mod deliver;
+pub mod driver;
 pub mod envelope;
 pub mod error;
 pub mod expr;

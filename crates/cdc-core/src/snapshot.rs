@@ -70,7 +70,7 @@ fn encode_key(values: &[TupleValue<'_>], positions: &[usize]) -> Option<Vec<u8>>
 }
 
 /// Appends one tuple in pgoutput's format (text values).
-fn write_tuple(out: &mut Vec<u8>, values: &[Option<&[u8]>]) {
+pub(crate) fn write_tuple(out: &mut Vec<u8>, values: &[Option<&[u8]>]) {
     out.extend_from_slice(&(values.len() as u16).to_be_bytes());
     for v in values {
         match v {
@@ -85,7 +85,7 @@ fn write_tuple(out: &mut Vec<u8>, values: &[Option<&[u8]>]) {
 }
 
 /// Appends a relation description in pgoutput's format, without its tag.
-fn write_relation(out: &mut Vec<u8>, rel: &Relation) {
+pub(crate) fn write_relation(out: &mut Vec<u8>, rel: &Relation) {
     let cstr = |out: &mut Vec<u8>, s: &str| {
         out.extend_from_slice(s.as_bytes());
         out.push(0);
@@ -583,75 +583,8 @@ mod tests {
         assert_eq!(MvccSnapshot::parse(" 3:10:7,4\n").unwrap().in_progress(), [4, 7]);
     }
 
-    use crate::decode::RelationColumn;
     use crate::deliver::memory::MemorySource;
-
-    fn relation(oid: u32) -> Relation {
-        let col = |name: &str, type_oid: u32, is_key: bool| RelationColumn {
-            is_key,
-            name: name.into(),
-            type_oid,
-            type_mod: -1,
-        };
-        Relation {
-            oid,
-            namespace: "public".into(),
-            name: "t".into(),
-            replica_identity: b'd',
-            columns: vec![col("id", 23, true), col("v", 25, false)],
-        }
-    }
-
-    fn tuple(out: &mut Vec<u8>, id: u32, v: Option<&str>) {
-        write_tuple(out, &[Some(id.to_string().as_bytes()), v.map(str::as_bytes)]);
-    }
-
-    fn begin(xid: u32, commit: u64) -> RawFrame {
-        let mut d = vec![b'B'];
-        d.extend_from_slice(&commit.to_be_bytes());
-        d.extend_from_slice(&0i64.to_be_bytes());
-        d.extend_from_slice(&xid.to_be_bytes());
-        RawFrame { lsn: Lsn(commit - 8), data: d }
-    }
-
-    fn commit(commit: u64) -> RawFrame {
-        let mut d = vec![b'C', 0];
-        d.extend_from_slice(&commit.to_be_bytes());
-        d.extend_from_slice(&(commit + 16).to_be_bytes());
-        d.extend_from_slice(&0i64.to_be_bytes());
-        RawFrame { lsn: Lsn(commit + 16), data: d }
-    }
-
-    fn insert(oid: u32, id: u32, lsn: u64) -> RawFrame {
-        let mut d = vec![b'I'];
-        d.extend_from_slice(&oid.to_be_bytes());
-        d.push(b'N');
-        tuple(&mut d, id, Some("new"));
-        RawFrame { lsn: Lsn(lsn), data: d }
-    }
-
-    /// An UPDATE that moved row `from` to key `to` (old key image).
-    fn rekey(oid: u32, from: u32, to: u32, lsn: u64) -> RawFrame {
-        let mut d = vec![b'U'];
-        d.extend_from_slice(&oid.to_be_bytes());
-        d.push(b'K');
-        write_tuple(&mut d, &[Some(from.to_string().as_bytes()), None]);
-        d.push(b'N');
-        tuple(&mut d, to, Some("moved"));
-        RawFrame { lsn: Lsn(lsn), data: d }
-    }
-
-    fn delete(oid: u32, id: u32, lsn: u64) -> RawFrame {
-        let mut d = vec![b'D'];
-        d.extend_from_slice(&oid.to_be_bytes());
-        d.push(b'K');
-        write_tuple(&mut d, &[Some(id.to_string().as_bytes()), None]);
-        RawFrame { lsn: Lsn(lsn), data: d }
-    }
-
-    fn watermark(id: &str, end: u64) -> RawFrame {
-        piece_watermark(id, 5, end)
-    }
+    use crate::testutil::wal::{begin, commit, delete, insert, piece_watermark, rekey, relation, watermark};
 
     /// A reader tracking table 7 (keyed by `id`) with a chunk of it holding `ids`.
     fn reader(ids: impl IntoIterator<Item = u32>) -> SnapshotReader {
@@ -789,17 +722,6 @@ mod tests {
             state.recent.record(&begin(1_000 + xid, 100).data);
         }
         assert!(!state.recent.any_in_progress(&MvccSnapshot::parse("899:910:900").unwrap()), "bounded");
-    }
-
-    fn piece_watermark(id: &str, rows: usize, end: u64) -> RawFrame {
-        let content = watermark_content(id, rows);
-        let mut d = vec![b'M', 0];
-        d.extend_from_slice(&end.to_be_bytes());
-        d.extend_from_slice(WATERMARK_PREFIX.as_bytes());
-        d.push(0);
-        d.extend_from_slice(&(content.len() as u32).to_be_bytes());
-        d.extend_from_slice(content.as_bytes());
-        RawFrame { lsn: Lsn(end), data: d }
     }
 
     fn piece(pieces: &Pieces, i: u32, ids: impl IntoIterator<Item = u32>) -> Chunk {

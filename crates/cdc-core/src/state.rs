@@ -1,4 +1,5 @@
-//! The lifecycle of a sink: one enum, whose labels are the only strings ever stored in
+//! The lifecycle of a sink ([`SinkState`]) and of one table's snapshot for a sink
+//! ([`SnapshotState`]). A sink's: one enum, whose labels are the only strings ever stored in
 //! `_cdc_sinks.state` (a CHECK constraint in `sql/bootstrap.sql` and in each upgrade script lists
 //! the same labels; a unit test keeps the three in step).
 //!
@@ -74,6 +75,81 @@ impl fmt::Display for SinkState {
     }
 }
 
+/// Where one table's snapshot for one sink is (`_cdc_snapshots.state`; a CHECK constraint in
+/// `sql/bootstrap.sql` lists the same labels, and a unit test keeps the two in step).
+///
+/// ```text
+///  requested ─▶ pending ──(first chunk read)──▶ running ──(last chunk delivered)──▶ done
+///                  │                               │
+///                  ├─ table no longer captured, or no key to chunk by ─▶ skipped
+///                  └─ cdc_cancel_snapshot ─────────┴─────────────────────▶ cancelled
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SnapshotState {
+    /// Requested; no chunk read yet.
+    Pending,
+    /// Chunks are being read and delivered.
+    Running,
+    /// Every row was delivered.
+    Done,
+    /// Not taken: the table is no longer captured, or has no key to read it by.
+    Skipped,
+    /// Cancelled by `cdc_cancel_snapshot`.
+    Cancelled,
+}
+
+impl SnapshotState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [SnapshotState; 5] = [
+        SnapshotState::Pending,
+        SnapshotState::Running,
+        SnapshotState::Done,
+        SnapshotState::Skipped,
+        SnapshotState::Cancelled,
+    ];
+
+    /// The states of a snapshot with rows left to deliver.
+    pub const OPEN: [SnapshotState; 2] = [SnapshotState::Pending, SnapshotState::Running];
+
+    /// The label stored in `_cdc_snapshots.state` and shown by `cdc_snapshots`.
+    pub fn label(self) -> &'static str {
+        match self {
+            SnapshotState::Pending => "pending",
+            SnapshotState::Running => "running",
+            SnapshotState::Done => "done",
+            SnapshotState::Skipped => "skipped",
+            SnapshotState::Cancelled => "cancelled",
+        }
+    }
+
+    /// The state a stored label names.
+    pub fn parse(label: &str) -> Option<SnapshotState> {
+        SnapshotState::ALL.into_iter().find(|s| s.label() == label)
+    }
+
+    /// It has rows left to deliver.
+    pub fn is_open(self) -> bool {
+        SnapshotState::OPEN.contains(&self)
+    }
+
+    /// The label as an SQL literal: `'running'`.
+    pub fn sql(self) -> String {
+        format!("'{}'", self.label())
+    }
+
+    /// The open states as an SQL list: `('pending', 'running')`.
+    pub fn open_sql() -> String {
+        let labels: Vec<String> = SnapshotState::OPEN.iter().map(|s| s.sql()).collect();
+        format!("({})", labels.join(", "))
+    }
+}
+
+impl fmt::Display for SnapshotState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +203,29 @@ mod tests {
         };
         let (name, sql) = upgrades.iter().max_by_key(|(n, _)| version(n)).expect("an upgrade script defines it");
         assert_eq!(check_labels(sql, "_cdc_sinks_state_check"), labels, "{name}");
+    }
+
+    #[test]
+    fn snapshot_labels_round_trip_and_only_pending_and_running_are_open() {
+        for s in SnapshotState::ALL {
+            assert_eq!(SnapshotState::parse(s.label()), Some(s));
+            assert_eq!(s.is_open(), matches!(s, SnapshotState::Pending | SnapshotState::Running), "{s}");
+        }
+        assert_eq!(SnapshotState::parse("paused"), None);
+        assert_eq!(SnapshotState::open_sql(), "('pending', 'running')");
+        assert_eq!(SnapshotState::Done.sql(), "'done'");
+    }
+
+    #[test]
+    fn the_catalog_allows_exactly_these_snapshot_labels() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sql");
+        let labels: Vec<String> = SnapshotState::ALL.iter().map(|s| s.label().to_string()).collect();
+        // The fresh install, and the upgrade script that made the table.
+        for name in ["bootstrap.sql", "pg_cdc--0.3.0--0.4.0.sql"] {
+            let sql = std::fs::read_to_string(root.join(name)).expect("read");
+            let table = &sql[sql.find("_cdc_snapshots (").expect("the table")..];
+            let column = &table[table.find("\n    state ").expect("its state column")..];
+            assert_eq!(check_labels(column, "state"), labels, "{name}");
+        }
     }
 }

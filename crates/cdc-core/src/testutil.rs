@@ -93,3 +93,104 @@ pub fn events(txns: &[Transaction]) -> Vec<(Option<serde_json::Value>, serde_jso
         })
         .collect()
 }
+
+/// pgoutput frames built by hand for one small table (`t`: `id int4` key, `v text`), for tests
+/// that need changes, commits and snapshot watermarks at chosen positions.
+pub mod wal {
+    use crate::decode::{Relation, RelationColumn};
+    use crate::lsn::Lsn;
+    use crate::pipeline::RawFrame;
+    use crate::snapshot::{watermark_content, write_relation, write_tuple, WATERMARK_PREFIX};
+
+    /// Table `public.t` with OID `oid`: `id int4` (its key), `v text`.
+    pub fn relation(oid: u32) -> Relation {
+        let col = |name: &str, type_oid: u32, is_key: bool| RelationColumn {
+            is_key,
+            name: name.into(),
+            type_oid,
+            type_mod: -1,
+        };
+        Relation {
+            oid,
+            namespace: "public".into(),
+            name: "t".into(),
+            replica_identity: b'd',
+            columns: vec![col("id", 23, true), col("v", 25, false)],
+        }
+    }
+
+    fn tuple(out: &mut Vec<u8>, id: u32, v: Option<&str>) {
+        write_tuple(out, &[Some(id.to_string().as_bytes()), v.map(str::as_bytes)]);
+    }
+
+    /// A Begin of transaction `xid` committing at `commit`.
+    pub fn begin(xid: u32, commit: u64) -> RawFrame {
+        let mut d = vec![b'B'];
+        d.extend_from_slice(&commit.to_be_bytes());
+        d.extend_from_slice(&0i64.to_be_bytes());
+        d.extend_from_slice(&xid.to_be_bytes());
+        RawFrame { lsn: Lsn(commit - 8), data: d }
+    }
+
+    /// The Commit of a transaction committing at `commit` (ends 16 bytes later).
+    pub fn commit(commit: u64) -> RawFrame {
+        let mut d = vec![b'C', 0];
+        d.extend_from_slice(&commit.to_be_bytes());
+        d.extend_from_slice(&(commit + 16).to_be_bytes());
+        d.extend_from_slice(&0i64.to_be_bytes());
+        RawFrame { lsn: Lsn(commit + 16), data: d }
+    }
+
+    /// An INSERT of row (`id`, 'new') into table `oid`.
+    pub fn insert(oid: u32, id: u32, lsn: u64) -> RawFrame {
+        let mut d = vec![b'I'];
+        d.extend_from_slice(&oid.to_be_bytes());
+        d.push(b'N');
+        tuple(&mut d, id, Some("new"));
+        RawFrame { lsn: Lsn(lsn), data: d }
+    }
+
+    /// An UPDATE that moved row `from` to key `to` (old key image).
+    pub fn rekey(oid: u32, from: u32, to: u32, lsn: u64) -> RawFrame {
+        let mut d = vec![b'U'];
+        d.extend_from_slice(&oid.to_be_bytes());
+        d.push(b'K');
+        write_tuple(&mut d, &[Some(from.to_string().as_bytes()), None]);
+        d.push(b'N');
+        tuple(&mut d, to, Some("moved"));
+        RawFrame { lsn: Lsn(lsn), data: d }
+    }
+
+    /// A DELETE of row `id` of table `oid` (key image).
+    pub fn delete(oid: u32, id: u32, lsn: u64) -> RawFrame {
+        let mut d = vec![b'D'];
+        d.extend_from_slice(&oid.to_be_bytes());
+        d.push(b'K');
+        write_tuple(&mut d, &[Some(id.to_string().as_bytes()), None]);
+        RawFrame { lsn: Lsn(lsn), data: d }
+    }
+
+    /// The watermark `id` of a chunk, its record ending at `end`.
+    pub fn watermark(id: &str, end: u64) -> RawFrame {
+        piece_watermark(id, 5, end)
+    }
+
+    /// The watermark `id` of a piece or chunk of `rows` rows, its record ending at `end`.
+    pub fn piece_watermark(id: &str, rows: usize, end: u64) -> RawFrame {
+        let content = watermark_content(id, rows);
+        let mut d = vec![b'M', 0];
+        d.extend_from_slice(&end.to_be_bytes());
+        d.extend_from_slice(WATERMARK_PREFIX.as_bytes());
+        d.push(0);
+        d.extend_from_slice(&(content.len() as u32).to_be_bytes());
+        d.extend_from_slice(content.as_bytes());
+        RawFrame { lsn: Lsn(end), data: d }
+    }
+
+    /// The Relation message of `rel`, at `lsn`.
+    pub fn relation_frame(rel: &Relation, lsn: u64) -> RawFrame {
+        let mut d = vec![b'R'];
+        write_relation(&mut d, rel);
+        RawFrame { lsn: Lsn(lsn), data: d }
+    }
+}

@@ -24,7 +24,7 @@ pub mod protocol;
 pub mod read;
 pub mod spool;
 
-#[cfg(test)]
-pub(crate) mod memory;
+#[cfg(any(test, feature = "testutil"))]
+pub mod memory;
 #[cfg(test)]
 mod tests;
