@@ -5,13 +5,18 @@
 //!   (called by `cdc_enable`, `cdc_add_sink`, and the worker for a sink whose slot it created);
 //! - [`bindings`] / [`Copy`] / [`write`] are the worker's side: what it has, where its misses go,
 //!   and how its changes are written before the slot moves.
+use cdc_core::deliver::read::Failure;
 use cdc_core::lookup::{LookupBinding, LookupFlush, LookupId, LookupRow, LookupSource};
+use cdc_core::pipeline::{Assembler, SinkTables};
+use cdc_core::state::SinkState;
 use cdc_core::Lsn;
 use pgrx::JsonB;
 use serde_json::{json, Value};
 
 use crate::catalog;
-use crate::worker::source::TEXT_FORMAT_SETTINGS;
+use crate::gucs;
+use crate::worker::run_tx;
+use crate::worker::source::{SinkRow, TEXT_FORMAT_SETTINGS};
 
 /// One `enrich` transformation as resolved by `cdc_enable`.
 #[derive(Debug, Clone)]
@@ -339,4 +344,53 @@ pub fn write(schema: &str, sink_id: &str, flushes: &[LookupFlush]) {
         args.push(f.as_of.to_string().into());
         catalog::run(&format!("UPDATE {schema}._cdc_lookups SET as_of_lsn = $4::pg_lsn WHERE {which}"), &args);
     }
+}
+
+/// Gives a sink's assembler the lookup copies its tables' `enrich` transformations read, copying
+/// the lookup tables it has none of yet (a sink whose slot the worker created). A lookup table
+/// dropped since its table was enabled needs an operator (`error`); the rest is retried.
+pub fn bind(schema: &str, row: &SinkRow, assembler: &mut Assembler, tables: &SinkTables) -> Result<(), Failure> {
+    let id = row.id.as_str();
+    if tables.values().all(|c| c.enrich.is_empty()) {
+        if assembler.has_lookups() {
+            assembler.lookups_mut().set_bindings(&[]);
+        }
+        return Ok(());
+    }
+    let mut bound = run_tx(|| bindings(schema, id))
+        .map_err(|e| Failure::new(SinkState::Retrying, format!("cannot read the lookup copies: {e}")))?;
+    let has = |b: &[LookupBinding], oid: u32, i: usize| {
+        b.iter().any(|b| b.id.table_oid == oid && b.id.position as usize == i)
+    };
+    let missing = tables.iter().any(|(oid, c)| (0..c.enrich.len()).any(|i| !has(&bound, *oid, i)));
+    if missing {
+        let seeded = run_tx(|| {
+            let current = bindings(schema, id);
+            for spec in specs_for_sink(schema, row.tables.as_deref()) {
+                if !has(&current, spec.table_oid, spec.position as usize) {
+                    if let Some(why) = dropped(&spec) {
+                        return Err(why);
+                    }
+                    seed(schema, id, &spec);
+                }
+            }
+            Ok(bindings(schema, id))
+        });
+        bound = match seeded {
+            Ok(Ok(b)) => {
+                pgrx::log!("pg_cdc sink \"{}\": copied its lookup tables", row.name);
+                b
+            }
+            // Retrying cannot bring a dropped table back: an operator must re-enable.
+            Ok(Err(why)) => {
+                let message = format!("{why}; cdc_enable the table again with a config that fits");
+                return Err(Failure::new(SinkState::Error, message));
+            }
+            Err(e) => return Err(Failure::new(SinkState::Retrying, format!("cannot copy the lookup tables: {e}"))),
+        };
+    }
+    let l = assembler.lookups_mut();
+    l.set_capacity(gucs::ENRICH_CACHE_ROWS.get().max(1) as usize);
+    l.set_bindings(&bound);
+    Ok(())
 }

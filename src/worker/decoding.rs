@@ -26,8 +26,9 @@ use pgrx::pg_sys;
 use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
 use pgrx::prelude::*;
 
-use super::source::{learn_types, recorded_offsets};
+use super::source::{learn_types, recorded_offsets, take_read_turn, ReadPool, SinkRow};
 use crate::catalog::PUBLICATION_NAMES;
+use crate::gucs;
 
 /// Decoded messages a session keeps in memory before it spills them to a file: a transaction's
 /// messages all come out when its commit record is decoded, whatever its size.
@@ -432,4 +433,36 @@ impl ChangeSource for SessionRead<'_> {
     fn recorded_offsets(&mut self) -> HashMap<u32, u64> {
         recorded_offsets(self.schema, self.sink_name)
     }
+}
+
+/// The sink's decoding session made ready to read from `position`: opened when it has none (and
+/// counted), its read turn taken, and only the `carried` tables (all when `None`) reaching
+/// pgoutput. Reading (decoding) takes a turn: with many sinks, parallel reads would take the
+/// primary's CPU (each slot decodes all WAL); flushing to the destination holds none. A sink that
+/// is `delivering` takes its turn apart from those that had nothing to deliver, so idle sinks'
+/// reads never queue ahead of it.
+pub fn ready<'a>(
+    session: &'a mut Option<Session>,
+    row: &SinkRow,
+    carried: Option<HashSet<u32>>,
+    position: Lsn,
+    delivering: bool,
+) -> &'a mut Session {
+    let pool = if delivering { ReadPool::Delivering } else { ReadPool::Idle };
+    take_read_turn(gucs::MAX_CONCURRENT_READS.get(), read_turn_hint(&row.id), pool);
+    let session = match session {
+        Some(s) => s,
+        None => {
+            crate::stats::update(&row.id, |c| c.decoding_sessions += 1);
+            session.insert(Session::open(&row.slot))
+        }
+    };
+    session.carry_only(carried);
+    session.begin_read(position);
+    session
+}
+
+/// Which read turn a sink waits for when every turn is taken: spreads the waiters over the turns.
+fn read_turn_hint(id: &str) -> u32 {
+    id.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
 }

@@ -17,13 +17,16 @@ use std::ffi::CString;
 use std::ptr::null_mut;
 
 use cdc_core::decode::Relation;
-use cdc_core::snapshot::{watermark_content, Chunk, WATERMARK_PREFIX};
+use cdc_core::snapshot::{watermark_content, Chunk, Pieces, WATERMARK_PREFIX};
+use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
 use pgrx::pg_sys;
 use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
 use pgrx::prelude::*;
 
+use super::run_tx;
 use super::snapshot::{describe, relation_of, CHUNK_BYTES};
+use super::state::SinkRun;
 use crate::catalog;
 use crate::lookups::quote_ident;
 
@@ -289,4 +292,67 @@ pub fn close(cursor: &str) {
             catalog::run(&format!("CLOSE {cursor}"), &[]);
         }
     });
+}
+
+/// A sink's next snapshot is keyless table `table_oid`'s (`snapshot_id`): plans it, its first time
+/// in this run (the sink's slot is given back meanwhile: an ephemeral one finds the snapshot, and
+/// a process holds one slot), else fetches its next piece into the sink's snapshot reader. Returns
+/// what went wrong; the sink is then retried.
+pub fn step(
+    schema: &str,
+    run: &mut SinkRun,
+    types: &mut TypeRegistry,
+    snapshot_id: i64,
+    table_oid: u32,
+    chunk_size: u32,
+) -> Result<(), String> {
+    if let Some(plan) = run.keyless.as_ref().filter(|k| k.snapshot_id == snapshot_id) {
+        let Some(pieces) = run.driver.snap.pieces.as_mut() else { return Ok(()) };
+        let i = pieces.next;
+        let read_at = cdc_core::deliver::read::unix_micros_now() - cdc_core::time::PG_EPOCH_OFFSET_MICROS;
+        let mut chunk = Chunk::keyless(pieces.id(i), plan.relation.clone(), read_at);
+        match run_tx(|| take_piece(schema, plan, i, &mut chunk)) {
+            Ok(Ok(())) => {
+                pieces.next += 1;
+                if i >= plan.last {
+                    run.keyless = None;
+                }
+                run.driver.snap.chunk = Some(chunk);
+                Ok(())
+            }
+            Ok(Err(e)) | Err(e) => Err(format!("cannot read the next piece of a keyless table: {e}")),
+        }
+    } else {
+        // Its slot is given back while an ephemeral one finds the snapshot (a process holds
+        // one slot); the next read opens a new session.
+        run.session = None;
+        run.driver.chunks += 1;
+        let base = format!("{} {} k{}", run.row.id, std::process::id(), run.driver.chunks);
+        match plan(schema, snapshot_id, table_oid, chunk_size, &base) {
+            Ok(Planned::Ready(plan)) => {
+                // Its column types, for a table none of whose changes was streamed yet.
+                if let Err(e) = run_tx(|| super::source::learn_type_oids(&plan.types, types)) {
+                    close(&plan.cursor);
+                    return Err(format!("cannot look up a keyless table's types: {e}"));
+                }
+                run.driver.snap.drop_changes_before(table_oid, plan.until);
+                run.driver.snap.pieces = Some(Pieces { base, next: 1, last: plan.last });
+                pgrx::log!(
+                    "pg_cdc sink \"{}\": table {} has no key: its {} rows are read from the snapshot of {} \
+                     in {} pieces",
+                    run.row.name,
+                    plan.relation.name,
+                    plan.rows,
+                    plan.until,
+                    plan.last
+                );
+                if plan.last > 0 {
+                    run.keyless = Some(plan);
+                }
+                Ok(())
+            }
+            Ok(Planned::Again) => Ok(()),
+            Err(e) => Err(format!("cannot plan the snapshot of a keyless table: {e}")),
+        }
+    }
 }

@@ -4,7 +4,8 @@
 //! ```text
 //!  launcher (static worker, launcher.rs):
 //!    catalog ── start a sink worker for each sink no live process serves; chores for all sinks
-//!  sink worker (dynamic worker, one per sink; state.rs; the decisions are cdc_core::deliver's):
+//!  sink worker (dynamic worker, one per sink; state.rs; the decisions are cdc_core::driver's and
+//!  cdc_core::deliver's, env.rs is the driver's port):
 //!    loop:
 //!      catalog (one transaction, read-only) ── its sink, captured tables, slots
 //!      protocol::slot_failure / check_checkpoint ── may it read?
@@ -13,7 +14,7 @@
 //!        ─▶ events ─▶ sink.send (large transactions in pieces)
 //!      protocol::plan_flush ─▶ sink.flush (no transaction open; Kafka commit with the checkpoint)
 //!      _cdc_offsets + confirm the slot in the session (one short writing transaction; while
-//!        deliveries keep coming at most every 200 ms, for all of them: state.rs, CONFIRM_INTERVAL)
+//!        deliveries keep coming at most every 200 ms, for all of them: cdc_core::driver::CONFIRM_INTERVAL)
 //!      when nothing happened, sleep cdc.naptime_ms or until WAL is flushed; exit once the sink is dropped
 //! ```
 //! Ack before advance: the slot moves only after the sink acknowledged, so a crash anywhere
@@ -24,11 +25,14 @@
 //! back into PostgreSQL: delivery reports are served by `poll` on this thread.
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
+mod chores;
 mod cleanup;
+mod configs;
 mod decoding;
 mod env;
 mod keyless;
 pub mod launcher;
+mod open;
 pub(crate) mod snapshot;
 pub(crate) mod source;
 mod state;

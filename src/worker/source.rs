@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use cdc_core::deliver::protocol::SlotView;
 use cdc_core::pipeline::RawFrame;
 use cdc_core::state::{SinkState, SnapshotState};
 use cdc_core::types::{PgTypeRow, TypeRegistry};
@@ -617,4 +618,21 @@ pub fn emit_heartbeat() -> Option<String> {
         &[],
     )
     .and_then(|v| v.as_str().map(str::to_string))
+}
+
+/// The first of pg_cdc's publications that does not exist (if one does not), and what the catalog
+/// says about the sink's slot.
+pub fn slot_view<'a>(cat: &'a Catalog, row: &SinkRow) -> (Option<&'a str>, SlotView) {
+    let missing = PUBLICATION_NAMES.split(',').find(|p| !cat.publications.iter().any(|q| q == p));
+    let found = cat.slots.iter().find(|s| s.name == row.slot);
+    let slot = SlotView {
+        name: row.slot.clone(),
+        exists: found.is_some(),
+        wal_status: found.and_then(|s| s.wal_status.clone()),
+        // Its own session holds the slot between reads.
+        // SAFETY: MyProcPid is this process's pid, set at its start.
+        active_pid: found.and_then(|s| s.active_pid).filter(|&p| p != unsafe { pg_sys::MyProcPid }),
+        confirmed: found.and_then(|s| s.confirmed.as_deref()).and_then(|s| s.parse().ok()).unwrap_or_default(),
+    };
+    (missing, slot)
 }

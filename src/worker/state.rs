@@ -1,38 +1,33 @@
-//! The worker's state across ticks: one [`SinkRun`] per sink (its driver, `cdc_core::driver`, and
-//! what only the worker holds: its decoding session, a producer being opened, a keyless table's
-//! cursor), the type registry, the parsed capture configs, and orphan-slot sightings.
+//! A worker's passes: the catalog read (or its copy reused), and for a sink worker one step of its
+//! sink. The decisions of a step are its driver's (`cdc_core::driver`); this is the PostgreSQL
+//! side around them: the transactions, the decoding session, the snapshot chunks, opening the
+//! destination. One [`SinkRun`] per sink holds the driver and what only the worker holds (its
+//! decoding session, a producer being opened, a keyless table's cursor).
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cdc_core::config::{checkpoint_interval, parse_stored_capture_config, CaptureConfig, SnapshotMode};
-use cdc_core::deliver::protocol::{self, SlotView};
-use cdc_core::driver::{Driver, Producer, Read, ReadSettings, RESTART_POINT_BYTES};
+use cdc_core::config::{checkpoint_interval, SnapshotMode};
+use cdc_core::deliver::protocol;
+use cdc_core::deliver::read::{Batch, Failure, BUFFER_FRAMES, FETCH_ROWS};
+use cdc_core::driver::{Driver, Producer, Read, ReadSettings};
 use cdc_core::failpoint::Armed;
 use cdc_core::pipeline::{Assembler, SinkTables};
-use cdc_core::redact::TokenKey;
-use cdc_core::snapshot::{Chunk, MvccSnapshot, Pieces};
+use cdc_core::snapshot::MvccSnapshot;
 use cdc_core::state::SinkState;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
-use cdc_sinks::kinesis::aws::Defaults;
-use cdc_sinks::open::{with_signals_blocked, OpenContext, Opening, ServerSettings};
-use cdc_sinks::postgres::SourceTable;
-use cdc_sinks::table::EventStore;
-use cdc_sinks::{parse_config, Checkpoint, ErrorClass, SinkConfig, SinkError};
+use cdc_sinks::open::Opening;
+use cdc_sinks::{parse_config, SinkConfig};
 use pgrx::pg_sys;
 
 use super::decoding::{self, Session, SessionRead};
 use super::env::{self, Host};
 use super::keyless;
+use super::open::{finish_open, open_in_place, start_open};
 use super::snapshot as snapshots;
 use super::source::{self, Catalog, SinkRow};
-use super::table_sink::SpiStore;
-use super::{run_tx, stop_requested, OrphanSightings};
-use crate::catalog::PUBLICATION_NAMES;
-use crate::{gucs, keys, lookups};
-use cdc_core::deliver::handoff::DeliveryThread;
-use cdc_core::deliver::read::{Batch, Failure, BUFFER_FRAMES, FETCH_ROWS};
+use super::{run_tx, stop_requested};
+use crate::{gucs, lookups};
 
 /// A unit of at least this many rows (a backlog, or a high rate) is committed on the sink's
 /// delivery thread while the next one is read. A smaller one is waited for before the next read:
@@ -49,9 +44,9 @@ pub struct SinkRun {
     /// The producer being opened, when it is.
     opening: Option<Opening>,
     /// Its decoding session (holds the slot), open from the first read until a failure.
-    session: Option<Session>,
+    pub(super) session: Option<Session>,
     /// The keyless table's snapshot whose pieces it is delivering (see [`super::keyless`]).
-    keyless: Option<keyless::Plan>,
+    pub(super) keyless: Option<keyless::Plan>,
 }
 
 impl SinkRun {
@@ -62,97 +57,11 @@ impl SinkRun {
     }
 
     /// Its destination was opened: the first time in this run, where it stood then.
-    fn note_opened(&mut self, confirmed: Lsn) {
+    pub(super) fn note_opened(&mut self, confirmed: Lsn) {
         self.driver.note_opened(confirmed, gucs::TEST_SNAPSHOT_IGNORE_CHECKPOINT.get());
     }
 }
 
-/// Opens a sink that opens quickly, in the read's transaction (see `cdc_sinks::open`); an
-/// in-database sink writes through SPI. `None` for a sink that opens on its own thread.
-fn open_in_place(
-    schema: &str,
-    row: &SinkRow,
-    config: &SinkConfig,
-) -> Result<Option<(Producer, Option<Checkpoint>)>, SinkError> {
-    let opened = cdc_sinks::open::open_in_place(config, |cfg| {
-        SpiStore::open(schema, &row.id, cfg).map(|s| Box::new(s) as Box<dyn EventStore>)
-    })?;
-    Ok(opened.map(|(sink, checkpoint)| (Producer::InPlace(sink), checkpoint)))
-}
-
-/// What opening a sink needs besides its config, from the catalog and the server settings.
-fn open_context(run: &SinkRun, cat: &Catalog) -> OpenContext {
-    let setting = |g| Some(gucs::string(g)).filter(|s| !s.trim().is_empty());
-    // The sink's tables: their keys, and their schema histories (an apply sink creates and
-    // alters its target tables from them).
-    let source_tables: HashMap<u32, SourceTable> = cat
-        .tables
-        .iter()
-        .filter(|t| run.row.carries(t.oid))
-        .map(|t| {
-            let history = t.history.as_ref().map(source::history).unwrap_or_default();
-            (t.oid, SourceTable { key_columns: t.key_columns.clone(), history })
-        })
-        .collect();
-    OpenContext {
-        sink_id: run.row.id.clone(),
-        sink_name: run.row.name.clone(),
-        slot: run.row.slot.clone(),
-        system_identifier: cat.system_identifier.clone(),
-        database: cat.database.clone(),
-        database_oid: cat.database_oid,
-        settings: ServerSettings {
-            kafka_bootstrap_servers: gucs::string(&gucs::KAFKA_BOOTSTRAP_SERVERS),
-            kinesis: Defaults { region: setting(&gucs::AWS_REGION), endpoint: setting(&gucs::KINESIS_ENDPOINT) },
-            pubsub_endpoint: setting(&gucs::PUBSUB_ENDPOINT),
-            pulsar_reuse_producer_name: gucs::TEST_PULSAR_REUSE_PRODUCER_NAME.get(),
-            apply_shuffle: i64::from(gucs::TEST_APPLY_SHUFFLE.get()),
-        },
-        delegated: run.row.delegated,
-        source_tables,
-        interrupt: Some(stop_requested),
-    }
-}
-
-/// Starts opening a sink on its own thread (see `cdc_sinks::open::start_open`): a slow or
-/// unreachable destination stalls no other sink.
-fn start_open(run: &SinkRun, config: &SinkConfig, cat: &Catalog) -> Result<Opening, SinkError> {
-    cdc_sinks::open::start_open(config, &open_context(run, cat))
-}
-
-/// Installs a producer that finished opening, refusing a slot ahead of its checkpoint.
-fn finish_open(run: &mut SinkRun, opening: Opening, slot: &SlotView) -> Result<(), Failure> {
-    let opened = opening.join().unwrap_or_else(|_| {
-        Err(SinkError { class: ErrorClass::Retry, message: "opening the sink failed unexpectedly".into() })
-    });
-    let (opened, checkpoint) = opened.map_err(Failure::sink)?;
-    protocol::check_checkpoint(slot, checkpoint, false)?;
-    run.driver.checkpoint = checkpoint;
-    run.note_opened(slot.confirmed);
-    // The delivery thread touches nothing of PostgreSQL and starts with every signal blocked.
-    let mut thread = with_signals_blocked(|| DeliveryThread::start(opened))
-        .map_err(|e| Failure::new(SinkState::Retrying, format!("cannot start the sink's delivery thread: {e}")))?;
-    thread.set_interrupt(stop_requested);
-    run.driver.producer = Some(Producer::Threaded(thread));
-    Ok(())
-}
-
-/// The first of pg_cdc's publications that does not exist (if one does not), and what the catalog
-/// says about the sink's slot.
-fn slot_view<'a>(cat: &'a Catalog, row: &SinkRow) -> (Option<&'a str>, SlotView) {
-    let missing = PUBLICATION_NAMES.split(',').find(|p| !cat.publications.iter().any(|q| q == p));
-    let found = cat.slots.iter().find(|s| s.name == row.slot);
-    let slot = SlotView {
-        name: row.slot.clone(),
-        exists: found.is_some(),
-        wal_status: found.and_then(|s| s.wal_status.clone()),
-        // Its own session holds the slot between reads.
-        // SAFETY: MyProcPid is this process's pid, set at its start.
-        active_pid: found.and_then(|s| s.active_pid).filter(|&p| p != unsafe { pg_sys::MyProcPid }),
-        confirmed: found.and_then(|s| s.confirmed.as_deref()).and_then(|s| s.parse().ok()).unwrap_or_default(),
-    };
-    (missing, slot)
-}
 /// Confirms what a sink delivered since the last confirm (see `Driver::confirm_delivered`); a
 /// failure is only logged (the next worker or session reads the unconfirmed tail again).
 fn confirm_or_warn(schema: Option<&str>, run: &mut SinkRun, failpoint: &Armed, confirmed: Lsn) {
@@ -161,11 +70,6 @@ fn confirm_or_warn(schema: Option<&str>, run: &mut SinkRun, failpoint: &Armed, c
     if let Err(e) = driver.confirm_delivered(&mut host, confirmed) {
         pgrx::warning!("pg_cdc sink \"{}\": cannot confirm replication slot {}: {e}", run.row.name, run.row.slot);
     }
-}
-
-/// Which read turn a sink waits for when every turn is taken: spreads the waiters over the turns.
-fn read_turn_hint(id: &str) -> u32 {
-    id.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
 }
 
 /// What a worker process does.
@@ -190,44 +94,27 @@ impl Role {
 /// A worker: the launcher, or one sink's worker.
 pub struct Worker {
     role: Role,
-    /// The launcher's sink workers.
-    starter: super::launcher::Starter,
+    /// The launcher's chores.
+    chores: super::chores::Chores,
     /// A sink worker's sink was dropped (or the extension): it exits.
     finished: bool,
     /// The sink name a sink worker shows in `application_name` (`pg_cdc worker: <name>`).
     shown_name: Option<String>,
     sinks: HashMap<String, SinkRun>,
     types: TypeRegistry,
-    /// Parsed capture configs by (oid, config text), so a config is parsed once.
-    configs: HashMap<u32, (String, Arc<CaptureConfig>)>,
-    /// Captured tables whose stored config cannot be read (changed by hand, or by a version that
-    /// no longer accepts it), with the reason: the sinks that carry them stop instead of dropping
-    /// their changes.
-    unreadable: HashMap<u32, String>,
-    orphans: OrphanSightings,
+    /// The captured tables' configs.
+    configs: super::configs::Configs,
     schema: Option<String>,
-    last_missing_extension_log: Option<Instant>,
-    /// The tokenization key source last loaded (setting, file and its stamp), and the key it gave.
-    token_settings: Option<keys::KeySource>,
     /// `cdc.schema_registry` as the Avro sinks were built with (a change rebuilds them).
     schema_registry: String,
-    token_key: Option<TokenKey>,
-    /// The key user context messages are sealed with (made on first use).
-    context_key: Option<Vec<u8>>,
-    /// When loading it last failed (tried again a minute later, not every tick).
-    context_key_failed: Option<Instant>,
-    /// When each slot's retained-WAL warning was last logged.
-    wal_warned: HashMap<String, Instant>,
-    /// Where this worker last wrote a running-transactions record ([`Worker::mark_restart_point`]).
-    restart_mark: Option<Lsn>,
+    /// The keys events are tokenized and user contexts sealed with.
+    keys: super::configs::Keys,
     /// `cdc.test_failpoint` as last read, and what it arms.
     failpoint: (String, Armed),
     /// A sink worker's copy of its catalog (its sink only), the generation it was read at, and
     /// when: used instead of reading it again while its session holds the slot, nothing changed
     /// and it is younger than `launcher::CATALOG_REFRESH`.
     cached: Option<(Catalog, u64, Instant)>,
-    /// The launcher's deletion of what dropped sinks left at their destination.
-    cleanups: super::cleanup::Cleanups,
     /// Sinks being opened on their own thread whose result is no longer wanted (the sink failed,
     /// or was dropped): the process waits for them before it exits ([`Worker::wait_for_openings`]).
     abandoned: Vec<Opening>,
@@ -237,26 +124,17 @@ impl Worker {
     pub fn new(role: Role) -> Self {
         Worker {
             role,
-            starter: Default::default(),
+            chores: Default::default(),
             finished: false,
             shown_name: None,
             sinks: HashMap::new(),
             types: TypeRegistry::new(),
-            configs: HashMap::new(),
-            unreadable: HashMap::new(),
-            orphans: HashMap::new(),
             schema: None,
-            last_missing_extension_log: None,
-            token_settings: None,
             schema_registry: String::new(),
-            token_key: None,
-            context_key: None,
-            context_key_failed: None,
-            wal_warned: HashMap::new(),
-            restart_mark: None,
+            keys: Default::default(),
+            configs: Default::default(),
             failpoint: (String::new(), Armed::default()),
             cached: None,
-            cleanups: Default::default(),
             abandoned: Vec::new(),
         }
     }
@@ -350,11 +228,7 @@ impl Worker {
                     self.finished = true;
                     return false;
                 }
-                if self.last_missing_extension_log.is_none_or(|t| t.elapsed().as_secs() > 300) {
-                    pgrx::log!("{who}: extension pg_cdc is not installed in this database; waiting");
-                    self.last_missing_extension_log = Some(Instant::now());
-                }
-                self.drop_orphan_slots(&cat);
+                self.chores.not_installed(&cat);
                 return false;
             }
             Err(e) => {
@@ -364,20 +238,8 @@ impl Worker {
         };
         let id = match &self.role {
             Role::Launcher => {
-                // Counters and latencies of dropped sinks and tables free their shared-memory entries.
-                crate::stats::retain(&cat.sinks.iter().map(|s| s.id.as_str()).collect::<Vec<_>>());
-                crate::stats::retain_tables(&cat.tables.iter().map(|t| t.oid).collect::<Vec<_>>());
-                // A finished (initial_only) sink has no worker.
-                let sinks: Vec<(String, String)> =
-                    cat.sinks.iter().filter(|s| !s.finished()).map(|s| (s.id.clone(), s.name.clone())).collect();
-                self.starter.ensure(&sinks);
-                self.warn_retained_wal(&cat);
-                self.mark_restart_point(&cat);
-                self.drop_orphan_slots(&cat);
                 self.refresh_failpoint();
-                if let Some(schema) = &self.schema {
-                    self.cleanups.tick(schema, &self.failpoint.1, generation);
-                }
+                self.chores.tick(&cat, self.schema.as_deref(), &self.failpoint.1, generation);
                 return false;
             }
             Role::Sink(id) => id.clone(),
@@ -438,128 +300,19 @@ impl Worker {
                 self.shown_name = Some(name);
             }
         }
-        self.refresh_configs(cat);
+        self.configs.refresh(cat);
         self.sync_sinks(cat);
-        self.refresh_token_key();
+        self.refresh_keys();
         self.refresh_failpoint();
         self.step(id, cat)
     }
 
-    fn refresh_configs(&mut self, cat: &Catalog) {
-        let mut next = HashMap::new();
-        let mut unreadable = HashMap::new();
-        for t in &cat.tables {
-            let history = t.history.as_ref().map(ToString::to_string).unwrap_or_default();
-            let text = t.config.to_string()
-                + &t.key_columns.join("\u{1}")
-                + "\u{2}"
-                + &history
-                + "\u{2}"
-                + t.routing_lsn.as_deref().unwrap_or_default();
-            let parsed = match self.configs.remove(&t.oid) {
-                Some((old_text, cfg)) if old_text == text => cfg,
-                _ => match parse_stored_capture_config(&t.config, t.key_columns.clone()) {
-                    Ok(mut cfg) => {
-                        cfg.history = t.history.as_ref().map(|h| Arc::new(source::history(h)));
-                        cfg.routing_lsn = t.routing_lsn.as_deref().and_then(|l| l.parse().ok());
-                        Arc::new(cfg)
-                    }
-                    Err(e) => {
-                        unreadable.insert(t.oid, e.to_string());
-                        continue;
-                    }
-                },
-            };
-            next.insert(t.oid, (text, parsed));
-        }
-        self.configs = next;
-        self.unreadable = unreadable;
-    }
-
-    /// Logs a WARNING for each sink whose slot retains more WAL than `cdc.wal_warning_bytes`,
-    /// at most every 5 minutes per slot while it stays above.
-    fn warn_retained_wal(&mut self, cat: &Catalog) {
-        let limit = i64::from(gucs::WAL_WARNING_BYTES.get()) << 20;
-        self.wal_warned.retain(|slot, _| cat.slots.iter().any(|s| &s.name == slot));
-        if limit <= 0 {
-            return;
-        }
-        for sink in &cat.sinks {
-            let Some(retained) = cat.slots.iter().find(|s| s.name == sink.slot).and_then(|s| s.retained) else {
-                continue;
-            };
-            if retained <= limit {
-                self.wal_warned.remove(&sink.slot);
-                continue;
-            }
-            if self.wal_warned.get(&sink.slot).is_some_and(|t| t.elapsed().as_secs() < 300) {
-                continue;
-            }
-            self.wal_warned.insert(sink.slot.clone(), Instant::now());
-            pgrx::warning!(
-                "pg_cdc sink \"{}\": replication slot {} retains {} MB of WAL (cdc.wal_warning_bytes = {} MB); state {}{}",
-                sink.name,
-                sink.slot,
-                retained >> 20,
-                limit >> 20,
-                sink.state,
-                sink.last_error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
-            );
-        }
-    }
-
-    /// Writes a running-transactions record into the WAL once [`RESTART_POINT_BYTES`] were written
-    /// since the last one this worker wrote. A logical slot's restart_lsn can only move to such a
-    /// record, and a new decoding session (a sink worker's start, or after a failure) decodes again
-    /// from restart_lsn; PostgreSQL 15 writes one only every 15 s (the background writer), so under
-    /// load that was up to 15 s of WAL (hundreds of MB; with the peek, at every batch). This is what
-    /// PostgreSQL 16's pg_log_standby_snapshot() does; the cost is one small WAL record and a
-    /// snapshot file per record.
-    fn mark_restart_point(&mut self, cat: &Catalog) {
-        if cat.sinks.is_empty() {
-            return;
-        }
-        let insert: Lsn = cat.wal_insert_lsn.parse().unwrap_or_default();
-        if self.restart_mark.is_some_and(|m| insert.0 < m.0.saturating_add(RESTART_POINT_BYTES)) {
-            return;
-        }
-        match run_tx(source::log_running_xacts) {
-            Ok(Some(lsn)) => self.restart_mark = Some(lsn),
-            Ok(None) => self.restart_mark = Some(insert),
-            Err(e) => {
-                // Not fatal: the slots still move at the background writer's records.
-                pgrx::warning!("{}: cannot write a running-transactions record: {e}", self.role.name());
-                self.restart_mark = Some(insert);
-            }
-        }
-    }
-
-    /// Loads the tokenization key again when its settings changed (after a SIGHUP), and hands it
-    /// to every sink's assembler.
-    fn refresh_token_key(&mut self) {
-        if self.context_key.is_none() && self.context_key_failed.is_none_or(|t| t.elapsed().as_secs() >= 60) {
-            match keys::context_key() {
-                Ok(k) => {
-                    self.context_key = Some(k);
-                    for run in self.sinks.values_mut() {
-                        run.driver.assembler.set_context_key(self.context_key.clone());
-                    }
-                }
-                Err(e) => {
-                    self.context_key_failed = Some(Instant::now());
-                    pgrx::warning!("pg_cdc worker: {e}; user context is left out of events (trying again in a minute)")
-                }
-            }
-        }
-        let settings = keys::settings();
-        if self.token_settings.as_ref() != Some(&settings) {
-            self.token_key = keys::load(&settings).unwrap_or_else(|e| {
-                pgrx::warning!("pg_cdc worker: {e}; tables that tokenize columns stop their sinks until it is fixed");
-                None
-            });
-            self.token_settings = Some(settings);
+    /// Loads the keys again when they changed, and hands them to every sink's assembler.
+    fn refresh_keys(&mut self) {
+        if self.keys.refresh() {
             for run in self.sinks.values_mut() {
-                run.driver.assembler.set_token_key(self.token_key.clone());
+                run.driver.assembler.set_token_key(self.keys.token_key.clone());
+                run.driver.assembler.set_context_key(self.keys.context_key.clone());
             }
         }
     }
@@ -590,8 +343,8 @@ impl Worker {
                     let server_registry = Some(self.schema_registry.clone()).filter(|s| !s.is_empty());
                     assembler.set_format(c.event_format(&cat.database, server_registry, env!("CARGO_PKG_VERSION")));
                 }
-                assembler.set_token_key(self.token_key.clone());
-                assembler.set_context_key(self.context_key.clone());
+                assembler.set_token_key(self.keys.token_key.clone());
+                assembler.set_context_key(self.keys.context_key.clone());
                 if let Some(schema) = &self.schema {
                     let copy = lookups::Copy { schema: schema.clone(), sink_id: row.id.clone() };
                     assembler.lookups_mut().set_source(Box::new(copy));
@@ -612,79 +365,17 @@ impl Worker {
         }
     }
 
-    fn tables_for(&self, row: &SinkRow) -> SinkTables {
-        self.configs.iter().filter(|(oid, _)| row.carries(**oid)).map(|(oid, (_, cfg))| (*oid, cfg.clone())).collect()
-    }
-
-    /// Gives a sink's assembler the lookup copies its tables' `enrich` transformations read,
-    /// copying the lookup tables it has none of yet (a sink whose slot the worker created).
-    /// Returns false when the sink cannot read this time.
+    /// Gives a sink's assembler the lookup copies its tables read (see `lookups::bind`). Returns
+    /// false when the sink cannot read this time.
     fn bind_lookups(&mut self, id: &str, row: &SinkRow, tables: &SinkTables) -> bool {
-        let Some(schema) = self.schema.clone() else {
-            return false;
-        };
-        let Some(run) = self.sinks.get_mut(id) else {
-            return false;
-        };
-        if tables.values().all(|c| c.enrich.is_empty()) {
-            if run.driver.assembler.has_lookups() {
-                run.driver.assembler.lookups_mut().set_bindings(&[]);
-            }
-            return true;
-        }
-        let load = || lookups::bindings(&schema, id);
-        let mut bindings = match run_tx(load) {
-            Ok(b) => b,
-            Err(e) => {
-                self.fail(id, SinkState::Retrying, format!("cannot read the lookup copies: {e}"));
-                return false;
-            }
-        };
-        let has = |b: &[cdc_core::lookup::LookupBinding], oid: u32, i: usize| {
-            b.iter().any(|b| b.id.table_oid == oid && b.id.position as usize == i)
-        };
-        let missing = tables.iter().any(|(oid, c)| (0..c.enrich.len()).any(|i| !has(&bindings, *oid, i)));
-        if missing {
-            let covered = row.tables.clone();
-            let seeded = run_tx(|| {
-                let current = lookups::bindings(&schema, id);
-                for spec in lookups::specs_for_sink(&schema, covered.as_deref()) {
-                    if !has(&current, spec.table_oid, spec.position as usize) {
-                        if let Some(why) = lookups::dropped(&spec) {
-                            return Err(why);
-                        }
-                        lookups::seed(&schema, id, &spec);
-                    }
-                }
-                Ok(lookups::bindings(&schema, id))
-            });
-            match seeded {
-                Ok(Ok(b)) => {
-                    pgrx::log!("pg_cdc sink \"{}\": copied its lookup tables", row.name);
-                    bindings = b;
-                }
-                Ok(Err(why)) => {
-                    // Retrying cannot bring a dropped table back: an operator must re-enable.
-                    self.fail(
-                        id,
-                        SinkState::Error,
-                        format!("{why}; cdc_enable the table again with a config that fits"),
-                    );
-                    return false;
-                }
-                Err(e) => {
-                    self.fail(id, SinkState::Retrying, format!("cannot copy the lookup tables: {e}"));
-                    return false;
-                }
+        let (Some(schema), Some(run)) = (self.schema.as_deref(), self.sinks.get_mut(id)) else { return false };
+        match lookups::bind(schema, row, &mut run.driver.assembler, tables) {
+            Ok(()) => true,
+            Err(f) => {
+                self.fail_with(id, f);
+                false
             }
         }
-        let Some(run) = self.sinks.get_mut(id) else {
-            return false;
-        };
-        let l = run.driver.assembler.lookups_mut();
-        l.set_capacity(gucs::ENRICH_CACHE_ROWS.get().max(1) as usize);
-        l.set_bindings(&bindings);
-        true
     }
 
     /// Records a state change in the catalog (only when it differs from what was written).
@@ -746,7 +437,7 @@ impl Worker {
             self.finish(id, confirmed);
             return false;
         }
-        let tables = self.tables_for(&row);
+        let tables = self.configs.tables_for(&row);
         if !self.bind_lookups(id, &row, &tables) {
             return false;
         }
@@ -759,9 +450,9 @@ impl Worker {
     /// fine, its destination is not behind the slot and is not being opened. Returns the slot's
     /// confirmed position; `None` after failing the sink, or while its destination opens.
     fn may_read(&mut self, id: &str, row: &SinkRow, cat: &Catalog) -> Option<Lsn> {
-        if let Some((oid, why)) = self.unreadable.iter().find(|(oid, _)| row.carries(**oid)) {
+        if let Some((oid, why)) = self.configs.unreadable_for(row) {
             let table =
-                cat.tables.iter().find(|t| t.oid == *oid).map_or_else(|| format!("OID {oid}"), |t| t.name.clone());
+                cat.tables.iter().find(|t| t.oid == oid).map_or_else(|| format!("OID {oid}"), |t| t.name.clone());
             let msg = format!(
                 "the stored capture config of table {table} cannot be read ({why}); its changes are held back: \
                  cdc_enable the table again with a valid config"
@@ -769,7 +460,7 @@ impl Worker {
             self.fail(id, SinkState::Error, msg);
             return None;
         }
-        let (missing, slot) = slot_view(cat, row);
+        let (missing, slot) = source::slot_view(cat, row);
         if missing.is_none() && !slot.exists && row.state == SinkState::CreatingSlot.label() {
             let slot = row.slot.clone();
             match run_tx(|| source::create_slot(&slot)) {
@@ -837,48 +528,19 @@ impl Worker {
         // written in it); the failure itself comes back here.
         let mut rolled_back: Option<Failure> = None;
         let read = run_tx(|| -> Result<(Batch, Option<protocol::FlushPlan>), Failure> {
-            if run.driver.producer.is_none() {
-                match open_in_place(&schema, row, config) {
-                    Ok(Some((producer, checkpoint))) => {
-                        run.driver.checkpoint = checkpoint;
-                        run.driver.producer = Some(producer);
-                        let first_open = run.driver.opened_at.is_none();
-                        run.note_opened(confirmed);
-                        if run.driver.snapshotting == Some(true) && first_open {
-                            // Where it stands decides whether a chunk in flight was delivered:
-                            // read the next chunk before delivering anything.
-                            return Ok((Batch { opening: true, ..Batch::default() }, None));
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => return Err(Failure::sink(e)),
-                }
+            if run.driver.producer.is_none() && open_in_place(&mut run, &schema, config, confirmed)? {
+                // Where it stands decides whether a chunk in flight was delivered: read the next
+                // chunk before delivering anything.
+                return Ok((Batch { opening: true, ..Batch::default() }, None));
             }
             if let Some(Producer::InPlace(sink)) = run.driver.producer.as_mut() {
                 sink.maintain();
             }
-            // Reading (decoding) takes a turn: with many sinks, parallel reads would take the
-            // primary's CPU (each slot decodes all WAL). Flushing to the destination holds none.
-            // A sink that is delivering takes its turn apart from those that had nothing to
-            // deliver, so idle sinks' reads never queue ahead of it.
-            let pool = if run.driver.delivering(Instant::now()) {
-                source::ReadPool::Delivering
-            } else {
-                source::ReadPool::Idle
-            };
-            source::take_read_turn(gucs::MAX_CONCURRENT_READS.get(), read_turn_hint(&row.id), pool);
-            let session = match run.session.as_mut() {
-                Some(s) => s,
-                None => {
-                    crate::stats::update(&row.id, |c| c.decoding_sessions += 1);
-                    run.session.insert(Session::open(&row.slot))
-                }
-            };
             // Only its tables (and their lookup tables) reach pgoutput.
             let lookups = run.driver.assembler.lookups().lookup_tables();
-            let carried = row.tables.as_ref().map(|t| t.iter().copied().chain(lookups));
-            session.carry_only(carried.map(Iterator::collect));
-            session.begin_read(position);
+            let carried = row.tables.as_ref().map(|t| t.iter().copied().chain(lookups).collect());
+            let delivering = run.driver.delivering(Instant::now());
+            let session = decoding::ready(&mut run.session, row, carried, position, delivering);
             let mut session_read =
                 SessionRead { session, most: batch_changes.max(1) as u64, schema: &schema, sink_name: &row.name };
             let opened = || crate::stats::update(&row.id, |c| c.open_transactions = 1);
@@ -932,7 +594,7 @@ impl Worker {
                 // The worker may have used its copy of the catalog: read it, and report a
                 // publication or slot dropped by hand as a pass that read it would.
                 let explained = run_tx(source::load_catalog).ok().and_then(|c| {
-                    let (missing, slot) = slot_view(&c, row);
+                    let (missing, slot) = source::slot_view(&c, row);
                     protocol::slot_failure(missing, &slot)
                 });
                 explained.unwrap_or_else(|| {
@@ -1066,67 +728,15 @@ impl Worker {
         }
     }
 
-    /// The next snapshot is a keyless table's: plans it (its first time in this run), else
-    /// fetches its next piece. Returns false when the sink failed.
+    /// The next snapshot is a keyless table's (see `keyless::step`). Returns false when the sink
+    /// failed.
     fn keyless_step(&mut self, id: &str, snapshot_id: i64, table_oid: u32, chunk_size: u32) -> bool {
-        let Some(schema) = self.schema.clone() else { return false };
-        let Some(run) = self.sinks.get_mut(id) else { return false };
-        if let Some(plan) = run.keyless.as_ref().filter(|k| k.snapshot_id == snapshot_id) {
-            let Some(pieces) = run.driver.snap.pieces.as_mut() else { return false };
-            let i = pieces.next;
-            let read_at = cdc_core::deliver::read::unix_micros_now() - cdc_core::time::PG_EPOCH_OFFSET_MICROS;
-            let mut chunk = Chunk::keyless(pieces.id(i), plan.relation.clone(), read_at);
-            match run_tx(|| keyless::take_piece(&schema, plan, i, &mut chunk)) {
-                Ok(Ok(())) => {
-                    pieces.next += 1;
-                    if i >= plan.last {
-                        run.keyless = None;
-                    }
-                    run.driver.snap.chunk = Some(chunk);
-                    true
-                }
-                Ok(Err(e)) | Err(e) => {
-                    self.fail(id, SinkState::Retrying, format!("cannot read the next piece of a keyless table: {e}"));
-                    false
-                }
-            }
-        } else {
-            // Its slot is given back while an ephemeral one finds the snapshot (a process holds
-            // one slot); the next read opens a new session.
-            run.session = None;
-            run.driver.chunks += 1;
-            let base = format!("{id} {} k{}", std::process::id(), run.driver.chunks);
-            match keyless::plan(&schema, snapshot_id, table_oid, chunk_size, &base) {
-                Ok(keyless::Planned::Ready(plan)) => {
-                    // Its column types, for a table none of whose changes was streamed yet.
-                    let types = &mut self.types;
-                    if let Err(e) = run_tx(|| super::source::learn_type_oids(&plan.types, types)) {
-                        keyless::close(&plan.cursor);
-                        self.fail(id, SinkState::Retrying, format!("cannot look up a keyless table's types: {e}"));
-                        return false;
-                    }
-                    let Some(run) = self.sinks.get_mut(id) else { return false };
-                    run.driver.snap.drop_changes_before(table_oid, plan.until);
-                    run.driver.snap.pieces = Some(Pieces { base, next: 1, last: plan.last });
-                    pgrx::log!(
-                        "pg_cdc sink \"{}\": table {} has no key: its {} rows are read from the snapshot of {} \
-                         in {} pieces",
-                        run.row.name,
-                        plan.relation.name,
-                        plan.rows,
-                        plan.until,
-                        plan.last
-                    );
-                    if plan.last > 0 {
-                        run.keyless = Some(plan);
-                    }
-                    true
-                }
-                Ok(keyless::Planned::Again) => true,
-                Err(e) => {
-                    self.fail(id, SinkState::Retrying, format!("cannot plan the snapshot of a keyless table: {e}"));
-                    false
-                }
+        let (Some(schema), Some(run)) = (self.schema.as_deref(), self.sinks.get_mut(id)) else { return false };
+        match keyless::step(schema, run, &mut self.types, snapshot_id, table_oid, chunk_size) {
+            Ok(()) => true,
+            Err(message) => {
+                self.fail(id, SinkState::Retrying, message);
+                false
             }
         }
     }
@@ -1196,46 +806,5 @@ impl Worker {
                 run.driver.heartbeat_written(end);
             }
         }
-    }
-
-    /// Drops pg_cdc slots whose sink is gone, once no transaction that could still commit the
-    /// sink row is open.
-    fn drop_orphan_slots(&mut self, cat: &Catalog) {
-        let mut still = OrphanSightings::new();
-        for slot in &cat.slots {
-            // A finished sink's slot is dropped by its worker; should that fail, here.
-            if cat.sinks.iter().any(|s| s.slot == slot.name && !s.finished()) {
-                continue;
-            }
-            match self.orphans.get(&slot.name) {
-                None => {
-                    still.insert(slot.name.clone(), cat.now.clone());
-                }
-                Some(first_seen) => {
-                    let (name, seen) = (slot.name.clone(), first_seen.clone());
-                    let schema = cat.installed.then(|| self.schema.clone()).flatten();
-                    let dropped = slot.active_pid.is_none()
-                        && run_tx(|| {
-                            // The catalog was read before this transaction: a sink committed since
-                            // (its slot made inside its transaction) is looked for again here.
-                            if source::older_transaction_open(&seen)
-                                || schema.as_deref().is_some_and(|s| source::slot_has_sink(s, &name))
-                            {
-                                false
-                            } else {
-                                source::drop_slot(&name);
-                                true
-                            }
-                        })
-                        .unwrap_or(false);
-                    if dropped {
-                        pgrx::log!("{}: dropped replication slot {name} of a dropped sink", self.role.name());
-                    } else {
-                        still.insert(slot.name.clone(), first_seen.clone());
-                    }
-                }
-            }
-        }
-        self.orphans = still;
     }
 }

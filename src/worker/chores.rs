@@ -1,0 +1,161 @@
+//! The launcher's chores, which concern every sink: a worker for each sink that has none, the
+//! shared-memory entries of dropped sinks and tables freed, retained-WAL warnings, the
+//! running-transactions records that let slots move, orphaned slots dropped, and what dropped
+//! sinks left at their destination deleted ([`super::cleanup`]).
+use std::collections::HashMap;
+use std::time::Instant;
+
+use cdc_core::driver::RESTART_POINT_BYTES;
+use cdc_core::failpoint::Armed;
+use cdc_core::Lsn;
+
+use super::launcher::{Starter, LAUNCHER};
+use super::source::{self, Catalog};
+use super::{run_tx, OrphanSightings};
+use crate::gucs;
+
+/// What the launcher keeps between its passes.
+#[derive(Default)]
+pub struct Chores {
+    /// Its sink workers.
+    starter: Starter,
+    /// Slots seen without a sink, and when first.
+    orphans: OrphanSightings,
+    /// When each slot's retained-WAL warning was last logged.
+    wal_warned: HashMap<String, Instant>,
+    /// Where it last wrote a running-transactions record ([`Chores::mark_restart_point`]).
+    restart_mark: Option<Lsn>,
+    /// The deletion of what dropped sinks left at their destination.
+    cleanups: super::cleanup::Cleanups,
+    /// When it last logged that the extension is not installed.
+    last_missing_extension_log: Option<Instant>,
+}
+
+impl Chores {
+    /// One pass over the catalog of an installed extension (`schema`; `generation`: the catalog's
+    /// generation when it was read).
+    pub fn tick(&mut self, cat: &Catalog, schema: Option<&str>, failpoint: &Armed, generation: u64) {
+        // Counters and latencies of dropped sinks and tables free their shared-memory entries.
+        crate::stats::retain(&cat.sinks.iter().map(|s| s.id.as_str()).collect::<Vec<_>>());
+        crate::stats::retain_tables(&cat.tables.iter().map(|t| t.oid).collect::<Vec<_>>());
+        // A finished (initial_only) sink has no worker.
+        let sinks: Vec<(String, String)> =
+            cat.sinks.iter().filter(|s| !s.finished()).map(|s| (s.id.clone(), s.name.clone())).collect();
+        self.starter.ensure(&sinks);
+        self.warn_retained_wal(cat);
+        self.mark_restart_point(cat);
+        self.drop_orphan_slots(cat, schema);
+        if let Some(schema) = schema {
+            self.cleanups.tick(schema, failpoint, generation);
+        }
+    }
+
+    /// A pass while the extension is not installed in the database: says so every 5 minutes, and
+    /// drops the slots pg_cdc left.
+    pub fn not_installed(&mut self, cat: &Catalog) {
+        if self.last_missing_extension_log.is_none_or(|t| t.elapsed().as_secs() > 300) {
+            pgrx::log!("{LAUNCHER}: extension pg_cdc is not installed in this database; waiting");
+            self.last_missing_extension_log = Some(Instant::now());
+        }
+        self.drop_orphan_slots(cat, None);
+    }
+
+    /// Logs a WARNING for each sink whose slot retains more WAL than `cdc.wal_warning_bytes`,
+    /// at most every 5 minutes per slot while it stays above.
+    fn warn_retained_wal(&mut self, cat: &Catalog) {
+        let limit = i64::from(gucs::WAL_WARNING_BYTES.get()) << 20;
+        self.wal_warned.retain(|slot, _| cat.slots.iter().any(|s| &s.name == slot));
+        if limit <= 0 {
+            return;
+        }
+        for sink in &cat.sinks {
+            let Some(retained) = cat.slots.iter().find(|s| s.name == sink.slot).and_then(|s| s.retained) else {
+                continue;
+            };
+            if retained <= limit {
+                self.wal_warned.remove(&sink.slot);
+                continue;
+            }
+            if self.wal_warned.get(&sink.slot).is_some_and(|t| t.elapsed().as_secs() < 300) {
+                continue;
+            }
+            self.wal_warned.insert(sink.slot.clone(), Instant::now());
+            pgrx::warning!(
+                "pg_cdc sink \"{}\": replication slot {} retains {} MB of WAL (cdc.wal_warning_bytes = {} MB); state {}{}",
+                sink.name,
+                sink.slot,
+                retained >> 20,
+                limit >> 20,
+                sink.state,
+                sink.last_error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
+            );
+        }
+    }
+
+    /// Writes a running-transactions record into the WAL once [`RESTART_POINT_BYTES`] were written
+    /// since the last one this worker wrote. A logical slot's restart_lsn can only move to such a
+    /// record, and a new decoding session (a sink worker's start, or after a failure) decodes again
+    /// from restart_lsn; PostgreSQL 15 writes one only every 15 s (the background writer), so under
+    /// load that was up to 15 s of WAL (hundreds of MB; with the peek, at every batch). This is what
+    /// PostgreSQL 16's pg_log_standby_snapshot() does; the cost is one small WAL record and a
+    /// snapshot file per record.
+    fn mark_restart_point(&mut self, cat: &Catalog) {
+        if cat.sinks.is_empty() {
+            return;
+        }
+        let insert: Lsn = cat.wal_insert_lsn.parse().unwrap_or_default();
+        if self.restart_mark.is_some_and(|m| insert.0 < m.0.saturating_add(RESTART_POINT_BYTES)) {
+            return;
+        }
+        match run_tx(source::log_running_xacts) {
+            Ok(Some(lsn)) => self.restart_mark = Some(lsn),
+            Ok(None) => self.restart_mark = Some(insert),
+            Err(e) => {
+                // Not fatal: the slots still move at the background writer's records.
+                pgrx::warning!("{}: cannot write a running-transactions record: {e}", LAUNCHER);
+                self.restart_mark = Some(insert);
+            }
+        }
+    }
+
+    /// Drops pg_cdc slots whose sink is gone, once no transaction that could still commit the
+    /// sink row is open.
+    fn drop_orphan_slots(&mut self, cat: &Catalog, schema: Option<&str>) {
+        let mut still = OrphanSightings::new();
+        for slot in &cat.slots {
+            // A finished sink's slot is dropped by its worker; should that fail, here.
+            if cat.sinks.iter().any(|s| s.slot == slot.name && !s.finished()) {
+                continue;
+            }
+            match self.orphans.get(&slot.name) {
+                None => {
+                    still.insert(slot.name.clone(), cat.now.clone());
+                }
+                Some(first_seen) => {
+                    let (name, seen) = (slot.name.clone(), first_seen.clone());
+                    let schema = schema.filter(|_| cat.installed);
+                    let dropped = slot.active_pid.is_none()
+                        && run_tx(|| {
+                            // The catalog was read before this transaction: a sink committed since
+                            // (its slot made inside its transaction) is looked for again here.
+                            if source::older_transaction_open(&seen)
+                                || schema.is_some_and(|s| source::slot_has_sink(s, &name))
+                            {
+                                false
+                            } else {
+                                source::drop_slot(&name);
+                                true
+                            }
+                        })
+                        .unwrap_or(false);
+                    if dropped {
+                        pgrx::log!("{}: dropped replication slot {name} of a dropped sink", LAUNCHER);
+                    } else {
+                        still.insert(slot.name.clone(), first_seen.clone());
+                    }
+                }
+            }
+        }
+        self.orphans = still;
+    }
+}
