@@ -38,7 +38,7 @@ fn cdc_enable_multicloud(table_name: Option<pg_sys::Oid>, config: Option<JsonB>)
     let _quiet = super::quiet_statement();
     let oid = required(table_name, "table_name");
     let config = required(config, "config").0;
-    let given = cdc_core::config::object::Obj::root("config", &config).unwrap_or_else(|e| raise(e));
+    let given = cdc_core::object::Obj::root("config", &config).unwrap_or_else(|e| raise(e));
     given.check_keys(&["regional_routing"]).unwrap_or_else(|e| raise(e));
     let Some(routing) = given.get("regional_routing") else {
         raise(

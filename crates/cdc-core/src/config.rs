@@ -11,13 +11,12 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-pub mod object;
 pub mod sink;
 
-use self::object::{invalid, wrong_type, Obj};
 pub use self::sink::{checkpoint_interval, is_qualified_name, SnapshotMode};
 use crate::error::{did_you_mean, CdcError, CdcResult, ErrorKind};
 use crate::expr::{self, ColumnInfo};
+use crate::object::{invalid, wrong_type, Obj};
 use crate::redact::{Method, METHODS};
 use crate::types::TypeKind;
 

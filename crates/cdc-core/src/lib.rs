@@ -25,6 +25,7 @@ pub mod json;
 pub mod lookup;
 pub mod lsn;
 pub mod metrics;
+pub mod object;
 pub mod pipeline;
 pub mod redact;
 pub mod routing;

@@ -24,10 +24,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::object::{invalid, wrong_type, Obj};
 use crate::decode::TupleValue;
 use crate::error::CdcResult;
 use crate::lsn::Lsn;
+use crate::object::{invalid, wrong_type, Obj};
 
 /// The prefix of the transactional logical message a routing change writes (its content: the
 /// table's OID in decimal). A worker whose catalog copy has an older `routing_lsn` for the table

@@ -4,9 +4,9 @@
 //! and these with [`parse_common`].
 use serde_json::Value;
 
-use super::object::{invalid, Obj};
 use super::CaptureConfig;
 use crate::error::CdcResult;
+use crate::object::{invalid, Obj};
 
 /// The event encoding of a sink.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1049,7 +1049,7 @@ fn routed_filtered(
     let mut fr = frames("basic");
     let oids = relation_oids(&fr);
     let root = json!({ "regional_routing": routing });
-    let o = crate::config::object::Obj::root("config", &root).unwrap();
+    let o = crate::object::Obj::root("config", &root).unwrap();
     let mut c = orders_config();
     c.routing = crate::routing::parse(o.object("regional_routing").unwrap(), |_, _| Ok(())).unwrap();
     c.routing_lsn = Some(Lsn(routing_lsn));

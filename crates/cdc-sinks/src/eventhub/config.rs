@@ -1,8 +1,8 @@
 //! The Event Hubs sink's config, and the Kafka config it becomes.
 use std::collections::BTreeMap;
 
-use cdc_core::config::object::{invalid, wrong_type};
 use cdc_core::config::sink::{parse_common, sink_object, SinkCommon};
+use cdc_core::object::{invalid, wrong_type};
 use cdc_core::CdcResult;
 use serde_json::Value;
 

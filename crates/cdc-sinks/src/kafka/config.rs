@@ -2,8 +2,8 @@
 //! templates.
 use std::collections::BTreeMap;
 
-use cdc_core::config::object::{invalid, wrong_type, Obj};
 use cdc_core::config::sink::{parse_common, sink_object, SinkCommon};
+use cdc_core::object::{invalid, wrong_type, Obj};
 use cdc_core::{CdcError, CdcResult};
 use serde_json::Value;
 

@@ -1,6 +1,6 @@
 //! The PostgreSQL apply sink's config.
-use cdc_core::config::object::invalid;
 use cdc_core::config::sink::{parse_common, sink_object, Format, SinkCommon};
+use cdc_core::object::invalid;
 use cdc_core::CdcResult;
 use serde_json::Value;
 

@@ -1,7 +1,7 @@
 //! The in-database sink's config.
 use cdc_core::config::is_qualified_name;
-use cdc_core::config::object::invalid;
 use cdc_core::config::sink::{parse_common, sink_object, SinkCommon};
+use cdc_core::object::invalid;
 use cdc_core::{CdcError, CdcResult, ErrorKind};
 use serde_json::Value;
 

@@ -1,8 +1,8 @@
 //! The webhook sink's config.
 use std::collections::BTreeMap;
 
-use cdc_core::config::object::{invalid, wrong_type};
 use cdc_core::config::sink::{parse_common, sink_object, SinkCommon};
+use cdc_core::object::{invalid, wrong_type};
 use cdc_core::CdcResult;
 use serde_json::Value;
 
