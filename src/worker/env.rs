@@ -135,3 +135,21 @@ fn record_latencies(sink_id: &str, sent: &[Sent], acked: i64) {
     }
     crate::stats::add_latencies(sink_id, &sink, &tables);
 }
+
+/// Reads `cdc.test_failpoint` again when it changed from `current` (its text, and what it arms):
+/// a refused value arms nothing and is logged once. Arming is logged, so a test knows when the
+/// worker has it.
+pub fn refresh_failpoint(current: &mut (String, Armed), who: &str) {
+    let text = gucs::string(&gucs::TEST_FAILPOINT);
+    if text == current.0 {
+        return;
+    }
+    let armed = Armed::parse(&text).unwrap_or_else(|e| {
+        pgrx::warning!("{who}: {e}; no failpoint is armed");
+        Armed::default()
+    });
+    if armed != Armed::default() {
+        pgrx::log!("{who}: test failpoint {} armed", text.trim());
+    }
+    *current = (text, armed);
+}

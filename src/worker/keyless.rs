@@ -24,9 +24,9 @@ use pgrx::pg_sys;
 use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
 use pgrx::prelude::*;
 
+use super::run::SinkRun;
 use super::run_tx;
 use super::snapshot::{describe, relation_of, CHUNK_BYTES};
-use super::state::SinkRun;
 use crate::catalog;
 use crate::lookups::quote_ident;
 

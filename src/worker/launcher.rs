@@ -194,3 +194,22 @@ impl Starter {
         }
     }
 }
+
+/// What a worker process does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// Starts the sink workers; the chores that concern every sink.
+    Launcher,
+    /// Delivers the sink with this id.
+    Sink(String),
+}
+
+impl Role {
+    /// The process's `backend_type`, and the prefix of its log lines.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Role::Launcher => LAUNCHER,
+            Role::Sink(_) => SINK_WORKER,
+        }
+    }
+}

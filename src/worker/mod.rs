@@ -33,6 +33,7 @@ mod env;
 mod keyless;
 pub mod launcher;
 mod open;
+mod run;
 pub(crate) mod snapshot;
 pub(crate) mod source;
 mod state;
@@ -47,7 +48,8 @@ use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 
 use crate::gucs;
-use state::{Role, Worker};
+use launcher::Role;
+use state::Worker;
 
 /// Registers the launcher, the static worker (from `_PG_init` while preloading).
 pub fn register() {

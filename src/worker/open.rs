@@ -4,6 +4,7 @@
 //! worker's steps wait for without blocking; a producer that finished opening is installed on a
 //! delivery thread.
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use cdc_core::deliver::handoff::DeliveryThread;
 use cdc_core::deliver::protocol::{self, SlotView};
@@ -17,8 +18,8 @@ use cdc_sinks::postgres::SourceTable;
 use cdc_sinks::table::EventStore;
 use cdc_sinks::{ErrorClass, SinkConfig, SinkError};
 
+use super::run::SinkRun;
 use super::source::{self, Catalog};
-use super::state::SinkRun;
 use super::stop_requested;
 use super::table_sink::SpiStore;
 use crate::gucs;
@@ -102,4 +103,23 @@ pub(super) fn finish_open(run: &mut SinkRun, opening: Opening, slot: &SlotView) 
     thread.set_interrupt(stop_requested);
     run.driver.producer = Some(Producer::Threaded(thread));
     Ok(())
+}
+
+/// Waits, at most `limit`, for `threads` still opening a sink, and closes what they opened. A
+/// process that exits while such a thread runs inside librdkafka or a cloud client crashes in
+/// exit()'s cleanup (SIGSEGV), and the postmaster then restarts every backend: a sink dropped
+/// right after it was added did that.
+pub(super) fn wait_for(threads: Vec<Opening>, limit: Duration, who: &str) {
+    let deadline = Instant::now() + limit;
+    while threads.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (done, running): (Vec<Opening>, Vec<Opening>) = threads.into_iter().partition(|h| h.is_finished());
+    for h in done {
+        // Dropping what it opened closes it (its producer, its client) on this thread.
+        drop(h.join());
+    }
+    if !running.is_empty() {
+        pgrx::warning!("{who}: {} sink(s) still opening after {} s; exiting anyway", running.len(), limit.as_secs());
+    }
 }

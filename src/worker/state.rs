@@ -9,21 +9,23 @@ use std::time::{Duration, Instant};
 use cdc_core::config::{checkpoint_interval, SnapshotMode};
 use cdc_core::deliver::protocol;
 use cdc_core::deliver::read::{Batch, Failure, BUFFER_FRAMES, FETCH_ROWS};
-use cdc_core::driver::{Driver, Producer, Read, ReadSettings};
+use cdc_core::driver::{Producer, Read, ReadSettings};
 use cdc_core::failpoint::Armed;
-use cdc_core::pipeline::{Assembler, SinkTables};
+use cdc_core::pipeline::SinkTables;
 use cdc_core::snapshot::MvccSnapshot;
 use cdc_core::state::SinkState;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
 use cdc_sinks::open::Opening;
-use cdc_sinks::{parse_config, SinkConfig};
+use cdc_sinks::SinkConfig;
 use pgrx::pg_sys;
 
 use super::decoding::{self, Session, SessionRead};
-use super::env::{self, Host};
+use super::env;
 use super::keyless;
+use super::launcher::Role;
 use super::open::{finish_open, open_in_place, start_open};
+use super::run::{confirm_or_warn, SinkRun};
 use super::snapshot as snapshots;
 use super::source::{self, Catalog, SinkRow};
 use super::{run_tx, stop_requested};
@@ -34,62 +36,6 @@ use crate::{gucs, lookups};
 /// at a low rate a read right after handing a unit over finds only the few changes committed
 /// since, and the sink would commit twice as many, smaller, transactions for no gain.
 const OVERLAP_ROWS: u64 = FETCH_ROWS as u64;
-
-/// Runtime state of one sink.
-pub struct SinkRun {
-    pub(super) row: SinkRow,
-    config: Result<SinkConfig, String>,
-    /// Its delivery: destination, units handed over and delivered, snapshot, failures, state.
-    pub(super) driver: Driver,
-    /// The producer being opened, when it is.
-    opening: Option<Opening>,
-    /// Its decoding session (holds the slot), open from the first read until a failure.
-    pub(super) session: Option<Session>,
-    /// The keyless table's snapshot whose pieces it is delivering (see [`super::keyless`]).
-    pub(super) keyless: Option<keyless::Plan>,
-}
-
-impl SinkRun {
-    /// The driver and its host for one call: the port borrows the session, the driver the rest.
-    fn split<'a>(&'a mut self, schema: &'a str, failpoint: &'a Armed) -> (&'a mut Driver, Host<'a>) {
-        let host = Host { schema, row: &self.row, session: self.session.as_mut(), failpoint };
-        (&mut self.driver, host)
-    }
-
-    /// Its destination was opened: the first time in this run, where it stood then.
-    pub(super) fn note_opened(&mut self, confirmed: Lsn) {
-        self.driver.note_opened(confirmed, gucs::TEST_SNAPSHOT_IGNORE_CHECKPOINT.get());
-    }
-}
-
-/// Confirms what a sink delivered since the last confirm (see `Driver::confirm_delivered`); a
-/// failure is only logged (the next worker or session reads the unconfirmed tail again).
-fn confirm_or_warn(schema: Option<&str>, run: &mut SinkRun, failpoint: &Armed, confirmed: Lsn) {
-    let Some(schema) = schema else { return };
-    let (driver, mut host) = run.split(schema, failpoint);
-    if let Err(e) = driver.confirm_delivered(&mut host, confirmed) {
-        pgrx::warning!("pg_cdc sink \"{}\": cannot confirm replication slot {}: {e}", run.row.name, run.row.slot);
-    }
-}
-
-/// What a worker process does.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Role {
-    /// Starts the sink workers; the chores that concern every sink.
-    Launcher,
-    /// Delivers the sink with this id.
-    Sink(String),
-}
-
-impl Role {
-    /// The process's `backend_type`, and the prefix of its log lines.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Role::Launcher => super::launcher::LAUNCHER,
-            Role::Sink(_) => super::launcher::SINK_WORKER,
-        }
-    }
-}
 
 /// A worker: the launcher, or one sink's worker.
 pub struct Worker {
@@ -139,22 +85,9 @@ impl Worker {
         }
     }
 
-    /// Reads `cdc.test_failpoint` again when it changed (a refused value arms nothing and is
-    /// logged once). Arming is logged, so a test knows when the worker has it.
+    /// Reads `cdc.test_failpoint` again when it changed (see `env::refresh_failpoint`).
     fn refresh_failpoint(&mut self) {
-        let text = gucs::string(&gucs::TEST_FAILPOINT);
-        if text == self.failpoint.0 {
-            return;
-        }
-        let who = self.role.name();
-        let armed = Armed::parse(&text).unwrap_or_else(|e| {
-            pgrx::warning!("{who}: {e}; no failpoint is armed");
-            Armed::default()
-        });
-        if armed != Armed::default() {
-            pgrx::log!("{who}: test failpoint {} armed", text.trim());
-        }
-        self.failpoint = (text, armed);
+        env::refresh_failpoint(&mut self.failpoint, self.role.name());
     }
 
     /// A sink worker whose sink is gone: it exits.
@@ -176,29 +109,11 @@ impl Worker {
     }
 
     /// Waits, at most `limit`, for the threads still opening a sink (this worker's, or one it gave
-    /// up), and closes what they opened. A process that exits while such a thread runs inside
-    /// librdkafka or a cloud client crashes in exit()'s cleanup (SIGSEGV), and the postmaster then
-    /// restarts every backend: a sink dropped right after it was added did that.
+    /// up), and closes what they opened (see `open::wait_for`).
     pub fn wait_for_openings(&mut self, limit: Duration) {
         let mut threads: Vec<Opening> = self.sinks.values_mut().filter_map(|r| r.opening.take()).collect();
         threads.append(&mut self.abandoned);
-        let deadline = Instant::now() + limit;
-        while threads.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let (done, running): (Vec<Opening>, Vec<Opening>) = threads.into_iter().partition(|h| h.is_finished());
-        for h in done {
-            // Dropping what it opened closes it (its producer, its client) on this thread.
-            drop(h.join());
-        }
-        if !running.is_empty() {
-            pgrx::warning!(
-                "{}: {} sink(s) still opening after {} s; exiting anyway",
-                self.role.name(),
-                running.len(),
-                limit.as_secs()
-            );
-        }
+        super::open::wait_for(threads, limit, self.role.name());
     }
 
     /// Gives up a sink worker's claim on its sink (before it exits).
@@ -334,23 +249,8 @@ impl Worker {
                     let confirmed = decoding::held_slot_confirmed().unwrap_or_default();
                     confirm_or_warn(self.schema.as_deref(), run, &self.failpoint.1, confirmed);
                 }
-                let config = parse_config(&row.sink_type, &row.config).map_err(|e| e.to_string());
-                let mut assembler = Assembler::new(&cat.database);
-                assembler.set_sink_name(&row.name);
-                if let Ok(c) = &config {
-                    assembler.set_transformations(c.common().include_transformations);
-                    assembler.set_partition_key(c.common().partition_key.clone());
-                    let server_registry = Some(self.schema_registry.clone()).filter(|s| !s.is_empty());
-                    assembler.set_format(c.event_format(&cat.database, server_registry, env!("CARGO_PKG_VERSION")));
-                }
-                assembler.set_token_key(self.keys.token_key.clone());
-                assembler.set_context_key(self.keys.context_key.clone());
-                if let Some(schema) = &self.schema {
-                    let copy = lookups::Copy { schema: schema.clone(), sink_id: row.id.clone() };
-                    assembler.lookups_mut().set_source(Box::new(copy));
-                }
-                let driver = Driver::new(assembler, (SinkState::parse(&row.state), row.last_error.clone()));
-                let run = SinkRun { row: row.clone(), config, driver, opening: None, session: None, keyless: None };
+                let registry = Some(self.schema_registry.as_str()).filter(|s| !s.is_empty());
+                let run = SinkRun::new(row, &cat.database, registry, &self.keys, self.schema.as_deref());
                 self.sinks.insert(row.id.clone(), run);
             } else if let Some(r) = self.sinks.get_mut(&row.id) {
                 r.row = row.clone();
