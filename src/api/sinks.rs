@@ -128,24 +128,11 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
             refuse_event_table(&schema, *oid, name);
         }
     }
-    match &cfg {
-        SinkConfig::Webhook(w) => {
-            if let Some(path) = &w.secret_file {
-                require_secret_file("secret_file", "the secret", crate::keys::webhook_secret(path));
-            }
-        }
-        SinkConfig::EventHub(e) => {
-            if let cdc_sinks::eventhub::config::Connection::File(path) = &e.connection {
-                let read = crate::keys::eventhub_connection(path);
-                require_secret_file("connection_string_file", "the connection string", read);
-            }
-        }
-        SinkConfig::Kafka(_)
-        | SinkConfig::Table(_)
-        | SinkConfig::Kinesis(_)
-        | SinkConfig::PubSub(_)
-        | SinkConfig::Pulsar(_)
-        | SinkConfig::Postgres(_) => {}
+    if let Err(e) = cdc_sinks::secrets::check_files(&cfg) {
+        raise(CdcError::new(ErrorKind::PrerequisiteState, format!("config.{}: {}", e.key, e.error)).hint(format!(
+            "Write {} to a file in (or relative to) the data directory, owned by the server's user, mode 0600.",
+            e.what
+        )));
     }
     if let SinkConfig::Table(t) = &cfg {
         if !has_table_sinks(&schema) {
@@ -356,16 +343,6 @@ fn carried_tables_notice(schema: &str, sink_name: &str, table_oids: Option<&[pg_
         text.push_str("; no snapshot: it delivers the changes committed from now on");
     }
     text
-}
-
-/// Refuses (55000) a sink whose secret file (`config.<key>`, holding `what`) cannot be used: the
-/// worker would stop the sink at once.
-fn require_secret_file<T>(key: &str, what: &str, read: Result<T, String>) {
-    if let Err(e) = read {
-        raise(CdcError::new(ErrorKind::PrerequisiteState, format!("config.{key}: {e}")).hint(format!(
-            "Write {what} to a file in (or relative to) the data directory, owned by the server's user, mode 0600."
-        )));
-    }
 }
 
 /// Whether the catalog has the in-database sinks' table: not before `ALTER EXTENSION pg_cdc UPDATE`
