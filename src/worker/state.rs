@@ -427,11 +427,11 @@ impl Worker {
         // A failure of an in-database sink rolls the read's transaction back (its events were
         // written in it); the failure itself comes back here.
         let mut rolled_back: Option<Failure> = None;
-        let read = run_tx(|| -> Result<(Batch, Option<protocol::FlushPlan>), Failure> {
+        let read = run_tx(|| -> Result<Read, Failure> {
             if run.driver.producer.is_none() && open_in_place(&mut run, &schema, config, confirmed)? {
                 // Where it stands decides whether a chunk in flight was delivered: read the next
                 // chunk before delivering anything.
-                return Ok((Batch { opening: true, ..Batch::default() }, None));
+                return Ok(Read::Open);
             }
             if let Some(Producer::InPlace(sink)) = run.driver.producer.as_mut() {
                 sink.maintain();
@@ -446,24 +446,22 @@ impl Worker {
             let opened = || crate::stats::update(&row.id, |c| c.open_transactions = 1);
             let in_source = run.driver.producer.as_ref().is_some_and(Producer::in_source_database);
             match run.driver.read(&mut session_read, &mut types, tables, &settings, position, Some(&opened)) {
-                Ok(Read::Nothing) => Ok((Batch::default(), None)),
                 Ok(Read::Open) => {
                     // Only a sink with something to send opens a producer; the next steps wait for it.
                     run.opening = Some(start_open(&run, config, cat).map_err(Failure::sink)?);
-                    Ok((Batch { opening: true, ..Batch::default() }, None))
+                    Ok(Read::Open)
                 }
-                Ok(Read::Sent(b, plan)) => Ok((*b, plan)),
                 Err(f) if in_source => {
                     // Its events were written in this transaction: roll it back.
                     let message = f.message.clone();
                     rolled_back = Some(f);
                     pgrx::error!("pg_cdc: delivery rolled back: {message}");
                 }
-                Err(f) => Err(f),
+                other => other,
             }
         });
         let (decoded, skipped) = run.session.as_mut().map_or((0, 0), Session::take_counts);
-        let read_rows = matches!(&read, Ok(Ok((b, _))) if b.rows > 0);
+        let read_rows = matches!(&read, Ok(Ok(Read::Sent(b, _))) if b.rows > 0);
         crate::stats::update(&row.id, |c| {
             c.wal_decoded_bytes += decoded;
             c.changes_skipped += skipped;
@@ -471,13 +469,13 @@ impl Worker {
         });
         self.sinks.insert(id.to_string(), run);
         let failure = match read {
-            Ok(Ok((b, _))) if b.opening => {
-                self.types = types;
-                return None;
-            }
             Ok(Ok(read)) => {
                 self.types = types;
-                return Some(read);
+                return match read {
+                    Read::Open => None,
+                    Read::Nothing => Some((Batch::default(), None)),
+                    Read::Sent(b, plan) => Some((*b, plan)),
+                };
             }
             Ok(Err(f)) => {
                 self.types = types;

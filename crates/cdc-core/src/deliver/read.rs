@@ -96,6 +96,10 @@ pub struct TableProgress {
     pub last_commit_unix_micros: i64,
 }
 
+/// Events per `regional_routing` route (table OID, route, routing LSN): count, and the commit
+/// time of the last transaction with one (Unix microseconds).
+pub type RouteProgress = HashMap<(u32, Arc<str>, Lsn), (u64, i64)>;
+
 /// What one read did.
 #[derive(Debug, Default)]
 pub struct Batch {
@@ -110,13 +114,11 @@ pub struct Batch {
     pub progress: HashMap<u32, TableProgress>,
     /// Per `regional_routing` route of a table (table OID, route, routing LSN): events sent, and
     /// the commit time (Unix microseconds) of the last transaction with one.
-    pub routes: HashMap<(u32, Arc<str>, Lsn), (u64, i64)>,
+    pub routes: RouteProgress,
     /// Counter increments (events, bytes, duplicates, large transactions).
     pub counted: DeliveryCounters,
     /// Filter and transformation counts of what was sent, by table OID.
     pub tables: HashMap<u32, TableCounters>,
-    /// Nothing was read: the sink started opening (the caller's business; see the worker).
-    pub opening: bool,
     /// What was handed to the producer and when, for the latency histograms once it is
     /// acknowledged.
     pub sent_log: Vec<Sent>,

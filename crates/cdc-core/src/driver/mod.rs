@@ -16,12 +16,12 @@
 //! A failure is returned as a [`Failure`]; the caller hands it back to [`Driver::fail`], after
 //! letting go of what it holds besides (the decoding session, a producer still opening).
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::deliver::handoff::DeliveryThread;
 use crate::deliver::port::{ChangeSource, Checkpoint, DeliveryMode, Sink};
 use crate::deliver::protocol::{self, FlushPlan};
+pub use crate::deliver::read::RouteProgress;
 use crate::deliver::read::{self, unix_micros_now, Batch, Failure, Inputs, Sent, TableProgress, Unit, FETCH_ROWS};
 use crate::format::Registration;
 use crate::lookup::LookupFlush;
@@ -56,10 +56,6 @@ pub const DELIVERING_FOR: Duration = Duration::from_secs(1);
 /// the WAL gets a heartbeat sooner ([`Driver::heartbeat_due`]).
 pub const RESTART_POINT_BYTES: u64 = 2 << 20;
 
-/// Events per `regional_routing` route (table OID, route, routing LSN): count, and the commit
-/// time of the last delivered transaction with one (Unix microseconds).
-pub type RouteProgress = HashMap<(u32, Arc<str>, Lsn), (u64, i64)>;
-
 /// The settings a step runs with (the host reads them; the driver never does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
@@ -67,12 +63,6 @@ pub struct Settings {
     pub max_backoff: Duration,
     /// How often a sink with nothing to deliver writes a heartbeat (`cdc.heartbeat_interval_ms`).
     pub heartbeat_interval: Duration,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings { max_backoff: Duration::from_secs(60), heartbeat_interval: Duration::from_secs(10) }
-    }
 }
 
 /// The settings of one read (the host reads them; the driver never does).
@@ -94,7 +84,9 @@ pub struct ReadSettings {
 pub enum Read {
     /// The slot held nothing past where the sink stands.
     Nothing,
-    /// There is something to send and no destination: the caller opens it (the next steps wait).
+    /// Nothing was sent: there is something to send and no destination, which the caller opens
+    /// (the next steps wait for it). The worker also answers this for a destination it just
+    /// opened in place while the sink has a snapshot to deliver: it reads a chunk first.
     Open,
     /// A unit was sent: the read, and the flush plan an in-database sink followed in it.
     Sent(Box<Batch>, Option<FlushPlan>),
@@ -306,11 +298,6 @@ impl Driver {
     /// no chunk, and its destination is open (so it knows where it stands).
     pub fn wants_chunk(&self) -> bool {
         self.snapshotting == Some(true) && self.snap.chunk.is_none() && self.opened_at.is_some()
-    }
-
-    /// Whether it shows `snapshotting` rather than `running` after a delivery.
-    pub fn in_snapshot(&self) -> bool {
-        self.snapshotting == Some(true) || self.snap.chunk.is_some()
     }
 
     /// Whether its reads take the delivering sinks' turns: a unit is in flight, or one was
@@ -666,7 +653,7 @@ impl Driver {
     /// The state a step that delivered shows: `snapshotting` while its snapshot has rows left
     /// (or it delivers nothing else, `one_off`), else `running`.
     pub fn delivering_state(&self, one_off: bool) -> SinkState {
-        if one_off || self.in_snapshot() {
+        if one_off || self.snapshotting == Some(true) || self.snap.chunk.is_some() {
             SinkState::Snapshotting
         } else {
             SinkState::Running
@@ -675,7 +662,7 @@ impl Driver {
 }
 
 /// Adds one delivery's counts to a sink's counters (it has no transaction open any more).
-pub fn add(c: &mut DeliveryCounters, d: &DeliveryCounters) {
+fn add(c: &mut DeliveryCounters, d: &DeliveryCounters) {
     c.open_transactions = 0;
     c.committed_transactions += d.committed_transactions;
     c.committed_lsn = c.committed_lsn.max(d.committed_lsn);
