@@ -19,6 +19,7 @@ pub mod envelope;
 pub mod error;
 pub mod expr;
 pub mod failpoint;
+pub mod fanout;
 pub mod format;
 pub mod frame;
 pub mod json;

@@ -141,21 +141,10 @@ impl Spool {
     /// outside any transaction whose record ends at or before it (its frame's LSN). What the last
     /// read returned but did not confirm is returned again.
     pub fn begin_read(&mut self, confirmed: Lsn) -> io::Result<()> {
-        let mut in_covered = false;
+        let mut coverage = Coverage::new(confirmed);
         while let Some(frame) = self.peek_front()? {
-            let covered = match frame.data.first() {
-                _ if in_covered => true,
-                Some(b'B') => begin_commit_lsn(&frame.data).is_some_and(|c| c < confirmed),
-                Some(b'M') => frame.lsn <= confirmed,
-                _ => false,
-            };
-            if !covered {
+            if !coverage.covers(&frame) {
                 break;
-            }
-            match frame.data.first() {
-                Some(b'B') => in_covered = true,
-                Some(b'C') => in_covered = false,
-                _ => {}
             }
             self.pop_front()?;
         }
@@ -250,8 +239,72 @@ impl Spool {
 }
 
 /// The commit LSN a Begin message carries (`B`, final LSN, commit time, xid).
-fn begin_commit_lsn(data: &[u8]) -> Option<Lsn> {
+pub fn begin_commit_lsn(data: &[u8]) -> Option<Lsn> {
     Some(Lsn(u64::from_be_bytes(data.get(1..9)?.try_into().ok()?)))
+}
+
+/// Where a unit of a decoding session's output starts, and the position that says whether a
+/// confirm covers it: a transaction (its Begin) by its commit LSN, a message outside any
+/// transaction by its own LSN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitKey {
+    /// A transaction committing at this LSN.
+    Transaction(Lsn),
+    /// A message outside any transaction, its record ending at this LSN.
+    Message(Lsn),
+}
+
+impl UnitKey {
+    /// Whether a new decoding session started at `confirmed` would not emit the unit again.
+    pub fn covered_by(self, confirmed: Lsn) -> bool {
+        match self {
+            UnitKey::Transaction(commit) => commit < confirmed,
+            UnitKey::Message(lsn) => lsn <= confirmed,
+        }
+    }
+}
+
+/// The key of the unit `frame` starts, if it can start one (a Begin, or a message: one inside a
+/// transaction never comes first in a stream of whole units).
+pub fn unit_key(frame: &RawFrame) -> Option<UnitKey> {
+    match frame.data.first() {
+        Some(b'B') => begin_commit_lsn(&frame.data).map(UnitKey::Transaction),
+        Some(b'M') => Some(UnitKey::Message(frame.lsn)),
+        _ => None,
+    }
+}
+
+/// Which frames a confirmed position covers, read from the front of a stream of a decoding
+/// session's output: exactly those a new decoding session started at `confirmed` would not emit
+/// again — a transaction whose commit record starts before `confirmed` (its Begin carries that
+/// position), and a message outside any transaction whose record ends at or before it (its frame's
+/// LSN). Frames are asked about in stream order, each once; the first frame not covered ends the
+/// covered part (every later one is after it: transactions come out in commit order).
+#[derive(Debug, Clone, Copy)]
+pub struct Coverage {
+    confirmed: Lsn,
+    /// Inside a covered transaction (after its Begin, up to its Commit).
+    in_covered: bool,
+}
+
+impl Coverage {
+    /// The coverage of `confirmed`, from the start of a stream (outside any transaction).
+    pub fn new(confirmed: Lsn) -> Coverage {
+        Coverage { confirmed, in_covered: false }
+    }
+
+    /// Whether `frame`, the next in the stream, is covered.
+    pub fn covers(&mut self, frame: &RawFrame) -> bool {
+        let covered = self.in_covered || unit_key(frame).is_some_and(|key| key.covered_by(self.confirmed));
+        if covered {
+            match frame.data.first() {
+                Some(b'B') => self.in_covered = true,
+                Some(b'C') => self.in_covered = false,
+                _ => {}
+            }
+        }
+        covered
+    }
 }
 
 impl SpillFile {

@@ -1,0 +1,325 @@
+//! The group log and a member's feed, played out on files in a temporary directory.
+//!
+//! The oracle of the feed is a model of the WAL (transactions of changes and messages) rendered
+//! twice, independently of the feed: as the group's session emits it (every table; a Relation
+//! before a table's first change in the session) and as a session of the member's own would (its
+//! tables only; a transaction with nothing for it left out). The feed of the first must equal the
+//! second, up to the Relation frames of tables the member does not carry.
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use super::feed::{Feed, Opened};
+use super::log::{LogEnd, LogReader, LogWriter, Start, SEGMENT_HEADER};
+use crate::frame::RawFrame;
+use crate::testutil::wal::{begin, commit, delete, insert, relation, relation_frame};
+use crate::Lsn;
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("cdc_fanout_{name}_{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A logical message at `lsn`, inside a transaction or not.
+fn message(transactional: bool, lsn: u64) -> RawFrame {
+    let mut d = vec![b'M', u8::from(transactional)];
+    d.extend_from_slice(&lsn.to_be_bytes());
+    d.extend_from_slice(b"pg_cdc.test\0");
+    d.extend_from_slice(&2u32.to_be_bytes());
+    d.extend_from_slice(b"hi");
+    RawFrame { lsn: Lsn(lsn), data: d }
+}
+
+/// A TRUNCATE of `oids`.
+fn truncate(oids: &[u32], lsn: u64) -> RawFrame {
+    let mut d = vec![b'T'];
+    d.extend_from_slice(&(oids.len() as u32).to_be_bytes());
+    d.push(0);
+    for oid in oids {
+        d.extend_from_slice(&oid.to_be_bytes());
+    }
+    RawFrame { lsn: Lsn(lsn), data: d }
+}
+
+/// What happened in the WAL, one unit at a time.
+#[derive(Debug, Clone)]
+enum Unit {
+    /// A transaction: its changes (table, row; `None` row: a TRUNCATE of the tables listed) and
+    /// whether it emitted a transactional message.
+    Transaction { changes: Vec<(Vec<u32>, Option<u32>)>, message: bool },
+    /// A message outside any transaction.
+    Message,
+}
+
+/// The model rendered as a session emits it, carrying `carried` (all when `None`): each unit with
+/// its commit position, and its frames (a transaction with nothing carried and no message emits
+/// none).
+fn render(units: &[Unit], carried: Option<&HashSet<u32>>) -> Vec<(Lsn, Vec<RawFrame>)> {
+    let carries = |oid: &u32| carried.is_none_or(|c| c.contains(oid));
+    let mut described: HashSet<u32> = HashSet::new();
+    let mut out = Vec::new();
+    for (i, unit) in units.iter().enumerate() {
+        let base = 1_000 + 1_000 * i as u64;
+        let commit_at = base + 900;
+        match unit {
+            Unit::Message => out.push((Lsn(base), vec![message(false, base)])),
+            Unit::Transaction { changes, message: with_message } => {
+                let mut frames = vec![begin(i as u32 + 1, commit_at)];
+                let mut any = false;
+                for (j, (oids, row)) in changes.iter().enumerate() {
+                    let lsn = base + 10 * (j as u64 + 1);
+                    let shown: Vec<u32> = oids.iter().copied().filter(carries).collect();
+                    if shown.is_empty() {
+                        continue;
+                    }
+                    any = true;
+                    for oid in &shown {
+                        if described.insert(*oid) {
+                            frames.push(relation_frame(&relation(*oid), lsn));
+                        }
+                    }
+                    frames.push(match row {
+                        Some(r) if r % 2 == 0 => insert(shown[0], *r, lsn),
+                        Some(r) => delete(shown[0], *r, lsn),
+                        // pgoutput lists every truncated table it publishes.
+                        None => truncate(oids, lsn),
+                    });
+                }
+                if *with_message {
+                    any = true;
+                    frames.push(message(true, base + 500));
+                }
+                frames.push(commit(commit_at));
+                out.push((Lsn(commit_at), if any { frames } else { Vec::new() }));
+            }
+        }
+    }
+    out
+}
+
+/// A model of `n` units over tables 1, 2 and 3 from `seed`.
+fn model(seed: u64, n: usize) -> Vec<Unit> {
+    let mut state = seed;
+    let mut next = move |m: u64| {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) % m
+    };
+    (0..n)
+        .map(|_| match next(10) {
+            0 => Unit::Message,
+            _ => {
+                let changes = (0..1 + next(4))
+                    .map(|_| match next(12) {
+                        0 => (vec![1 + next(3) as u32, 1 + next(3) as u32], None),
+                        _ => (vec![1 + next(3) as u32], Some(next(100) as u32)),
+                    })
+                    .collect();
+                Unit::Transaction { changes, message: next(8) == 0 }
+            }
+        })
+        .collect()
+}
+
+/// Frames without the Relation frames of tables outside `carried`.
+fn without_foreign_relations(frames: Vec<RawFrame>, carried: &HashSet<u32>) -> Vec<RawFrame> {
+    frames
+        .into_iter()
+        .filter(|f| {
+            f.data.first() != Some(&b'R')
+                || carried.contains(&u32::from_be_bytes([f.data[1], f.data[2], f.data[3], f.data[4]]))
+        })
+        .collect()
+}
+
+fn write_log(dir: &std::path::Path, units: &[(Lsn, Vec<RawFrame>)], segment_bytes: u64) -> (LogWriter, LogEnd) {
+    let mut w = LogWriter::create(dir, Lsn(0), segment_bytes).unwrap();
+    for (_, frames) in units {
+        for f in frames {
+            w.append(f).unwrap();
+        }
+    }
+    let end = w.publish().unwrap();
+    (w, end)
+}
+
+fn feed(dir: &std::path::Path, confirmed: Lsn, end: LogEnd, carried: Option<HashSet<u32>>) -> Box<Feed> {
+    match Feed::open(dir, confirmed, end, carried).unwrap() {
+        Opened::Feed(f) => f,
+        other => panic!("expected a feed, got {other:?}"),
+    }
+}
+
+/// Everything the feed hands out of a log of `frames` frames, pulling `step` at a time (a pull
+/// may hand out nothing while it holds a transaction back).
+fn pull_all(feed: &mut Feed, end: LogEnd, frames: usize, step: usize) -> Vec<RawFrame> {
+    let mut out = Vec::new();
+    for _ in 0..=frames / step + 1 {
+        out.extend(feed.pull(end, step).unwrap());
+    }
+    assert!(feed.pull(end, usize::MAX).unwrap().is_empty(), "frames left after {frames}");
+    out
+}
+
+fn count(units: &[(Lsn, Vec<RawFrame>)]) -> usize {
+    units.iter().map(|(_, f)| f.len()).sum()
+}
+
+#[test]
+fn a_reader_gets_every_frame_in_order_across_segments_and_only_what_was_published() {
+    let tmp = TempDir::new("order");
+    let units = render(&model(7, 300), None);
+    let all: Vec<RawFrame> = units.iter().flat_map(|(_, f)| f.clone()).collect();
+    let mut w = LogWriter::create(&tmp.0, Lsn(0), 2_000).unwrap();
+    let Start::At(mut r, relations) = LogReader::open(&tmp.0, Lsn(0), w.published()).unwrap() else {
+        panic!("an empty log serves the position it started at");
+    };
+    assert!(relations.is_empty());
+    let mut read = Vec::new();
+    for (_, frames) in &units {
+        read.extend(r.read(w.published(), usize::MAX).unwrap());
+        for f in frames {
+            w.append(f).unwrap();
+        }
+        // Nothing past the published end is read.
+        assert!(r.read(w.published(), usize::MAX).unwrap().is_empty(), "frames read before they were published");
+        let end = w.publish().unwrap();
+        read.extend(r.read(end, 3).unwrap());
+    }
+    read.extend(r.read(w.publish().unwrap(), usize::MAX).unwrap());
+    assert!(w.segments() > 10, "the test should span many segments, got {}", w.segments());
+    assert_eq!(read, all);
+}
+
+#[test]
+fn a_feed_gives_a_member_what_its_own_session_would_emit() {
+    for seed in 1..=20 {
+        let units = model(seed, 200);
+        let group = render(&units, None);
+        for carried in [HashSet::from([1]), HashSet::from([2, 3])] {
+            let tmp = TempDir::new(&format!("equiv{seed}"));
+            let (_, end) = write_log(&tmp.0, &group, 4_000);
+            let mut f = feed(&tmp.0, Lsn(0), end, Some(carried.clone()));
+            let got = pull_all(&mut f, end, count(&group), 7);
+            let own: Vec<RawFrame> = render(&units, Some(&carried)).into_iter().flat_map(|(_, f)| f).collect();
+            assert_eq!(without_foreign_relations(got, &carried), own, "seed {seed}, tables {carried:?}");
+        }
+    }
+}
+
+#[test]
+fn a_feed_from_a_position_skips_what_it_covers_and_knows_the_tables_described_before() {
+    let units = model(11, 400);
+    let group = render(&units, None);
+    let carried = HashSet::from([2]);
+    let own = render(&units, Some(&carried));
+    let tmp = TempDir::new("position");
+    let (mut w, end) = write_log(&tmp.0, &group, 3_000);
+    for cut in [0, 1, 57, 200, 399] {
+        // The member delivered every unit before `cut`: its position is the last one's end (a
+        // commit's end is 16 bytes past it; a message's end is its LSN).
+        let confirmed = if cut == 0 {
+            Lsn(0)
+        } else {
+            match &units[cut - 1] {
+                Unit::Message => group[cut - 1].0,
+                Unit::Transaction { .. } => Lsn(group[cut - 1].0 .0 + 16),
+            }
+        };
+        let mut f = feed(&tmp.0, confirmed, end, Some(carried.clone()));
+        let got = without_foreign_relations(pull_all(&mut f, end, count(&group), 50), &carried);
+        let expected: Vec<RawFrame> = own[cut..].iter().flat_map(|(_, f)| f.clone()).collect();
+        // The Relation frames of the member's tables come first when they were written before.
+        let (described, rest): (Vec<RawFrame>, Vec<RawFrame>) =
+            got.iter().cloned().partition(|f| f.data.first() == Some(&b'R') && !expected.contains(f));
+        assert_eq!(rest, expected, "cut at unit {cut}");
+        let first_change = expected.iter().position(|f| matches!(f.data.first(), Some(b'I' | b'D')));
+        let described_in_stream =
+            first_change.is_some_and(|i| expected[..i].iter().any(|f| f.data.first() == Some(&b'R')));
+        if cut > 0 && first_change.is_some() && !described_in_stream {
+            assert_eq!(described.len(), 1, "table 2's Relation replayed first at cut {cut}");
+            assert!(got[0].data.first() == Some(&b'R'));
+        }
+    }
+    // Trimmed up to a position: an older one is no longer served, that one still is.
+    let confirmed = Lsn(group[250].0 .0 + 16);
+    assert!(w.trim(confirmed).unwrap() > 0);
+    assert!(matches!(Feed::open(&tmp.0, Lsn(0), end, None).unwrap(), Opened::Behind));
+    let mut f = feed(&tmp.0, confirmed, end, Some(carried.clone()));
+    let got = without_foreign_relations(pull_all(&mut f, end, count(&group), 50), &carried);
+    let expected: Vec<RawFrame> = own[251..].iter().flat_map(|(_, f)| f.clone()).collect();
+    assert_eq!(
+        got.into_iter().filter(|f| f.data.first() != Some(&b'R')).collect::<Vec<_>>(),
+        expected.into_iter().filter(|f| f.data.first() != Some(&b'R')).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn trim_keeps_the_segment_a_member_starts_in_and_the_one_being_written() {
+    let tmp = TempDir::new("trim");
+    let group = render(&model(3, 100), None);
+    let (mut w, end) = write_log(&tmp.0, &group, 1);
+    // A segment per unit (each unit starts a new one once the current holds a byte).
+    let segments = w.segments();
+    assert_eq!(segments, group.iter().filter(|(_, f)| !f.is_empty()).count());
+    assert_eq!(w.trim(Lsn(0)).unwrap(), 0);
+    let last = group.iter().rev().find(|(_, f)| !f.is_empty()).unwrap();
+    assert_eq!(w.trim(Lsn(u64::MAX)).unwrap(), segments - 1, "the segment being written stays");
+    assert!(matches!(LogReader::open(&tmp.0, Lsn(0), end).unwrap(), Start::Behind));
+    let Start::At(mut r, _) = LogReader::open(&tmp.0, Lsn(u64::MAX), end).unwrap() else { panic!() };
+    assert_eq!(r.read(end, usize::MAX).unwrap(), last.1);
+}
+
+#[test]
+fn a_log_that_started_after_a_position_does_not_serve_it() {
+    let tmp = TempDir::new("start");
+    let mut w = LogWriter::create(&tmp.0, Lsn(5_000), 1 << 20).unwrap();
+    w.append(&begin(1, 6_000)).unwrap();
+    w.append(&insert(1, 2, 5_500)).unwrap();
+    w.append(&commit(6_000)).unwrap();
+    let end = w.publish().unwrap();
+    assert_eq!(w.complete_to(), Lsn(6_016));
+    assert!(matches!(LogReader::open(&tmp.0, Lsn(4_999), end).unwrap(), Start::Behind));
+    assert!(matches!(LogReader::open(&tmp.0, Lsn(5_000), end).unwrap(), Start::At(..)));
+    assert!(matches!(LogReader::open(tmp.0.join("nothing"), Lsn(5_000), end).unwrap(), Start::Missing));
+    // A log cannot start inside a transaction.
+    let other = TempDir::new("start_bad");
+    let mut w = LogWriter::create(&other.0, Lsn(0), 1 << 20).unwrap();
+    assert!(w.append(&insert(1, 2, 10)).is_err());
+}
+
+#[test]
+fn a_torn_relation_record_is_ignored_and_only_the_last_description_is_replayed() {
+    let tmp = TempDir::new("relations");
+    let mut w = LogWriter::create(&tmp.0, Lsn(0), 1).unwrap();
+    let mut wide = relation(1);
+    wide.columns.truncate(1);
+    for (i, rel) in [relation(1), wide.clone(), relation(2)].iter().enumerate() {
+        let c = 1_000 * (i as u64 + 1);
+        for f in [begin(i as u32, c), relation_frame(rel, c - 100), insert(rel.oid, 1, c - 50), commit(c)] {
+            w.append(&f).unwrap();
+        }
+    }
+    for f in [begin(9, 9_000), insert(1, 1, 8_950), commit(9_000)] {
+        w.append(&f).unwrap();
+    }
+    let end = w.publish().unwrap();
+    // Half a record, as a writer cut short leaves it.
+    use std::io::Write;
+    let mut rel = std::fs::OpenOptions::new().append(true).open(tmp.0.join("relations")).unwrap();
+    rel.write_all(&[0u8; 20]).unwrap();
+    let Start::At(_, replayed) = LogReader::open(&tmp.0, Lsn(8_000), end).unwrap() else { panic!() };
+    // Reading starts in the segment of the transaction at 3000 (the last one 8000 covers), so
+    // table 2's description comes in the stream; table 1's last one before it is replayed.
+    assert_eq!(replayed, vec![relation_frame(&wide, 1_900)]);
+    assert!(end.bytes > SEGMENT_HEADER);
+}
