@@ -16,19 +16,25 @@ two at once) and the limits around them, and writes bench/results/e2e.md, e2e.cs
   INSERT per transaction; what pgbench achieved is reported next to it):
   Kafka's LogAppendTime minus the commit time the event carries, and the time a read_committed
   consumer received it minus that commit time;
-- a steady 2,000 single-row tx/s into one table with one exactly-once sink, alone and next to 20 idle
-  sinks (each on an idle table of its own): the busy sink's p50/p99 and the CPU of pg_cdc's processes;
+- a steady 2,000 single-row tx/s into one table with one exactly-once Kafka sink: alone, next to 20 and
+  to 50 idle sinks (each on an idle table of its own), next to 2 more identical sinks on its table, and
+  next to seed example 1's other two sinks (Kafka Avro, Kinesis JSON) on it instead; each configuration
+  3 times (--steady-repeats), in rounds: the busy sink's p50/p99, the CPU of pg_cdc's processes (all,
+  and the busiest one) and the load average around each run; the report gives medians and ratios to
+  "alone". Every sink is running before the clock starts (50 workers take a while to start on 2 cores);
 - source overhead: pgbench TPC-B TPS with capture off, with pg_cdc on and with Debezium on, on shared
   cores and pinned (PostgreSQL and pgbench on one CPU, the broker and the capturing processes on the other);
 - pg_cdc worker memory (private: Private_Clean + Private_Dirty + Swap from /proc/PID/smaps_rollup)
   at steady state and during one 1,000,000-row transaction.
 
 Everything it creates is named bench_* / pgbench_* (tables, sinks, slots, publications) or
-bench-<run id>-* (topics) and is dropped at the start (leftovers of an interrupted run) and at the end.
+bench-<run id>-* (topics; the steady section's Kinesis streams and registry subjects, removed at the
+end of their run) and is dropped at the start (leftovers of an interrupted run) and at the end.
 Ports and paths come from the environment (scripts/env.sh); the services must be running (`make
 bench-e2e` starts them). bench/e2e_report.py writes the files. Run it with the venv's Python:
 
     source scripts/env.sh && "$PG_CDC_VENV/bin/python" bench/e2e_bench.py [--quick] [--rows N] [--sections ...]
+        [--steady-repeats N]
 """
 import argparse
 import contextlib
@@ -46,6 +52,8 @@ import subprocess
 import threading
 import time
 import traceback
+import urllib.parse
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,7 +181,8 @@ class Sizes:
     big_rows: int           # rows of the one large transaction
     steady_rate: int        # steady section: single-row transactions per second into one captured table
     steady_seconds: int     # length of each steady run
-    steady_idle: int        # idle sinks next to the busy one in the second steady run
+    steady_idle: tuple      # idle sinks next to the busy one, one configuration each
+    steady_repeats: int     # runs of each steady configuration (the report gives the median)
 
     @property
     def warmup(self):
@@ -182,9 +191,11 @@ class Sizes:
 
 
 FULL = Sizes(events=300_000, latency_seconds=30, rates=(1000, 5000, 10000), pgbench_seconds=20, pgbench_rounds=2,
-             pgbench_scale=10, big_rows=1_000_000, steady_rate=2000, steady_seconds=20, steady_idle=20)
+             pgbench_scale=10, big_rows=1_000_000, steady_rate=2000, steady_seconds=20, steady_idle=(20, 50),
+             steady_repeats=3)
 QUICK = Sizes(events=50_000, latency_seconds=10, rates=(1000, 5000), pgbench_seconds=8, pgbench_rounds=1,
-              pgbench_scale=5, big_rows=200_000, steady_rate=2000, steady_seconds=8, steady_idle=5)
+              pgbench_scale=5, big_rows=200_000, steady_rate=2000, steady_seconds=8, steady_idle=(20, 50),
+              steady_repeats=1)
 SECTIONS = ("throughput", "latency", "steady", "overhead", "memory")
 
 
@@ -587,12 +598,17 @@ def delivered(conn, sink):
 
 
 def drop_sinks(conn, names):
-    """Drops the sinks and waits until their workers dropped every pg_cdc slot (a quiet cluster has
-    no other), so none holds WAL for the next measurement."""
+    """Drops the sinks and waits until their workers dropped their slots, so none holds WAL for the
+    next measurement (sinks of others, if any, are left alone). Returns the dropped sinks' slots."""
+    if not names:
+        return []
+    slots = [r[0] for r in conn.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = ANY(%s)",
+                                        (list(names),)).fetchall()]
     for n in names:
         conn.execute("SELECT cdc_drop_sink(%s)", (n,))
-    wait_until(lambda: conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE '\\_cdc\\_%'"
-                                    ).fetchone()[0] == 0, 120, "the dropped sinks' slots gone")
+    wait_until(lambda: conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = ANY(%s)",
+                                    (slots,)).fetchone()[0] == 0, 120, "the dropped sinks' slots gone")
+    return slots
 
 
 def pgbench(env, *args, prefix=()):
@@ -635,45 +651,149 @@ def steady_tables(conn, idle):
     return [STEADY_BUSY] + [f"bench_steady_idle{i}" for i in range(idle)]
 
 
-def steady_run(conn, env, kafka, script, rate, seconds, idle):
-    """One exactly-once Kafka sink on the busy table (steady_tables) and `idle` more, each on an idle
-    table of its own; pgbench runs `script` at `rate` for `seconds` (after 3 s of warm-up). Returns
-    the busy sink's latency (commit time -> seen by a read_committed consumer) and the CPU of every
-    pg_cdc process (launcher and sink workers, utime + stime) over the run. Drops the sinks."""
-    tag = f"{idle}idle"
+def steady_run(conn, env, kafka, script, rate, seconds, idle, peers=(), tag=None):
+    """One exactly-once Kafka sink on the busy table (steady_tables), `idle` more, each on an idle
+    table of its own, and `peers`: more sinks on the busy table, (name, type, config) each (config
+    without "tables"). Empties the busy table, adds the sinks and waits until every one is running,
+    then pgbench runs `script` at `rate` for 3 s (warm-up, which every sink on the busy table must
+    have delivered) and for `seconds` (timed). Returns the busy sink's latency (commit time -> seen by a read_committed consumer), the CPU of every pg_cdc process
+    (launcher and sink workers, utime + stime) from the start of the timed load until the busy sink's
+    consumer saw its last event and every peer delivered it too (summed, and the busiest process),
+    and the 1-minute load average at the start and the end. Drops its sinks and their topics, also
+    when it fails. `tag` (default "<idle>idle") names the sinks and topics."""
+    tag = tag or f"{idle}idle"
+    busy = f"bench_steady_{tag}_busy"
     busy_topic = kafka.topic("steady", tag, "busy")
-    names = [f"bench_steady_{tag}_busy"]
-    add = "SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)"
-    conn.execute(add, (names[0], json.dumps({"bootstrap_servers": env.bootstrap, "topic": busy_topic,
-                                             "tables": [STEADY_BUSY], "exactly_once": True})))
+    topics = [busy_topic]
+    sinks = [(busy, "kafka", {"bootstrap_servers": env.bootstrap, "topic": busy_topic, "tables": [STEADY_BUSY],
+                              "exactly_once": True})]
     for i in range(idle):
-        names.append(f"bench_steady_{tag}_{i}")
-        conn.execute(add, (names[-1], json.dumps({"bootstrap_servers": env.bootstrap,
-                                                  "topic": kafka.topic("steady", tag, str(i)),
-                                                  "tables": [f"bench_steady_idle{i}"], "exactly_once": True})))
+        topics.append(kafka.topic("steady", tag, str(i)))
+        sinks.append((f"bench_steady_{tag}_{i}", "kafka", {"bootstrap_servers": env.bootstrap, "topic": topics[-1],
+                                                           "tables": [f"bench_steady_idle{i}"], "exactly_once": True}))
+    sinks += [(f"bench_steady_{tag}_{name}", kind, {**config, "tables": [STEADY_BUSY]}) for name, kind, config in peers]
+    topics += [config["topic"] for _, kind, config in peers if kind == "kafka"]
+    on_busy = [busy] + [f"bench_steady_{tag}_{name}" for name, _, _ in peers]
+    names = []
+    # Each sink starts with a snapshot of the rows its table holds: empty, so no run inherits the
+    # rows of the ones before (and no sink is still snapshotting them when the clock starts).
+    conn.execute(f"TRUNCATE {STEADY_BUSY}")
     try:
-        wait_until(lambda: conn.execute("SELECT count(*) FROM _cdc_sinks WHERE state = 'running'").fetchone()[0]
-                   == len(names), 120, "every sink running")
-        pgbench_at_rate(env, script, rate, 3)
+        for name, kind, config in sinks:
+            conn.execute("SELECT cdc_add_sink(%s, %s, %s::jsonb)", (name, kind, json.dumps(config)))
+            names.append(name)
+        wait_sinks_running(conn, names, 120 + 3 * len(names))
+        warm = pgbench_at_rate(env, script, rate, 3)
+        wait_until(lambda: all((delivered(conn, n) or 0) >= warm for n in on_busy), 300,
+                   "every sink on the busy table to deliver the warm-up")
+        before = {n: delivered(conn, n) or 0 for n in on_busy[1:]}
         collector = LatencyCollector(kafka, busy_topic, pg_cdc_commit_us, since_us=time.time() * 1_000_000)
         collector.start()
         pids = capture_pids(conn)
-        cpu0, t0 = cpu_seconds(pids), time.monotonic()
+        load0 = os.getloadavg()[0]
+        cpu0, t0 = [cpu_seconds([p]) for p in pids], time.monotonic()
         processed = pgbench_at_rate(env, script, rate, seconds)
         try:
-            collector.wait_for(processed, timeout=180)
+            collector.wait_for(processed, timeout=300)
         finally:
             collector.stop()
-        elapsed, cpu = time.monotonic() - t0, cpu_seconds(pids) - cpu0
+        seen = time.monotonic()
+        # The local Kinesis server (seed example 1's third sink) stores only a few hundred records a
+        # second here: its sink takes minutes to deliver the timed load (4.5 min for 40,000 events once).
+        wait_until(lambda: all((delivered(conn, n) or 0) >= before[n] + processed for n in on_busy[1:]), 600,
+                   "every sink on the busy table to deliver the timed load")
+        elapsed, cpu = time.monotonic() - t0, [cpu_seconds([p]) - c for p, c in zip(pids, cpu0)]
+        load1 = os.getloadavg()[0]
+        restarted = capture_pids(conn) != pids
         visible = sorted(collector.visible_ms)
         workers = [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'")]
         memory = sorted(m / 1024 for m in map(private_kib, workers) if m is not None) or [0.0]
+        per_100k = 100_000 / max(processed, 1)
         return {"sinks": len(names), "processes": len(pids), "events": processed,
                 "p50": percentile(visible, 50), "p99": percentile(visible, 99),
-                "cores": cpu / elapsed, "cpu_per_100k": cpu / max(processed, 1) * 100_000,
-                "mib_median": memory[len(memory) // 2], "mib_total": sum(memory)}
+                "cores": sum(cpu) / elapsed, "cpu_per_100k": sum(cpu) * per_100k,
+                "busiest_cores": max(cpu) / elapsed, "busiest_cpu_per_100k": max(cpu) * per_100k,
+                "catch_up_s": time.monotonic() - seen, "load_start": load0, "load_end": load1,
+                "restarted": restarted, "mib_median": memory[len(memory) // 2], "mib_total": sum(memory)}
     finally:
-        drop_sinks(conn, names)
+        slots = drop_sinks(conn, names)
+        kafka.delete(topics + ["pg_cdc.progress." + slot.removeprefix("_cdc_") for slot in slots])
+        kafka.created = [t for t in kafka.created if t not in topics]
+
+
+def wait_sinks_running(conn, names, timeout):
+    """Waits until every one of the sinks is running (its worker has opened its slot and destination
+    and reads); a sink in error fails at once, with its last error."""
+    def running():
+        rows = conn.execute("SELECT sink_name, state, last_error FROM _cdc_sinks WHERE sink_name = ANY(%s)",
+                            (names,)).fetchall()
+        failed = [f"{n}: {error}" for n, state, error in rows if state == "error"]
+        if failed:
+            raise BenchError(f"{len(failed)} sinks in error: " + "; ".join(failed[:3]))
+        return sum(state == "running" for _, state, _ in rows) == len(names)
+    try:
+        wait_until(running, timeout, f"{len(names)} sinks running")
+    except BenchError as e:
+        if not str(e).startswith("timed out"):
+            raise
+        states = conn.execute("SELECT state, count(*), max(last_error) FROM _cdc_sinks WHERE sink_name = ANY(%s) "
+                              "GROUP BY 1", (names,)).fetchall()
+        raise BenchError(f"timed out after {timeout} s waiting for {len(names)} sinks running: "
+                         + ", ".join(f"{n} {state} ({error})" for state, n, error in states)) from None
+
+
+# What steady_run returns that the report shows: (metric, key, unit).
+STEADY_METRICS = (
+    ("events", "events", "events"),
+    ("visible_p50_ms", "p50", "ms"),
+    ("visible_p99_ms", "p99", "ms"),
+    ("cores", "cores", "cores (every pg_cdc process)"),
+    ("cpu_s_per_100k", "cpu_per_100k", "CPU s per 100k events (every pg_cdc process)"),
+    ("busiest_cores", "busiest_cores", "cores (the busiest pg_cdc process)"),
+    ("busiest_cpu_s_per_100k", "busiest_cpu_per_100k", "CPU s per 100k events (the busiest pg_cdc process)"),
+    ("catch_up_s", "catch_up_s", "s (the other busy sinks after the busy sink's last event)"),
+    ("worker_mib_median", "mib_median", "MiB"),
+    ("sinks", "sinks", "sinks"),
+    ("processes", "processes", "pg_cdc processes"),
+    ("load_start", "load_start", "1-min load average"),
+    ("load_end", "load_end", "1-min load average"),
+)
+KINESIS_ENDPOINT = os.environ.get("KINESIS_ENDPOINT", "http://127.0.0.1:4568")
+SCHEMA_REGISTRY = os.environ.get("SCHEMA_REGISTRY_URL", "http://127.0.0.1:8081")
+
+
+def kinesis_stream(name, shards):
+    """Creates a stream on the local Kinesis server and waits until it is active; returns what
+    deletes it. (boto3 is in the venv for the tests; imported here so no other section needs it.)"""
+    import boto3
+    k = boto3.client("kinesis", endpoint_url=KINESIS_ENDPOINT, region_name="us-east-1",
+                     aws_access_key_id="bench", aws_secret_access_key="bench")
+    k.create_stream(StreamName=name, ShardCount=shards)
+
+    def remove():
+        with contextlib.suppress(Exception):
+            k.delete_stream(StreamName=name, EnforceConsumerDeletion=True)
+    try:
+        wait_until(lambda: k.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]["StreamStatus"]
+                   == "ACTIVE", 60, f"Kinesis stream {name} active")
+    except BaseException:
+        remove()
+        raise
+    return remove
+
+
+def delete_subjects(prefix):
+    """Deletes (soft, then permanently) the schema registry's subjects whose names start with
+    `prefix`, best effort."""
+    def call(method, path):
+        with urllib.request.urlopen(urllib.request.Request(SCHEMA_REGISTRY + path, method=method), timeout=10) as r:
+            return json.loads(r.read() or b"null")
+    with contextlib.suppress(Exception):
+        for subject in call("GET", "/subjects"):
+            if subject.startswith(prefix):
+                quoted = urllib.parse.quote(subject, safe="")
+                call("DELETE", f"/subjects/{quoted}")
+                call("DELETE", f"/subjects/{quoted}?permanent=true")
 
 
 def producer_alone(env, topic, records, size):
@@ -1189,28 +1309,87 @@ class Bench:
         if system.startswith("pg_cdc"):
             r.add("latency", wl, system, "wal_decoded_ratio", ratio, "WAL decoded / WAL written")
 
-    # -- steady small load, with and without idle sinks ----------------------------------------
+    # -- steady small load: one sink alone, next to idle sinks, next to more sinks on its table ---
 
     def steady(self):
-        """A steady rate of single-row transactions into one table with one exactly-once sink: that
-        sink alone, then with idle sinks next to it (each on an idle table of its own)."""
-        sz = self.sizes
+        """A steady rate of single-row transactions into one table with one exactly-once Kafka sink:
+        that sink alone; next to idle sinks (each on an idle table of its own, one configuration per
+        count in sizes.steady_idle); next to 2 more identical sinks on its table; next to seed
+        example 1's other two sinks on its table instead. Each configuration runs sizes.steady_repeats
+        times, in rounds (every configuration once per round, so a change in the machine's load is
+        spread over them); the section "steady_runs" has every run, "steady" the medians."""
+        sz, results = self.sizes, self.results
         script = self.run_dir / "steady_insert.sql"
         script.write_text(STEADY_SCRIPT)
-        tables = steady_tables(self.conn, sz.steady_idle)
+        wl = f"{sz.steady_rate} tx/s"
+        configs = ([(e2e_report.STEADY_ALONE, "alone", 0, None)]
+                   + [(e2e_report.steady_idle_label(n), f"{n}idle", n, None) for n in sz.steady_idle]
+                   + [(e2e_report.STEADY_IDENTICAL, "same", 0, "identical"),
+                      (e2e_report.STEADY_EXAMPLE, "ex1", 0, "example 1")])
+        runs = {label: [] for label, *_ in configs}
+        failed = 0
+        tables = steady_tables(self.conn, max(sz.steady_idle, default=0))
         try:
-            for idle in (0, sz.steady_idle):
-                print(f"steady: {sz.steady_rate} tx/s, {idle} idle sinks", flush=True)
-                r = steady_run(self.conn, self.env, self.kafka, script, sz.steady_rate, sz.steady_seconds, idle)
-                wl, system = f"{sz.steady_rate} tx/s", f"{idle} idle sinks"
-                self.results.add("steady", wl, system, "events", r["events"], "events")
-                self.results.add("steady", wl, system, "visible_p50_ms", r["p50"], "ms")
-                self.results.add("steady", wl, system, "visible_p99_ms", r["p99"], "ms")
-                self.results.add("steady", wl, system, "cores", r["cores"], "cores (every pg_cdc process)")
-                self.results.add("steady", wl, system, "cpu_s_per_100k", r["cpu_per_100k"], "CPU s per 100k events")
-                self.results.add("steady", wl, system, "worker_mib_median", r["mib_median"], "MiB")
+            for rep in range(1, sz.steady_repeats + 1):
+                for label, short, idle, peers in configs:
+                    print(f"steady: {wl}, {label}, run {rep} of {sz.steady_repeats}", flush=True)
+                    tag, started = f"{short}_r{rep}", time.monotonic()
+                    try:
+                        with self.steady_peers(peers, tag) as peer_sinks:
+                            r = steady_run(self.conn, self.env, self.kafka, script, sz.steady_rate,
+                                           sz.steady_seconds, idle, peer_sinks, tag)
+                    except Exception as e:  # noqa: BLE001 - noted; the other runs still run, the section fails
+                        traceback.print_exc()
+                        results.note(f"steady {label}, run {rep}: {type(e).__name__}: {e}")
+                        failed += 1
+                        continue
+                    print(f"  ({time.monotonic() - started:.0f} s with setting up and dropping its sinks)", flush=True)
+                    if r["restarted"]:
+                        results.note(f"steady {label}, run {rep}: a pg_cdc process restarted during the run")
+                    runs[label].append(r)
+                    for metric, key, unit in STEADY_METRICS:
+                        results.add("steady_runs", wl, f"{label} #{rep}", metric, r[key], unit)
         finally:
             drop_captured_tables(self.conn, tables)
+        for label, rs in runs.items():
+            if not rs:
+                continue
+            for metric, key, unit in STEADY_METRICS:
+                results.add("steady", wl, label, metric, statistics.median(r[key] for r in rs), f"{unit} (median)")
+            results.add("steady", wl, label, "runs", len(rs), "runs")
+            results.add("steady", wl, label, "load_each_run",
+                        ", ".join(f"{r['load_start']:.1f}-{r['load_end']:.1f}" for r in rs),
+                        "1-min load average at the start-end of each run")
+        if failed:
+            raise BenchError(f"{failed} steady runs failed (see the notes)")
+
+    @contextlib.contextmanager
+    def steady_peers(self, kind, tag):
+        """The sinks next to the busy one on the busy table, for steady_run (their cdc_add_sink configs,
+        without "tables"). "identical": 2 more with the busy sink's config, each with its own topic.
+        "example 1": seed example 1's other two sinks (examples/seed/1_order_pipeline.sql; the busy sink,
+        an exactly-once Kafka JSON sink, is its kafka_analytics): kafka_fulfillment, Kafka with format
+        avro (the registry stand-in of `make up`), and kinesis_fraud, Kinesis JSON (the local server, a
+        stream of 2 shards as scripts/kinesis.sh creates the example's). Removes the Kinesis stream and
+        the registry subjects afterwards; steady_run deletes the topics."""
+        env, kafka = self.env, self.kafka
+        if kind is None:
+            yield []
+        elif kind == "identical":
+            yield [(f"same{i}", "kafka", {"bootstrap_servers": env.bootstrap,
+                                          "topic": kafka.topic("steady", tag, f"same{i}"), "exactly_once": True})
+                   for i in (1, 2)]
+        else:
+            fulfillment = kafka.topic("steady", tag, "fulfillment")
+            stream = f"bench-{self.run_id}-steady-{tag}-fraud"
+            remove_stream = kinesis_stream(stream, shards=2)
+            try:
+                yield [("fulfillment", "kafka", {"bootstrap_servers": env.bootstrap, "topic": fulfillment,
+                                                 "format": "avro", "schema_registry": SCHEMA_REGISTRY}),
+                       ("fraud", "kinesis", {"stream_name": stream, "region": "us-east-1", "format": "json"})]
+            finally:
+                remove_stream()
+                delete_subjects(fulfillment)
 
     # -- source overhead ----------------------------------------------------------------------
 
@@ -1366,15 +1545,19 @@ def refuse_a_busy_cluster(env):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes: about 4 minutes instead of 20")
+    parser.add_argument("--quick", action="store_true", help="small sizes: about 7 minutes instead of 35")
     parser.add_argument("--rows", type=int, help="events per throughput measurement (default 300000, quick 50000)")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
+    parser.add_argument("--steady-repeats", type=int,
+                        help="runs of each configuration of the steady section (default 3, quick 1)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where e2e.md/csv/png go")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
     if args.rows:
         sizes = Sizes(**{**vars(sizes), "events": args.rows})
+    if args.steady_repeats:
+        sizes = Sizes(**{**vars(sizes), "steady_repeats": args.steady_repeats})
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - set(SECTIONS)
     if unknown:

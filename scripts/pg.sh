@@ -10,6 +10,7 @@
 #
 #   scripts/pg.sh start     initdb the first time, then start and wait until it accepts connections
 #   scripts/pg.sh start-fresh  start, restarting first if the installed pg_cdc library differs from the loaded one
+#                           or pg_cdc.conf (below) differs from the one the server read at its start
 #   scripts/pg.sh stop      fast shutdown (idempotent)
 #   scripts/pg.sh restart   stop + start (after installing a new build of the extension)
 #   scripts/pg.sh crash     pg_ctl stop -m immediate (fault injection), then start
@@ -25,6 +26,7 @@ PGDATA_DIR="${PG_CDC_PGDATA:-$PG_CDC_RUN/pgdata}"
 LOG_FILE="$PG_CDC_RUN/postgresql-$PGPORT.log"
 LIB="$("$PG_BIN/pg_config" --pkglibdir)/pg_cdc.so"
 LOADED="$PG_CDC_RUN/pg_cdc-$PGPORT.so.sha256"   # checksum of the library the running server loaded
+LOADED_CONF="$PG_CDC_RUN/pg_cdc-$PGPORT.conf.sha256"   # ... and of the pg_cdc.conf it read at its start
 as_pg() { runuser -u postgres -- "$@"; }
 log() { printf '[pg] %s\n' "$*"; }
 
@@ -54,16 +56,19 @@ init_cluster() {
 }
 
 write_conf() {
-  # Rewritten at every start so a changed port or broker address takes effect.
+  # Rewritten at every start so a changed port or broker address takes effect (start-fresh restarts a
+  # running server when it changed: most of these settings are read only at server start).
+  # Slots and worker processes: one each per sink (plus the launcher), enough for bench-e2e's steady
+  # section (50 idle + 3 busy sinks) and the test suites' own sinks and slots next to it.
   cat > "$PGDATA_DIR/pg_cdc.conf" <<CONF
 listen_addresses = '$PGHOST'
 port = $PGPORT
 unix_socket_directories = '$PG_CDC_RUN/sock'
 wal_level = logical
 shared_preload_libraries = 'pg_cdc'
-max_replication_slots = 32
+max_replication_slots = 96
 max_wal_senders = 16
-max_worker_processes = 64
+max_worker_processes = 128
 cdc.database = '$PGDATABASE'
 cdc.kafka_bootstrap_servers = '$KAFKA_BOOTSTRAP'
 cdc.kinesis_endpoint = '$KINESIS_ENDPOINT'
@@ -108,6 +113,7 @@ start() {
     runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -l "$LOG_FILE" -w -t 60 start >/dev/null \
     || { tail -n 30 "$LOG_FILE" >&2; exit 1; }
   if [ -f "$LIB" ]; then sha256sum <"$LIB" >"$LOADED"; fi
+  sha256sum <"$PGDATA_DIR/pg_cdc.conf" >"$LOADED_CONF"
   log "running on $PGHOST:$PGPORT (data $PGDATA_DIR, log $LOG_FILE)"
 }
 
@@ -122,11 +128,19 @@ case "${1:-}" in
   start) start ;;
   start-fresh)
     # Like start, but restarts a running server whose loaded pg_cdc library differs from the installed
-    # one (shared_preload_libraries are loaded only at server start).
+    # one (shared_preload_libraries are loaded only at server start), or that read a pg_cdc.conf other
+    # than the one this script writes now (max_replication_slots, max_worker_processes, ... need a
+    # restart; a server started before the checksum was recorded counts as changed, once).
     # `cargo pgrx install` rewrites the file every time, so compare contents, not times.
-    if [ -f "$PGDATA_DIR/PG_VERSION" ] && running && ! cmp -s <(sha256sum <"$LIB") "$LOADED"; then
-      log "pg_cdc was reinstalled: restarting"
-      stop
+    if [ -f "$PGDATA_DIR/PG_VERSION" ] && running; then
+      write_conf
+      if ! cmp -s <(sha256sum <"$LIB") "$LOADED"; then
+        log "pg_cdc was reinstalled: restarting"
+        stop
+      elif ! cmp -s <(sha256sum <"$PGDATA_DIR/pg_cdc.conf") "$LOADED_CONF"; then
+        log "pg_cdc.conf changed: restarting"
+        stop
+      fi
     fi
     start ;;
   stop) stop ;;
