@@ -46,6 +46,10 @@ pub static ENRICH_CACHE_ROWS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 pub static HEARTBEAT_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 /// `cdc.max_retry_backoff_ms`.
 pub static MAX_RETRY_BACKOFF_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
+/// `cdc.shared_decoding`.
+pub static SHARED_DECODING: GucSetting<bool> = GucSetting::<bool>::new(false);
+/// `cdc.shared_decoding_max_lag` (MB).
+pub static SHARED_DECODING_MAX_LAG: GucSetting<i32> = GucSetting::<i32>::new(1024);
 
 /// `cdc.tokenization_key_file`: the path, never the key (settings are logged when they change).
 pub static TOKENIZATION_KEY_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
@@ -281,6 +285,24 @@ pub fn init() {
         3_600_000,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_bool_guc(
+        c"cdc.shared_decoding",
+        c"Sinks read one shared decoding of the WAL (the group's decoder) instead of decoding it each.",
+        c"Each sink keeps its slot, moved without decoding; a sink the group's log cannot serve reads its own slot.",
+        &SHARED_DECODING,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"cdc.shared_decoding_max_lag",
+        c"WAL (MB) a sink may be behind before the shared decoding stops waiting for it.",
+        c"A sink further behind no longer holds the group's slot and log; it goes on from its own slot.",
+        &SHARED_DECODING_MAX_LAG,
+        1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
     );
     // Reserve the prefix so a typo such as cdc.databse is reported instead of ignored.
     // SAFETY: called from _PG_init with a static NUL-terminated string.

@@ -44,6 +44,7 @@ pub extern "C-unwind" fn _PG_init() {
         PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
         stats::init();
         worker::launcher::init();
+        worker::group::init();
         worker::register();
     }
 }

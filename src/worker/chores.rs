@@ -9,6 +9,9 @@ use cdc_core::driver::RESTART_POINT_BYTES;
 use cdc_core::failpoint::Armed;
 use cdc_core::Lsn;
 
+use pgrx::bgworkers::{BackgroundWorkerBuilder, BgWorkerStartTime};
+
+use super::group;
 use super::launcher::{Starter, LAUNCHER};
 use super::source::{self, Catalog};
 use super::{run_tx, OrphanSightings};
@@ -29,6 +32,9 @@ pub struct Chores {
     cleanups: super::cleanup::Cleanups,
     /// When it last logged that the extension is not installed.
     last_missing_extension_log: Option<Instant>,
+    /// When it last started the shared decoding's decoder, and last logged that it could not.
+    decoder_started: Option<Instant>,
+    decoder_warned: Option<Instant>,
 }
 
 impl Chores {
@@ -42,6 +48,7 @@ impl Chores {
         let sinks: Vec<(String, String)> =
             cat.sinks.iter().filter(|s| !s.finished()).map(|s| (s.id.clone(), s.name.clone())).collect();
         self.starter.ensure(&sinks);
+        self.ensure_decoder(!sinks.is_empty());
         self.warn_retained_wal(cat);
         self.mark_restart_point(cat);
         self.drop_orphan_slots(cat, schema);
@@ -58,6 +65,35 @@ impl Chores {
             self.last_missing_extension_log = Some(Instant::now());
         }
         self.drop_orphan_slots(cat, None);
+    }
+
+    /// Starts the shared decoding's decoder while `cdc.shared_decoding` is on and sinks exist and
+    /// none runs (at most once a second; a second one exits at once).
+    fn ensure_decoder(&mut self, any_sink: bool) {
+        if !gucs::SHARED_DECODING.get() || !any_sink || group::decoder_running() {
+            return;
+        }
+        if self.decoder_started.is_some_and(|t| t.elapsed().as_secs() < 1) {
+            return;
+        }
+        self.decoder_started = Some(Instant::now());
+        let started = BackgroundWorkerBuilder::new(group::DECODER)
+            .set_type(group::DECODER)
+            .set_function("pg_cdc_decoder_main")
+            .set_library("pg_cdc")
+            .enable_spi_access()
+            .set_start_time(BgWorkerStartTime::RecoveryFinished)
+            .set_restart_time(None)
+            .load_dynamic();
+        if started.is_err() && self.decoder_warned.is_none_or(|t| t.elapsed().as_secs() >= 60) {
+            self.decoder_warned = Some(Instant::now());
+            pgrx::warning!(
+                "{LAUNCHER}: no background worker slot free for the shared decoding's decoder (max_worker_processes, \
+                 currently {}); sinks decode their own slots meanwhile",
+                // SAFETY: a GUC variable, read on the launcher's own thread.
+                unsafe { pgrx::pg_sys::max_worker_processes }
+            );
+        }
     }
 
     /// Logs a WARNING for each sink whose slot retains more WAL than `cdc.wal_warning_bytes`,
@@ -123,6 +159,10 @@ impl Chores {
     fn drop_orphan_slots(&mut self, cat: &Catalog, schema: Option<&str>) {
         let mut still = OrphanSightings::new();
         for slot in &cat.slots {
+            // The shared decoding's slot while it is on (off, it is an orphan like any other).
+            if slot.name == group::GROUP_SLOT && gucs::SHARED_DECODING.get() {
+                continue;
+            }
             // A finished sink's slot is dropped by its worker; should that fail, here.
             if cat.sinks.iter().any(|s| s.slot == slot.name && !s.finished()) {
                 continue;

@@ -17,8 +17,13 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr::null_mut;
 
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
 use cdc_core::deliver::port::ChangeSource;
 use cdc_core::deliver::spool::Spool;
+use cdc_core::fanout::feed::{Feed, Opened};
+use cdc_core::fanout::log::{LogWriter, SEGMENT_BYTES};
 use cdc_core::pipeline::RawFrame;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
@@ -26,6 +31,7 @@ use pgrx::pg_sys;
 use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
 use pgrx::prelude::*;
 
+use super::group;
 use super::source::{learn_types, recorded_offsets, take_read_turn, ReadPool, SinkRow};
 use crate::catalog::PUBLICATION_NAMES;
 use crate::gucs;
@@ -93,8 +99,8 @@ extern "C-unwind" fn prepare_write(
 /// What a session's decoding context writes to, and which tables it hands to pgoutput: reached
 /// from the context's `output_writer_private` by the callbacks below.
 struct Output {
-    /// What was decoded and not confirmed yet.
-    spool: Spool,
+    /// Where decoded messages go.
+    target: Target,
     /// The tables whose changes go on to pgoutput; `None`: all it publishes.
     carried: Option<HashSet<u32>>,
     /// Changes of other tables dropped before pgoutput saw them, not counted yet.
@@ -102,6 +108,28 @@ struct Output {
     /// pgoutput's own change and truncate callbacks, which the filters below call.
     change: pg_sys::LogicalDecodeChangeCB,
     truncate: pg_sys::LogicalDecodeTruncateCB,
+}
+
+/// Where a session's decoded messages go.
+enum Target {
+    /// A sink's own session: its spool, what was decoded and not confirmed yet.
+    Spool(Spool),
+    /// The group's decoder: the group's log.
+    Log(LogWriter),
+    /// A fast-forward session (a member's own slot, moved without decoding): nothing is written.
+    Nowhere,
+}
+
+/// What a session decodes for.
+pub enum Kind {
+    /// A sink's own reads (into its spool).
+    Sink,
+    /// The group's log, written in this directory.
+    Group(PathBuf),
+    /// Moving a member's own slot: WAL read without decoding changes (PostgreSQL's fast-forward
+    /// mode, what `pg_replication_slot_advance` uses: no output plugin, no reorder buffer of
+    /// changes), so the slot's restart position and catalog horizon follow its confirms.
+    FastForward,
 }
 
 /// The session's output of a decoding context.
@@ -127,8 +155,19 @@ extern "C-unwind" fn write(
         let buf = &*(*ctx).out;
         (std::slice::from_raw_parts(buf.data as *const u8, buf.len as usize).to_vec(), output(ctx))
     };
-    if let Err(e) = out.spool.push(RawFrame { lsn: Lsn(lsn), data }) {
-        pgrx::error!("pg_cdc: cannot write decoded changes to a spill file in {SPOOL_DIR}: {e}");
+    let frame = RawFrame { lsn: Lsn(lsn), data };
+    match &mut out.target {
+        Target::Spool(spool) => {
+            if let Err(e) = spool.push(frame) {
+                pgrx::error!("pg_cdc: cannot write decoded changes to a spill file in {SPOOL_DIR}: {e}");
+            }
+        }
+        Target::Log(log) => {
+            if let Err(e) = log.append(&frame) {
+                pgrx::error!("pg_cdc: cannot write the shared decoding's log: {e}");
+            }
+        }
+        Target::Nowhere => {}
     }
 }
 
@@ -202,18 +241,25 @@ pub struct Session {
     reread: bool,
     /// WAL decoded and not counted yet, bytes.
     decoded: u64,
+    /// A fast-forward session ([`Kind::FastForward`]).
+    fast_forward: bool,
 }
 
 impl Session {
     /// Acquires the slot and starts decoding at its restart position (emitting what commits at
-    /// or after its confirmed position). Runs in a transaction; on an ERROR the caller calls
-    /// [`release_slot`].
-    pub fn open(slot: &str) -> Session {
+    /// or after its confirmed position) for `kind`. Runs in a transaction; on an ERROR the caller
+    /// calls [`release_slot`].
+    pub fn open(slot: &str, kind: Kind) -> Session {
         let Ok(name) = CString::new(slot) else {
             pgrx::error!("invalid replication slot name {slot}");
         };
+        let fast_forward = matches!(kind, Kind::FastForward);
         let mut out = Box::new(Output {
-            spool: Spool::new(SPOOL_MEMORY, SPOOL_DIR),
+            target: match kind {
+                Kind::Sink => Target::Spool(Spool::new(SPOOL_MEMORY, SPOOL_DIR)),
+                // The log is made once the slot is held (it starts at the slot's position).
+                Kind::Group(_) | Kind::FastForward => Target::Nowhere,
+            },
             carried: None,
             skipped: 0,
             change: None,
@@ -245,16 +291,30 @@ impl Session {
                 segment_open: Some(wal_segment_open),
                 segment_close: Some(wal_segment_close),
             };
-            let ctx =
-                pg_sys::CreateDecodingContext(0, options, false, &mut routine, Some(prepare_write), Some(write), None);
+            let ctx = pg_sys::CreateDecodingContext(
+                0,
+                options,
+                fast_forward,
+                &mut routine,
+                Some(prepare_write),
+                Some(write),
+                None,
+            );
             pg_sys::MemoryContextSwitchTo(old);
             (*ctx).output_writer_private = &mut *out as *mut Output as *mut c_void;
             // The table filter goes in front of pgoutput's change and truncate callbacks (the
             // reorder buffer calls them through the context at each change).
             out.change = (*ctx).callbacks.change_cb.replace(change_filter);
             out.truncate = (*ctx).callbacks.truncate_cb.replace(truncate_filter);
-            pg_sys::XLogBeginRead((*ctx).reader, (*pg_sys::MyReplicationSlot).data.restart_lsn);
-            Session { ctx, memory, out, reread: false, decoded: 0 }
+            let slot = pg_sys::MyReplicationSlot;
+            pg_sys::XLogBeginRead((*ctx).reader, (*slot).data.restart_lsn);
+            if let Kind::Group(dir) = kind {
+                match LogWriter::create(&dir, Lsn((*slot).data.confirmed_flush), SEGMENT_BYTES) {
+                    Ok(log) => out.target = Target::Log(log),
+                    Err(e) => pgrx::error!("pg_cdc: cannot make the shared decoding's log in {}: {e}", dir.display()),
+                }
+            }
+            Session { ctx, memory, out, reread: false, decoded: 0, fast_forward }
         }
     }
 
@@ -269,20 +329,37 @@ impl Session {
         self.out.carried = tables;
     }
 
-    /// Starts a read: drops what `confirmed` covers (the slot's confirmed position, or what the
-    /// sink delivered past it and has not confirmed yet; see [`Spool::begin_read`]) and reads the
-    /// rest again from its first message.
+    /// Starts a read of a sink's own session: drops what `confirmed` covers (the slot's confirmed
+    /// position, or what the sink delivered past it and has not confirmed yet; see
+    /// [`Spool::begin_read`]) and reads the rest again from its first message.
     pub fn begin_read(&mut self, confirmed: Lsn) {
-        if let Err(e) = self.out.spool.begin_read(confirmed) {
+        if let Err(e) = self.spool().begin_read(confirmed) {
             pgrx::error!("pg_cdc: cannot read decoded changes back from their spill file: {e}");
         }
     }
 
-    /// Decodes flushed WAL until `want` messages wait in the spool, the read holds `most`, or no
-    /// flushed WAL is left. Invalidates the backend's catalog caches before and after, as
-    /// `pg_logical_slot_peek_binary_changes` does: entries the worker's own queries built must not
-    /// serve a decoding that runs at an earlier point in time, nor the other way round.
-    fn decode(&mut self, want: u64, most: u64) {
+    /// The group's log this session writes (the decoder's session).
+    pub fn log(&mut self) -> Option<&mut LogWriter> {
+        match &mut self.out.target {
+            Target::Log(log) => Some(log),
+            _ => None,
+        }
+    }
+
+    /// Decodes flushed WAL into the group's log until `most` bytes of WAL were decoded or none
+    /// is left; whether it decoded any.
+    pub fn decode_log(&mut self, most: u64) -> bool {
+        let before = self.decoded;
+        self.decode_while(|_, _, decoded| decoded < most);
+        self.decoded > before
+    }
+
+    /// Decodes flushed WAL while `more` (the output, the position after the last record read, the
+    /// WAL decoded by this call) says so and flushed WAL is left. Invalidates the backend's
+    /// catalog caches before and after, as `pg_logical_slot_peek_binary_changes` does: entries the
+    /// worker's own queries built must not serve a decoding that runs at an earlier point in time,
+    /// nor the other way round.
+    fn decode_while(&mut self, more: impl Fn(&Output, u64, u64) -> bool) {
         // SAFETY: the context is live (the session owns it) and is used on the main thread in a
         // transaction; the reader and the slot are the context's. LogicalDecodingProcessRecord is
         // called through pgrx's FFI guard, so an ERROR in it becomes a Rust panic caught by the
@@ -295,7 +372,8 @@ impl Session {
             // outlive the read's transaction. A walsender decodes in long-lived contexts too.
             let old = pg_sys::CurrentMemoryContext;
             let mut invalidated = false;
-            while self.out.spool.available() < want && self.out.spool.read_len() < most && !super::stop_requested() {
+            let mut decoded = 0;
+            while more(&self.out, (*reader).EndRecPtr, decoded) && !super::stop_requested() {
                 if (*reader).EndRecPtr >= pg_sys::GetFlushRecPtr(null_mut()) {
                     break;
                 }
@@ -328,7 +406,7 @@ impl Session {
                     pgrx::error!("pg_cdc: could not read the WAL record at {}", Lsn(start));
                 }
                 pg_guard_ffi_boundary(|| LogicalDecodingProcessRecord(self.ctx, reader));
-                self.decoded += (*reader).EndRecPtr.saturating_sub(start);
+                decoded += (*reader).EndRecPtr.saturating_sub(start);
                 pgrx::check_for_interrupts!();
             }
             pg_sys::MemoryContextSwitchTo(old);
@@ -337,11 +415,18 @@ impl Session {
             if invalidated {
                 pg_sys::InvalidateSystemCaches();
             }
+            self.decoded += decoded;
         }
     }
 
     /// Confirms the slot up to `lsn` (everything before it is delivered); a checkpoint saves it.
+    /// A fast-forward session first reads the WAL up to there (at most to the flushed WAL), as
+    /// `pg_replication_slot_advance` does: the slot's restart position and catalog horizon move
+    /// only with what its session has read.
     pub fn confirm(&mut self, lsn: Lsn) {
+        if self.fast_forward {
+            self.decode_while(|_, read_to, _| read_to < lsn.0);
+        }
         // SAFETY: the session holds the slot (MyReplicationSlot); this is what
         // pg_logical_slot_get_changes does once it has returned the changes.
         unsafe {
@@ -389,11 +474,93 @@ fn cstr(s: &str) -> CString {
     CString::new(s).unwrap_or_default()
 }
 
+/// What a read fetches frames from: a spool, and a way to get more into it.
+pub trait Frames {
+    /// The spool the read goes through.
+    fn spool(&mut self) -> &mut Spool;
+
+    /// The same, to look at.
+    fn spool_ref(&self) -> &Spool;
+
+    /// Gets frames into the spool until `want` wait there, the read holds `most`, or there are
+    /// no more for now.
+    fn produce(&mut self, want: u64, most: u64);
+}
+
+impl Frames for Session {
+    fn spool(&mut self) -> &mut Spool {
+        match &mut self.out.target {
+            Target::Spool(spool) => spool,
+            _ => pgrx::error!("pg_cdc: a sink read a decoding session that is not its own"),
+        }
+    }
+
+    fn spool_ref(&self) -> &Spool {
+        match &self.out.target {
+            Target::Spool(spool) => spool,
+            _ => pgrx::error!("pg_cdc: a sink read a decoding session that is not its own"),
+        }
+    }
+
+    fn produce(&mut self, want: u64, most: u64) {
+        self.decode_while(|out, _, _| match &out.target {
+            Target::Spool(spool) => spool.available() < want && spool.read_len() < most,
+            _ => false,
+        });
+    }
+}
+
+/// A member's reads of the group's log: its feed into a spool of its own.
+pub struct Shared {
+    /// The log's number.
+    epoch: u64,
+    feed: Box<Feed>,
+    spool: Spool,
+    /// Log frames read and not counted yet.
+    read: u64,
+}
+
+impl Shared {
+    /// Changes of tables the sink does not carry dropped, and log frames read, since the last call.
+    pub fn take_counts(&mut self) -> (u64, u64) {
+        (self.feed.take_skipped(), std::mem::take(&mut self.read))
+    }
+}
+
+/// Frames a member pulls from the log at a time.
+const PULL_FRAMES: usize = 4096;
+
+impl Frames for Shared {
+    fn spool(&mut self) -> &mut Spool {
+        &mut self.spool
+    }
+
+    fn spool_ref(&self) -> &Spool {
+        &self.spool
+    }
+
+    fn produce(&mut self, want: u64, most: u64) {
+        // A log no longer written has nothing more; the next read leaves it.
+        let Some(end) = group::end_of(self.epoch) else { return };
+        while self.spool.available() < want && self.spool.read_len() < most && !self.feed.caught_up(end) {
+            let frames = self.feed.pull(end, PULL_FRAMES).unwrap_or_else(|e| {
+                pgrx::error!("pg_cdc: cannot read the shared decoding's log: {e}");
+            });
+            for frame in frames {
+                self.read += 1;
+                if let Err(e) = self.spool.push(frame) {
+                    pgrx::error!("pg_cdc: cannot write decoded changes to a spill file in {SPOOL_DIR}: {e}");
+                }
+            }
+        }
+    }
+}
+
 /// One read of a session: the core's [`ChangeSource`], up to `most` messages (ending with a whole
 /// transaction), and where the sink's progress is recorded.
 pub struct SessionRead<'a> {
-    /// The session.
-    pub session: &'a mut Session,
+    /// Where the frames come from.
+    pub frames: &'a mut dyn Frames,
     /// The most messages the read decodes (`cdc.batch_changes`); it may end past it by the rest
     /// of the transaction it reached.
     pub most: u64,
@@ -405,11 +572,11 @@ pub struct SessionRead<'a> {
 
 impl ChangeSource for SessionRead<'_> {
     fn fetch(&mut self, count: usize, types: &mut TypeRegistry) -> Vec<RawFrame> {
-        if self.session.out.spool.available() < count as u64 {
-            self.session.decode((count as u64).max(DECODE_AHEAD), self.most);
+        if self.frames.spool().available() < count as u64 {
+            self.frames.produce((count as u64).max(DECODE_AHEAD), self.most);
         }
         let frames =
-            self.session.out.spool.fetch(count).unwrap_or_else(|e| {
+            self.frames.spool().fetch(count).unwrap_or_else(|e| {
                 pgrx::error!("pg_cdc: cannot read decoded changes back from their spill file: {e}")
             });
         learn_types(&frames, types);
@@ -417,15 +584,15 @@ impl ChangeSource for SessionRead<'_> {
     }
 
     fn position(&self) -> u64 {
-        self.session.out.spool.position()
+        self.frames.spool_ref().position()
     }
 
     fn seek(&mut self, position: u64) {
-        self.session.out.spool.seek(position);
+        self.frames.spool().seek(position);
     }
 
     fn release_before(&mut self, position: u64) {
-        if let Err(e) = self.session.out.spool.release_before(position) {
+        if let Err(e) = self.frames.spool().release_before(position) {
             pgrx::error!("pg_cdc: cannot read decoded changes back from their spill file: {e}");
         }
     }
@@ -435,26 +602,122 @@ impl ChangeSource for SessionRead<'_> {
     }
 }
 
-/// The sink's decoding session made ready to read from `position`: opened when it has none (and
-/// counted), its read turn taken, and only the `carried` tables (all when `None`) reaching
-/// pgoutput. Reading (decoding) takes a turn: with many sinks, parallel reads would take the
-/// primary's CPU (each slot decodes all WAL); flushing to the destination holds none. A sink that
-/// is `delivering` takes its turn apart from those that had nothing to deliver, so idle sinks'
-/// reads never queue ahead of it.
+/// How long a sink the group's log could not serve waits before it looks again.
+const JOIN_RETRY: Duration = Duration::from_secs(1);
+
+/// A sink's part in shared decoding: the log it reads, if it reads one.
+#[derive(Default)]
+pub struct Membership {
+    /// Its reads of the group's log.
+    shared: Option<Shared>,
+    /// When it last found that the log could not serve it.
+    refused: Option<Instant>,
+    /// It is registered as a member in shared memory.
+    registered: bool,
+}
+
+impl Membership {
+    /// Stops reading the log (after a failure: the next read opens the feed again from the
+    /// delivered position).
+    pub fn reset(&mut self) {
+        self.shared = None;
+    }
+
+    /// Counts of its reads of the log since the last call (changes skipped, frames read).
+    pub fn take_counts(&mut self) -> (u64, u64) {
+        self.shared.as_mut().map_or((0, 0), Shared::take_counts)
+    }
+
+    /// Joins the group's log when it can serve `position`, leaves it when it no longer can (or
+    /// shared decoding is off, or its decoder gone). Joining gives the sink's own decoding session
+    /// up for a fast-forward one on the same slot; leaving drops that, and the sink's next read
+    /// decodes its slot again.
+    fn update(&mut self, session: &mut Option<Session>, row: &SinkRow, carried: &Option<HashSet<u32>>, position: Lsn) {
+        let published = group::published();
+        if let (Some(s), Some(p)) = (&self.shared, &published) {
+            if s.epoch == p.epoch {
+                // Its slot may have been given up meanwhile (a keyless table's snapshot).
+                if session.is_none() {
+                    *session = Some(Session::open(&row.slot, Kind::FastForward));
+                }
+                return;
+            }
+        }
+        if self.shared.take().is_some() {
+            // Its fast-forward session goes with the log it read.
+            *session = None;
+            self.refused = None;
+        }
+        let joined = match &published {
+            Some(p) if self.refused.is_none_or(|t| t.elapsed() >= JOIN_RETRY) => {
+                match Feed::open(&p.dir, position, p.end, carried.clone()) {
+                    Ok(Opened::Feed(feed)) => Some((p.epoch, feed)),
+                    Ok(Opened::Behind | Opened::Missing) => None,
+                    Err(e) => {
+                        pgrx::log!("pg_cdc sink \"{}\": cannot open the shared decoding's log: {e}", row.name);
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let Some((epoch, feed)) = joined else {
+            if published.is_some() && self.refused.is_none_or(|t| t.elapsed() >= JOIN_RETRY) {
+                self.refused = Some(Instant::now());
+            }
+            if std::mem::take(&mut self.registered) {
+                group::set_member(&row.id, false);
+                crate::stats::update(&row.id, |c| c.shared_decoding = 0);
+            }
+            return;
+        };
+        // The slot changes hands within this process: its own session first gives it up.
+        *session = None;
+        *session = Some(Session::open(&row.slot, Kind::FastForward));
+        self.shared = Some(Shared { epoch, feed, spool: Spool::new(SPOOL_MEMORY, SPOOL_DIR), read: 0 });
+        self.refused = None;
+        self.registered = true;
+        group::set_member(&row.id, true);
+        crate::stats::update(&row.id, |c| {
+            c.shared_decoding = 1;
+            c.shared_joins += 1;
+        });
+    }
+}
+
+/// The sink's source of frames made ready to read from `position`: the group's log when shared
+/// decoding serves it (see [`Membership::update`]), else its own decoding session — opened when
+/// it has none (and counted), its read turn taken, and only the `carried` tables (all when
+/// `None`) reaching pgoutput. Reading (decoding) takes a turn: with many sinks, parallel reads
+/// would take the primary's CPU (each slot decodes all WAL); flushing to the destination holds
+/// none. A sink that is `delivering` takes its turn apart from those that had nothing to
+/// deliver, so idle sinks' reads never queue ahead of it. Reading the log takes none.
 pub fn ready<'a>(
     session: &'a mut Option<Session>,
+    membership: &'a mut Membership,
     row: &SinkRow,
     carried: Option<HashSet<u32>>,
     position: Lsn,
     delivering: bool,
-) -> &'a mut Session {
+) -> &'a mut dyn Frames {
+    membership.update(session, row, &carried, position);
+    if let Some(shared) = membership.shared.as_mut() {
+        shared.feed.carry_only(carried);
+        if let Err(e) = shared.spool.begin_read(position) {
+            pgrx::error!("pg_cdc: cannot read decoded changes back from their spill file: {e}");
+        }
+        return shared;
+    }
+    if session.as_ref().is_some_and(|s| s.fast_forward) {
+        *session = None;
+    }
     let pool = if delivering { ReadPool::Delivering } else { ReadPool::Idle };
     take_read_turn(gucs::MAX_CONCURRENT_READS.get(), read_turn_hint(&row.id), pool);
     let session = match session {
         Some(s) => s,
         None => {
             crate::stats::update(&row.id, |c| c.decoding_sessions += 1);
-            session.insert(Session::open(&row.slot))
+            session.insert(Session::open(&row.slot, Kind::Sink))
         }
     };
     session.carry_only(carried);

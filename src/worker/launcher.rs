@@ -77,18 +77,20 @@ pub const CATALOG_REFRESH: std::time::Duration = std::time::Duration::from_secs(
 /// releasing it (kill -9, a failpoint) names a pid the kernel may give to any other process later:
 /// the process title (`postgres: pg_cdc worker ...`) tells them apart.
 fn alive(pid: i32) -> bool {
+    alive_as(pid, SINK_WORKER)
+}
+
+/// Whether `pid` is a live process whose title contains `title` (a pg_cdc process of that kind).
+pub fn alive_as(pid: i32, title: &str) -> bool {
     // SAFETY: signal 0 only checks that the process exists (the postmaster's children run as the
     // same user, so permission is never the reason it fails).
     if pid <= 0 || unsafe { libc::kill(pid, 0) } != 0 {
         return false;
     }
     std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|title| title.windows(SINK_WORKER_TITLE.len()).any(|w| w == SINK_WORKER_TITLE))
+        .map(|t| t.windows(title.len()).any(|w| w == title.as_bytes()))
         .unwrap_or(true)
 }
-
-/// What a sink worker's process title contains (its `bgw_name` starts with it).
-const SINK_WORKER_TITLE: &[u8] = SINK_WORKER.as_bytes();
 
 /// The sink workers' `backend_type` and `application_name` (before the sink's name is known).
 pub const SINK_WORKER: &str = "pg_cdc worker";

@@ -28,8 +28,10 @@
 mod chores;
 mod cleanup;
 mod configs;
+mod decoder;
 mod decoding;
 mod env;
+pub mod group;
 mod keyless;
 pub mod launcher;
 mod open;
@@ -69,6 +71,13 @@ pub fn register() {
 #[no_mangle]
 pub extern "C-unwind" fn pg_cdc_launcher_main(_arg: pg_sys::Datum) {
     run(Role::Launcher)
+}
+
+/// The shared decoding's decoder's entry point (see [`decoder`]).
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn pg_cdc_decoder_main(_arg: pg_sys::Datum) {
+    decoder::main()
 }
 
 /// A sink worker's entry point; its sink id is the worker's extra data.

@@ -9,7 +9,7 @@ use cdc_sinks::open::Opening;
 use cdc_sinks::{parse_config, SinkConfig};
 
 use super::configs::Keys;
-use super::decoding::Session;
+use super::decoding::{Membership, Session};
 use super::env::Host;
 use super::keyless;
 use super::source::SinkRow;
@@ -25,8 +25,11 @@ pub struct SinkRun {
     pub(super) driver: Driver,
     /// The producer being opened, when it is.
     pub(super) opening: Option<Opening>,
-    /// Its decoding session (holds the slot), open from the first read until a failure.
+    /// Its decoding session (holds the slot), open from the first read until a failure: its own
+    /// decoding, or a fast-forward one while it reads the shared decoding's log.
     pub(super) session: Option<Session>,
+    /// Its reads of the shared decoding's log, when it reads it.
+    pub(super) membership: Membership,
     /// The keyless table's snapshot whose pieces it is delivering (see [`super::keyless`]).
     pub(super) keyless: Option<keyless::Plan>,
 }
@@ -57,7 +60,15 @@ impl SinkRun {
             assembler.lookups_mut().set_source(Box::new(copy));
         }
         let driver = Driver::new(assembler, (SinkState::parse(&row.state), row.last_error.clone()));
-        SinkRun { row: row.clone(), config, driver, opening: None, session: None, keyless: None }
+        SinkRun {
+            row: row.clone(),
+            config,
+            driver,
+            opening: None,
+            session: None,
+            membership: Membership::default(),
+            keyless: None,
+        }
     }
 
     /// The driver and its host for one call: the port borrows the session, the driver the rest.

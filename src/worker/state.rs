@@ -302,6 +302,7 @@ impl Worker {
                 self.abandoned.push(opening);
             }
             run.session = None;
+            run.membership.reset();
             let schema = self.schema.as_deref().unwrap_or_default();
             let (driver, mut host) = run.split(schema, &self.failpoint.1);
             driver.fail(&mut host, f, &env::settings(), Instant::now());
@@ -440,9 +441,9 @@ impl Worker {
             let lookups = run.driver.assembler.lookups().lookup_tables();
             let carried = row.tables.as_ref().map(|t| t.iter().copied().chain(lookups).collect());
             let delivering = run.driver.delivering(Instant::now());
-            let session = decoding::ready(&mut run.session, row, carried, position, delivering);
+            let frames = decoding::ready(&mut run.session, &mut run.membership, row, carried, position, delivering);
             let mut session_read =
-                SessionRead { session, most: batch_changes.max(1) as u64, schema: &schema, sink_name: &row.name };
+                SessionRead { frames, most: batch_changes.max(1) as u64, schema: &schema, sink_name: &row.name };
             let opened = || crate::stats::update(&row.id, |c| c.open_transactions = 1);
             let in_source = run.driver.producer.as_ref().is_some_and(Producer::in_source_database);
             match run.driver.read(&mut session_read, &mut types, tables, &settings, position, Some(&opened)) {
@@ -461,10 +462,12 @@ impl Worker {
             }
         });
         let (decoded, skipped) = run.session.as_mut().map_or((0, 0), Session::take_counts);
+        let (log_skipped, log_read) = run.membership.take_counts();
         let read_rows = matches!(&read, Ok(Ok(Read::Sent(b, _))) if b.rows > 0);
         crate::stats::update(&row.id, |c| {
             c.wal_decoded_bytes += decoded;
-            c.changes_skipped += skipped;
+            c.changes_skipped += skipped + log_skipped;
+            c.log_frames_read += log_read;
             c.reads_overlapped += u64::from(overlapped && read_rows);
         });
         self.sinks.insert(id.to_string(), run);

@@ -47,6 +47,12 @@ pub struct DeliveryCounters {
     pub wal_decoded_bytes: u64,
     /// Decoding sessions started (one per worker start, and one after each failure).
     pub decoding_sessions: u64,
+    /// 1 while the sink reads the shared decoding's log instead of decoding its slot.
+    pub shared_decoding: u64,
+    /// Times it started reading the shared decoding's log.
+    pub shared_joins: u64,
+    /// Frames it read from the shared decoding's log (before its table filter).
+    pub log_frames_read: u64,
     /// Row changes (and TRUNCATEs) of tables the sink does not carry (`tables`), dropped in
     /// decoding before the output plugin formatted them.
     pub changes_skipped: u64,
@@ -223,6 +229,9 @@ impl DeliveryStatus<'_> {
             "decoding": {
                 "wal_decoded_bytes": c.wal_decoded_bytes,
                 "sessions_started": c.decoding_sessions,
+                "shared": c.shared_decoding == 1,
+                "shared_joins": c.shared_joins,
+                "log_frames_read": c.log_frames_read,
                 "changes_skipped": c.changes_skipped,
                 "reads_overlapped": c.reads_overlapped,
             },

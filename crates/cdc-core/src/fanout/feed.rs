@@ -5,10 +5,16 @@
 //! hands only the sink's tables (and their lookup tables), and pgoutput then leaves out a
 //! transaction with nothing for them, Begin and Commit included. The feed does the same to the
 //! log: it skips what the member's position covers, drops the changes of tables it does not
-//! carry, and holds a transaction's Begin (and the Relation, Type and Origin frames after it)
-//! until the transaction has something for the member — a change it carries or a message — so a
-//! transaction with nothing for it leaves nothing. Messages go to every member, as they do from
-//! pgoutput. What comes out is pushed into the member's spool and read as before.
+//! carry, and holds a transaction's Begin (and an Origin frame after it) until the transaction
+//! has something for the member — a change it carries or a message — so a transaction with
+//! nothing for it leaves nothing. Messages go to every member, as they do from pgoutput.
+//!
+//! Descriptions (Relation and Type frames) go out as pgoutput sends them on a session of the
+//! member's own: a table's last description right before the member's first change of it since
+//! that description, whenever the log had it (before the member's position, in a transaction the
+//! member did not get, or in the log's relations file for what was trimmed). So a member that
+//! starts reading mid-log, or starts carrying a table later, always knows the columns of what it
+//! gets. What comes out is pushed into the member's spool and read as before.
 use std::collections::HashSet;
 use std::io;
 use std::path::PathBuf;
@@ -33,9 +39,10 @@ enum Place {
 #[derive(Debug)]
 pub struct Feed {
     reader: LogReader,
-    /// Frames to hand out before the first the member's position does not cover: the last
-    /// Relation and Type frame of each table and type before it.
-    first: Vec<RawFrame>,
+    /// The last description of every table and type the log had so far.
+    described: Vec<RawFrame>,
+    /// Tables (`R`, OID) and types (`Y`, OID) whose last description the member got.
+    given: HashSet<(u8, u32)>,
     /// What the member's position covers, until the first frame it does not.
     coverage: Option<Coverage>,
     carried: Option<HashSet<u32>>,
@@ -65,9 +72,10 @@ impl Feed {
         carried: Option<HashSet<u32>>,
     ) -> io::Result<Opened> {
         Ok(match LogReader::open(dir, confirmed, end)? {
-            Start::At(reader, first) => Opened::Feed(Box::new(Feed {
+            Start::At(reader, described) => Opened::Feed(Box::new(Feed {
                 reader,
-                first,
+                described,
+                given: HashSet::new(),
                 coverage: Some(Coverage::new(confirmed)),
                 carried,
                 place: Place::Outside,
@@ -84,6 +92,11 @@ impl Feed {
         self.carried = tables;
     }
 
+    /// Whether every frame published up to `end` was read.
+    pub fn caught_up(&self, end: LogEnd) -> bool {
+        self.reader.caught_up(end)
+    }
+
     /// Changes of tables the member does not carry dropped since the last call.
     pub fn take_skipped(&mut self) -> u64 {
         std::mem::take(&mut self.skipped)
@@ -96,33 +109,59 @@ impl Feed {
             if let Some(coverage) = self.coverage.as_mut() {
                 if coverage.covers(&frame) {
                     // A description among the covered frames still holds for what follows.
-                    if matches!(frame.data.first(), Some(b'R' | b'Y')) {
-                        describe(&mut self.first, frame);
-                    }
+                    self.note_description(frame);
                     continue;
                 }
                 self.coverage = None;
-                out.append(&mut self.first);
             }
             self.take(frame, &mut out);
         }
         Ok(out)
     }
 
+    /// Keeps a Relation or Type frame as its table's or type's last description (the member gets
+    /// it before its next change of that table); other frames are left alone. Whether it was one.
+    fn note_description(&mut self, frame: RawFrame) -> bool {
+        let Some(key) = description_key(&frame) else { return false };
+        self.given.remove(&key);
+        describe(&mut self.described, frame);
+        true
+    }
+
+    /// Puts out the last description of each of `tables` the member has not got yet, after those
+    /// of the types it has not got (a table's columns may be of them), at `lsn`: the position of
+    /// the change they come before, as pgoutput stamps a description it sends.
+    fn give_descriptions(&mut self, tables: &[u32], lsn: Lsn, out: &mut Vec<RawFrame>) {
+        if tables.iter().all(|&t| self.given.contains(&(b'R', t))) {
+            return;
+        }
+        let mut wanted: Vec<(u8, u32)> =
+            self.described.iter().filter_map(description_key).filter(|k| k.0 == b'Y').collect();
+        wanted.extend(tables.iter().map(|&t| (b'R', t)));
+        for key in wanted {
+            if self.given.contains(&key) {
+                continue;
+            }
+            if let Some(frame) = self.described.iter().find(|f| description_key(f) == Some(key)) {
+                out.push(RawFrame { lsn, data: frame.data.clone() });
+                self.given.insert(key);
+            }
+        }
+    }
+
     fn carries(&self, oid: u32) -> bool {
         self.carried.as_ref().is_none_or(|c| c.contains(&oid))
     }
 
-    /// Whether a change frame is for the member: `Some(true)` it is, `Some(false)` it is not,
-    /// `None` the frame is no change (Begin, Commit, Relation, Type, Origin, message).
-    fn change_for_member(&self, data: &[u8]) -> Option<bool> {
+    /// The tables a change frame touches, if it is one (an insert, update, delete or truncate).
+    fn change_tables(data: &[u8]) -> Option<Vec<u32>> {
         let u32_at = |i: usize| data.get(i..i + 4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
         match data.first()? {
-            b'I' | b'U' | b'D' => Some(u32_at(1).is_some_and(|oid| self.carries(oid))),
+            b'I' | b'U' | b'D' => u32_at(1).map(|oid| vec![oid]),
             b'T' => {
                 // `T`, the number of relations, options, the relations.
                 let n = u32_at(1).unwrap_or(0) as usize;
-                Some((0..n).any(|i| u32_at(6 + 4 * i).is_some_and(|oid| self.carries(oid))))
+                Some((0..n).filter_map(|i| u32_at(6 + 4 * i)).collect())
             }
             _ => None,
         }
@@ -134,10 +173,6 @@ impl Feed {
             (Place::Outside, Some(b'B')) => {
                 self.place = Place::Holding;
                 self.held.push(frame);
-                return;
-            }
-            (Place::Outside, _) => {
-                out.push(frame);
                 return;
             }
             (Place::Holding, Some(b'C')) => {
@@ -153,14 +188,17 @@ impl Feed {
             }
             _ => {}
         }
-        match self.change_for_member(&frame.data) {
-            Some(false) => {
+        let Some(frame) = self.absorb_description(frame) else { return };
+        match Self::change_tables(&frame.data) {
+            Some(tables) if !tables.iter().any(|&t| self.carries(t)) => {
                 self.skipped += 1;
                 return;
             }
-            // A change for the member, or a message (for every member): the transaction goes
-            // out. A Relation, Type or Origin frame waits for what follows it.
-            Some(true) => self.release(out),
+            Some(tables) => {
+                self.release(out);
+                self.give_descriptions(&tables, frame.lsn, out);
+            }
+            // A message is for every member: the transaction goes out.
             None if tag == Some(b'M') => self.release(out),
             None => {}
         }
@@ -170,6 +208,15 @@ impl Feed {
         }
     }
 
+    /// A description is kept (see [`Feed::note_description`]), any other frame handed back.
+    fn absorb_description(&mut self, frame: RawFrame) -> Option<RawFrame> {
+        if description_key(&frame).is_some() {
+            self.note_description(frame);
+            return None;
+        }
+        Some(frame)
+    }
+
     /// The held transaction has something for the member: what was held goes out first.
     fn release(&mut self, out: &mut Vec<RawFrame>) {
         if self.place == Place::Holding {
@@ -177,4 +224,11 @@ impl Feed {
             self.place = Place::Passing;
         }
     }
+}
+
+/// `(b'R', table OID)` of a Relation frame, `(b'Y', type OID)` of a Type frame.
+fn description_key(frame: &RawFrame) -> Option<(u8, u32)> {
+    let tag = *frame.data.first()?;
+    let oid = frame.data.get(1..5)?;
+    matches!(tag, b'R' | b'Y').then(|| (tag, u32::from_be_bytes([oid[0], oid[1], oid[2], oid[3]])))
 }

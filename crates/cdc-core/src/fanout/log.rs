@@ -17,8 +17,8 @@
 //!
 //! A reader starts at the last segment whose first unit its confirmed position covers (every unit
 //! before it is covered too: units come out in commit order), or at the first segment when the log
-//! started at or before that position; the Relation and Type frames written before it come first,
-//! so the reader knows every table's columns without the frames it skips. The writer removes a
+//! started at or before that position; it is handed the last Relation and Type frames written
+//! before that segment, so it knows every table's columns without the frames it skips. The writer removes a
 //! segment once the next one's first unit is covered by every member's position ([`LogWriter::trim`]).
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
@@ -280,8 +280,8 @@ impl LogWriter {
 /// Where a reader of a log starts.
 #[derive(Debug)]
 pub enum Start {
-    /// From this segment's first frame, after these Relation and Type frames (the last of each
-    /// table and type written before it).
+    /// From this segment's first frame; with the last Relation and Type frame of each table and
+    /// type written before it.
     At(LogReader, Vec<RawFrame>),
     /// The log no longer holds what comes after the position (or never did: it started after it).
     Behind,
@@ -356,6 +356,11 @@ impl LogReader {
             buf_at: 0,
         };
         Ok(Start::At(reader, relations))
+    }
+
+    /// Whether every frame published up to `end` was read.
+    pub fn caught_up(&self, end: LogEnd) -> bool {
+        self.segment > end.segment || (self.segment == end.segment && self.offset + FRAME_HEADER > end.bytes)
     }
 
     /// Up to `max` frames after the last one read, up to `end`.

@@ -1,0 +1,223 @@
+//! The shared decoding's decoder: one process that decodes the WAL once, through the group's
+//! slot, into the group's log, for every sink that reads it (see [`super::group`]).
+//!
+//! ```text
+//!  loop: decode flushed WAL (every published table) ─▶ LogWriter ─▶ publish (shared memory;
+//!        members' latches set)
+//!        every CONFIRM_EVERY: the slowest member's own slot (members more than
+//!        cdc.shared_decoding_max_lag behind left out) ─▶ confirm _cdc_group there, trim the log
+//!        a heartbeat when the slot is RESTART_POINT_BYTES behind the WAL and nothing moved it
+//! ```
+//! Started by the launcher while `cdc.shared_decoding` is on and sinks exist; exits when it is
+//! turned off. A failure drops the session; the next one writes a new log (a new epoch) from the
+//! slot's confirmed position, and every member opens it again from its own position (or, when
+//! it cannot serve that, decodes its own slot).
+use std::time::{Duration, Instant};
+
+use cdc_core::driver::RESTART_POINT_BYTES;
+use cdc_core::Lsn;
+use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
+use pgrx::prelude::*;
+use serde_json::Value;
+
+use super::decoding::{held_slot_confirmed, release_slot, Kind, Session};
+use super::group::{self, DECODER, GROUP_SLOT};
+use super::{nap, naptime, run_tx, source, stop_requested, wal_flushed, WAL_POLL};
+use crate::{catalog, gucs};
+
+/// WAL decoded before the log is published (and the loop looks at confirms and stop requests).
+const DECODE_BYTES: u64 = 4 << 20;
+
+/// How often the group's slot is confirmed and its log trimmed.
+const CONFIRM_EVERY: Duration = Duration::from_millis(200);
+
+/// The least time between two heartbeats of the decoder.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+
+/// The decoder's state between passes.
+#[derive(Default)]
+struct Decoder {
+    session: Option<Session>,
+    epoch: u64,
+    confirmed_at: Option<Instant>,
+    heartbeat_at: Option<Instant>,
+    /// After a failure: not before then, and how many in a row.
+    retry_at: Option<Instant>,
+    failures: u32,
+}
+
+/// The decoder's entry point.
+pub fn main() {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let database = gucs::string(&gucs::DATABASE);
+    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
+    if !group::claim_decoder() {
+        // SAFETY: ends this dynamic background worker; another decoder runs.
+        unsafe { pg_sys::proc_exit(0) };
+    }
+    pgrx::log!("{DECODER} started in database \"{database}\"");
+    if let Err(e) = run_tx(|| source::set_session_settings(DECODER)) {
+        pgrx::warning!("{DECODER}: cannot set its session settings: {e}");
+    }
+    let mut decoder = Decoder::default();
+    let mut poll = WAL_POLL;
+    while !stop_requested() {
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: the documented way for a background worker to reload postgresql.conf.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        if !gucs::SHARED_DECODING.get() {
+            break;
+        }
+        let flushed = wal_flushed();
+        if decoder.tick() {
+            poll = WAL_POLL;
+            continue;
+        }
+        if !nap(flushed, poll) {
+            break;
+        }
+        poll = (poll * 2).min(naptime());
+    }
+    decoder.confirm();
+    decoder.session = None;
+    group::release_decoder();
+    pgrx::log!("{DECODER} stopping");
+    // SAFETY: ends this background worker; the launcher starts a new one while shared decoding is on.
+    unsafe { pg_sys::proc_exit(0) };
+}
+
+impl Decoder {
+    /// One pass: the session opened when there is none, flushed WAL decoded into the log and
+    /// published, the slot confirmed when due. Returns true when it decoded WAL.
+    fn tick(&mut self) -> bool {
+        if self.retry_at.is_some_and(|t| Instant::now() < t) {
+            return false;
+        }
+        if self.session.is_none() && !self.open() {
+            return false;
+        }
+        let Some(session) = self.session.as_mut() else { return false };
+        let epoch = self.epoch;
+        let decoded = run_tx(|| {
+            let any = session.decode_log(DECODE_BYTES);
+            let Some(log) = session.log() else { pgrx::error!("pg_cdc: the decoder's session writes no log") };
+            match log.publish() {
+                Ok(end) => (any, end, log.complete_to()),
+                Err(e) => pgrx::error!("pg_cdc: cannot write the shared decoding's log: {e}"),
+            }
+        });
+        let any = match decoded {
+            Ok((any, end, complete_to)) => {
+                group::publish(epoch, end, complete_to);
+                self.failures = 0;
+                any
+            }
+            Err(e) => {
+                self.fail(&format!("cannot decode the WAL: {e}"));
+                return false;
+            }
+        };
+        if self.confirmed_at.is_none_or(|t| t.elapsed() >= CONFIRM_EVERY) {
+            self.confirm();
+        }
+        any
+    }
+
+    /// Opens the session on the group's slot (made when missing) with a new log.
+    fn open(&mut self) -> bool {
+        let opened = run_tx(|| {
+            ensure_group_slot();
+            remove_old_logs();
+            let epoch = group::new_epoch();
+            (epoch, Session::open(GROUP_SLOT, Kind::Group(group::log_dir(epoch))))
+        });
+        match opened {
+            Ok((epoch, session)) => {
+                self.epoch = epoch;
+                self.session = Some(session);
+                true
+            }
+            Err(e) => {
+                release_slot();
+                self.fail(&format!("cannot start decoding replication slot {GROUP_SLOT}: {e}"));
+                false
+            }
+        }
+    }
+
+    fn fail(&mut self, message: &str) {
+        pgrx::warning!("{DECODER}: {message}");
+        self.session = None;
+        release_slot();
+        self.failures += 1;
+        let backoff = Duration::from_secs(1 << self.failures.min(5));
+        self.retry_at = Some(Instant::now() + backoff.min(Duration::from_secs(30)));
+    }
+
+    /// Confirms the group's slot up to the slowest member's own slot (its log up to what every
+    /// member's position covers), never past what the log holds nor backwards; trims the log to
+    /// there. With no member, up to where the log is complete. Writes a heartbeat when the slot
+    /// stays behind the WAL.
+    fn confirm(&mut self) {
+        let Some(session) = self.session.as_mut() else { return };
+        self.confirmed_at = Some(Instant::now());
+        let members = group::member_slots();
+        let max_lag = i64::from(gucs::SHARED_DECODING_MAX_LAG.get()) << 20;
+        let heartbeat_due = self.heartbeat_at.is_none_or(|t| t.elapsed() >= HEARTBEAT_EVERY);
+        let result = run_tx(|| {
+            let Some(log) = session.log() else { return Ok(false) };
+            let complete = log.complete_to();
+            let slowest = if members.is_empty() { None } else { slowest_member(&members, max_lag) };
+            let target = slowest.unwrap_or(complete).min(complete);
+            let current = held_slot_confirmed().unwrap_or_default();
+            if target > current {
+                session.confirm(target);
+            }
+            if let Some(log) = session.log() {
+                log.trim(target).map_err(|e| format!("cannot trim the shared decoding's log: {e}"))?;
+            }
+            let behind = wal_flushed().saturating_sub(held_slot_confirmed().unwrap_or_default().0);
+            Ok(heartbeat_due && behind >= RESTART_POINT_BYTES && source::emit_heartbeat().is_some())
+        });
+        match result {
+            Ok(Ok(true)) => self.heartbeat_at = Some(Instant::now()),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) | Err(e) => pgrx::warning!("{DECODER}: {e}"),
+        }
+    }
+}
+
+/// Makes the group's slot when it does not exist (waits, as every logical slot's creation does,
+/// for the transactions running then to end).
+fn ensure_group_slot() {
+    catalog::json(
+        "SELECT to_jsonb(count(pg_create_logical_replication_slot($1, 'pgoutput'))) \
+           FROM (SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)) s",
+        &[GROUP_SLOT.into()],
+    );
+}
+
+/// The least confirmed position of the members' own slots among those at most `max_lag` bytes
+/// behind the WAL.
+fn slowest_member(slots: &[String], max_lag: i64) -> Option<Lsn> {
+    let v = catalog::json(
+        "SELECT to_jsonb(min(confirmed_flush_lsn)::text) FROM pg_replication_slots \
+          WHERE slot_name = ANY($1) AND pg_current_wal_lsn() - confirmed_flush_lsn <= $2",
+        &[slots.to_vec().into(), max_lag.into()],
+    )?;
+    match v {
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// Removes the logs of earlier decoders (their members open the new one).
+fn remove_old_logs() {
+    let Ok(dir) = std::fs::read_dir("base/pgsql_tmp") else { return };
+    for entry in dir.flatten() {
+        if entry.file_name().to_string_lossy().starts_with("pgsql_tmp_cdc_group.") {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}

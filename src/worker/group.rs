@@ -1,0 +1,209 @@
+//! Shared decoding (`cdc.shared_decoding`): one decoder process decodes the WAL once for every
+//! sink into the group's log (`cdc_core::fanout`), and each sink worker reads its tables from it
+//! instead of decoding the WAL itself (ARCHITECTURE.md, "Many sinks, one decoding").
+//!
+//! ```text
+//!  decoder ── session on slot _cdc_group ─▶ LogWriter (base/pgsql_tmp/pgsql_tmp_cdc_group.<epoch>/)
+//!          └─ publishes (epoch, end, complete_to) here; confirms _cdc_group and trims the log at the
+//!             slowest member's own slot (members more than cdc.shared_decoding_max_lag behind left out)
+//!  member  ── Feed from its delivered position ─▶ its spool ─▶ the read as before
+//!          └─ its own slot, held by a fast-forward session, confirmed after each delivery as before
+//! ```
+//! Shared memory holds what the decoder published and which sinks read it (the members): a
+//! member registers when it starts reading the log and leaves when it stops; the decoder counts
+//! only live members.
+use std::path::PathBuf;
+
+use cdc_core::fanout::log::LogEnd;
+use cdc_core::Lsn;
+use pgrx::prelude::*;
+use pgrx::{pg_shmem_init, PGRXSharedMemory, PgLwLock};
+
+use super::launcher::{alive_as, SINK_WORKER};
+use crate::gucs;
+use crate::stats::{sink_key, MAX_SINKS};
+
+/// The group's slot.
+pub const GROUP_SLOT: &str = "_cdc_group";
+
+/// The decoder's `backend_type` (and the start of its process title).
+pub const DECODER: &str = "pg_cdc decoder";
+
+#[derive(Clone, Copy, Default)]
+struct Member {
+    /// The sink id (uuid bytes); all zero when free.
+    id: [u8; 16],
+    /// The sink worker reading the log for it.
+    pid: i32,
+    /// Its PGPROC number (its latch is set at every publish).
+    procno: i32,
+}
+
+#[derive(Clone, Copy)]
+struct Group {
+    /// The decoder's process (0: none).
+    decoder: i32,
+    /// The log being written: its number (0: none yet), how far readers may read, and the
+    /// position up to which every unit is in it.
+    epoch: u64,
+    end: LogEnd,
+    complete_to: u64,
+    /// Bumped at every publish (members nap until it moves).
+    publishes: u64,
+    members: [Member; MAX_SINKS],
+}
+
+// SAFETY: plain old data (integers and byte arrays), no pointers.
+unsafe impl PGRXSharedMemory for Group {}
+
+static GROUP: PgLwLock<Group> = unsafe { PgLwLock::new(c"pg_cdc shared decoding") };
+
+/// Reserves the shared memory (from `_PG_init` while preloading).
+#[allow(unexpected_cfgs)]
+pub fn init() {
+    pg_shmem_init!(
+        GROUP = Group {
+            decoder: 0,
+            epoch: 0,
+            end: LogEnd::default(),
+            complete_to: 0,
+            publishes: 0,
+            members: [Member::default(); MAX_SINKS],
+        }
+    );
+}
+
+/// Where the log of `epoch` is written: a directory in PostgreSQL's temporary directory of the
+/// default tablespace, which PostgreSQL empties at startup (relative to the data directory).
+pub fn log_dir(epoch: u64) -> PathBuf {
+    PathBuf::from(format!("base/pgsql_tmp/pgsql_tmp_cdc_group.{epoch}"))
+}
+
+/// The log a member may read now.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// Its number: a new decoder writes a new log.
+    pub epoch: u64,
+    /// How far it may be read.
+    pub end: LogEnd,
+    /// Where it is.
+    pub dir: PathBuf,
+}
+
+/// The group's log, when shared decoding is on and a live decoder has one.
+pub fn published() -> Option<Published> {
+    if !crate::preloaded() || !gucs::SHARED_DECODING.get() {
+        return None;
+    }
+    let (decoder, epoch, end) = {
+        let g = GROUP.share();
+        (g.decoder, g.epoch, g.end)
+    };
+    (epoch > 0 && alive_as(decoder, DECODER)).then(|| Published { epoch, end, dir: log_dir(epoch) })
+}
+
+/// How far the log of `epoch` may be read now (`None`: that log is no longer written).
+pub fn end_of(epoch: u64) -> Option<LogEnd> {
+    let g = GROUP.share();
+    (g.epoch == epoch).then_some(g.end)
+}
+
+/// Changes at every publish of the decoder.
+pub fn publishes() -> u64 {
+    if !crate::preloaded() {
+        return 0;
+    }
+    GROUP.share().publishes
+}
+
+/// Registers this process as reading the log for `sink_id` (`on`), or no longer.
+pub fn set_member(sink_id: &str, on: bool) {
+    let Some(key) = sink_key(sink_id) else { return };
+    // SAFETY: this process's pid and PGPROC, set at its start.
+    let (me, procno) = unsafe { (pg_sys::MyProcPid, (*pg_sys::MyProc).pgprocno) };
+    let mut g = GROUP.exclusive();
+    for m in g.members.iter_mut().filter(|m| m.id == key) {
+        *m = Member::default();
+    }
+    if on {
+        if let Some(m) = g.members.iter_mut().find(|m| m.id == [0; 16] || !alive_as(m.pid, SINK_WORKER)) {
+            *m = Member { id: key, pid: me, procno };
+        }
+    }
+}
+
+/// The slots of the sinks a live worker reads the log for.
+pub fn member_slots() -> Vec<String> {
+    let members: Vec<Member> = GROUP.share().members.iter().copied().filter(|m| m.id != [0; 16]).collect();
+    members
+        .into_iter()
+        .filter(|m| alive_as(m.pid, SINK_WORKER))
+        .map(|m| format!("_cdc_{}", m.id.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+        .collect()
+}
+
+/// Claims the decoder's place for this process: false when a live decoder has it.
+pub fn claim_decoder() -> bool {
+    // SAFETY: this process's pid.
+    let me = unsafe { pg_sys::MyProcPid };
+    let mut g = GROUP.exclusive();
+    if g.decoder != me && alive_as(g.decoder, DECODER) {
+        return false;
+    }
+    g.decoder = me;
+    true
+}
+
+/// Whether a live decoder runs.
+pub fn decoder_running() -> bool {
+    if !crate::preloaded() {
+        return false;
+    }
+    let pid = GROUP.share().decoder;
+    alive_as(pid, DECODER)
+}
+
+/// Starts a new log: its number (members drop the old one at their next read).
+pub fn new_epoch() -> u64 {
+    let mut g = GROUP.exclusive();
+    g.epoch += 1;
+    g.end = LogEnd::default();
+    g.complete_to = 0;
+    g.publishes += 1;
+    g.epoch
+}
+
+/// Publishes how far the log of `epoch` may be read, and wakes the members.
+pub fn publish(epoch: u64, end: LogEnd, complete_to: Lsn) {
+    let woken: Vec<i32> = {
+        let mut g = GROUP.exclusive();
+        if g.epoch != epoch || (g.end == end && g.complete_to == complete_to.0) {
+            return;
+        }
+        g.end = end;
+        g.complete_to = complete_to.0;
+        g.publishes += 1;
+        g.members.iter().filter(|m| m.id != [0; 16]).map(|m| m.procno).collect()
+    };
+    for procno in woken {
+        // SAFETY: ProcGlobal's array holds every PGPROC (its size is fixed at startup); setting a
+        // latch is safe from any process, and a latch of a process that has exited is set in vain.
+        unsafe {
+            let procs = (*pg_sys::ProcGlobal).allProcs;
+            if procno >= 0 && (procno as u32) < (*pg_sys::ProcGlobal).allProcCount {
+                pg_sys::SetLatch(&raw mut (*procs.add(procno as usize)).procLatch);
+            }
+        }
+    }
+}
+
+/// Gives the decoder's place up (its log is no longer written).
+pub fn release_decoder() {
+    // SAFETY: this process's pid.
+    let me = unsafe { pg_sys::MyProcPid };
+    let mut g = GROUP.exclusive();
+    if g.decoder == me {
+        g.decoder = 0;
+        g.publishes += 1;
+    }
+}

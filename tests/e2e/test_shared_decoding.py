@@ -1,0 +1,95 @@
+"""Shared decoding (cdc.shared_decoding): one decoder process decodes the WAL once into the group's
+log, and the sinks read their tables from it instead of each decoding the WAL; each sink keeps its
+own slot, moved without decoding. Oracle: what a read_committed consumer finds in each sink's
+topic (every row once), PostgreSQL's own view of the slots and processes, and the workers' counters."""
+import threading
+import time
+
+from conftest import connect, consume, delivery_status, server_settings, wait_for, worker_pid
+from test_exactly_once import assert_exactly_once
+
+
+def decoder_pid(pg):
+    row = pg.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc decoder'").fetchone()
+    return row[0] if row else None
+
+
+def shared(pg, name):
+    return delivery_status(pg, name)["decoding"]["shared"]
+
+
+def slot_of(pg, name):
+    return pg.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0]
+
+
+def insert_rows(table, start, count, per_tx=10):
+    with connect() as c:
+        for i in range(start, start + count, per_tx):
+            c.execute(f"INSERT INTO {table} SELECT g, 'v' || g FROM generate_series(%s::int, %s::int) g",
+                      (i, min(i + per_tx, start + count) - 1))
+
+
+def test_sinks_share_one_decoding_and_deliver_every_change_once(pg, sinks, unique):
+    busy, idle = f"shared_busy_{unique}", f"shared_idle_{unique}"
+    for t in (busy, idle):
+        pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+        pg.execute("SELECT cdc_enable(%s)", (t,))
+    names = [f"shared_{i}_{unique}" for i in range(3)]
+    with server_settings({"cdc.shared_decoding": "on", "cdc.heartbeat_interval_ms": 500}):
+        for n in names:
+            sinks.add(n, n.replace("_", "-"), tables=[busy])
+        idle_sink = sinks.add(f"shared_idle_{unique}", f"shared-idle-{unique}", tables=[idle])
+        pid = wait_for(lambda: decoder_pid(pg), what="the decoder running")
+        wait_for(lambda: pg.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = '_cdc_group'")
+                 .fetchone() == (pid,), what="the decoder holding the group's slot")
+        # A new sink reads its own slot until the log serves its position, then joins.
+        insert_rows(busy, 0, 100)
+        for n in names + [idle_sink]:
+            wait_for(lambda n=n: shared(pg, n), what=f"{n} reading the shared log")
+        before = {n: delivery_status(pg, n)["decoding"] for n in names}
+        insert_rows(busy, 100, 2_900)
+        for n in names:
+            assert_exactly_once(consume(n.replace("_", "-"), 3_000, timeout=60), range(3_000))
+        after = {n: delivery_status(pg, n)["decoding"] for n in names}
+        for n in names:
+            assert after[n]["shared"], n
+            assert after[n]["log_frames_read"] > before[n]["log_frames_read"], (before[n], after[n])
+            assert after[n]["sessions_started"] == before[n]["sessions_started"], "no decoding of its own"
+            # Its own slot holds by its worker and moves with its deliveries, without decoding.
+            slot = slot_of(pg, n)
+            active = pg.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+            assert active == (worker_pid(pg, n),)
+        # The idle sink skipped the busy table's changes and still gets its own.
+        idle_status = delivery_status(pg, idle_sink)["decoding"]
+        assert idle_status["changes_skipped"] >= 2_900, idle_status
+        insert_rows(idle, 0, 5)
+        assert_exactly_once(consume(f"shared-idle-{unique}", 5, timeout=30), range(5))
+        # The slots move: each sink's own slot and the group's reach the WAL written before.
+        mark = pg.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        for slot in [slot_of(pg, n) for n in names + [idle_sink]] + ["_cdc_group"]:
+            wait_for(lambda slot=slot: pg.execute(
+                "SELECT confirmed_flush_lsn >= %s FROM pg_replication_slots WHERE slot_name = %s",
+                (mark, slot)).fetchone()[0], timeout=60, what=f"slot {slot} past {mark}")
+
+        # The decoder killed while rows are written: a new one writes a new log from the group's
+        # slot, the sinks open it again from their own positions; nothing lost, nothing twice.
+        writer = threading.Thread(target=insert_rows, args=(busy, 3_000, 3_000, 5))
+        writer.start()
+        time.sleep(0.5)
+        pg.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        writer.join()
+        wait_for(lambda: decoder_pid(pg) not in (None, pid), what="a new decoder")
+        for n in names:
+            assert_exactly_once(consume(n.replace("_", "-"), 6_000, timeout=90), range(6_000))
+            wait_for(lambda n=n: shared(pg, n), what=f"{n} reading the new log")
+            assert delivery_status(pg, n)["decoding"]["shared_joins"] >= 2, n
+    # Off: the decoder exits, the sinks decode their own slots again, and the group's slot goes.
+    wait_for(lambda: decoder_pid(pg) is None, what="the decoder gone")
+    insert_rows(busy, 6_000, 500)
+    for n in names:
+        assert_exactly_once(consume(n.replace("_", "-"), 6_500, timeout=60), range(6_500))
+        assert not shared(pg, n)
+    wait_for(lambda: pg.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '_cdc_group'")
+             .fetchone()[0] == 0, timeout=60, what="the group's slot dropped")
+    for t in (busy, idle):
+        pg.execute("SELECT cdc_disable(%s)", (t,))
