@@ -101,10 +101,11 @@ bench: deps
 bench-snapshot: up
 	@$(ENV) "$$PG_CDC_VENV/bin/python" bench/snapshot.py $(SNAPSHOT_ARGS)
 
-## bench-e2e: pg_cdc and Debezium side by side into Kafka, with the limits (about 35 minutes, 20 of them the
-## steady section's 15 runs, most of those waiting for the local Kinesis server; `make bench` runs it too); writes
-## bench/results/e2e.md, e2e.csv, e2e.png. Extra options: BENCH_E2E_ARGS=--quick (about 7 minutes), or e.g.
-## BENCH_E2E_ARGS='--sections steady --steady-repeats 1'
+## bench-e2e: pg_cdc and Debezium side by side into Kafka, with the limits (about 55 minutes, 40 of them the
+## steady section's 30 runs — each configuration with and without cdc.shared_decoding — much of those waiting for
+## the local Kinesis server; `make bench` runs it too); writes bench/results/e2e.md, e2e.csv, e2e.png. Extra
+## options: BENCH_E2E_ARGS=--quick (about 15 minutes), or e.g.
+## BENCH_E2E_ARGS='--sections steady --steady-repeats 1 --shared-decoding on'
 bench-e2e: up
 	@$(ENV) "$$PG_CDC_VENV/bin/python" bench/e2e_bench.py $(BENCH_E2E_ARGS)
 

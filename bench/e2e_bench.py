@@ -183,6 +183,7 @@ class Sizes:
     steady_seconds: int     # length of each steady run
     steady_idle: tuple      # idle sinks next to the busy one, one configuration each
     steady_repeats: int     # runs of each steady configuration (the report gives the median)
+    steady_shared: tuple = (False, True)  # cdc.shared_decoding off and/or on: each configuration both ways
 
     @property
     def warmup(self):
@@ -651,7 +652,20 @@ def steady_tables(conn, idle):
     return [STEADY_BUSY] + [f"bench_steady_idle{i}" for i in range(idle)]
 
 
-def steady_run(conn, env, kafka, script, rate, seconds, idle, peers=(), tag=None):
+def set_shared_decoding(conn, on):
+    """cdc.shared_decoding on or off (None: the server's default again), reloaded; waits until the
+    decoder process runs, or is gone."""
+    if on is None:
+        conn.execute("ALTER SYSTEM RESET cdc.shared_decoding")
+    else:
+        conn.execute(f"ALTER SYSTEM SET cdc.shared_decoding = {'on' if on else 'off'}")
+    conn.execute("SELECT pg_reload_conf()")
+    if on is not None and not on:
+        wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_cdc decoder'"
+                                        ).fetchone()[0] == 0, 30, "the shared decoding's decoder to exit")
+
+
+def steady_run(conn, env, kafka, script, rate, seconds, idle, peers=(), tag=None, shared=False):
     """One exactly-once Kafka sink on the busy table (steady_tables), `idle` more, each on an idle
     table of its own, and `peers`: more sinks on the busy table, (name, type, config) each (config
     without "tables"). Empties the busy table, adds the sinks and waits until every one is running,
@@ -660,7 +674,9 @@ def steady_run(conn, env, kafka, script, rate, seconds, idle, peers=(), tag=None
     (launcher and sink workers, utime + stime) from the start of the timed load until the busy sink's
     consumer saw its last event and every peer delivered it too (summed, and the busiest process),
     and the 1-minute load average at the start and the end. Drops its sinks and their topics, also
-    when it fails. `tag` (default "<idle>idle") names the sinks and topics."""
+    when it fails. `tag` (default "<idle>idle") names the sinks and topics. `shared`: cdc.shared_decoding
+    is on, and the clock starts only once every sink reads the shared decoding's log (a new sink
+    decodes its own slot until its position is in that log)."""
     tag = tag or f"{idle}idle"
     busy = f"bench_steady_{tag}_busy"
     busy_topic = kafka.topic("steady", tag, "busy")
@@ -686,6 +702,11 @@ def steady_run(conn, env, kafka, script, rate, seconds, idle, peers=(), tag=None
         warm = pgbench_at_rate(env, script, rate, 3)
         wait_until(lambda: all((delivered(conn, n) or 0) >= warm for n in on_busy), 300,
                    "every sink on the busy table to deliver the warm-up")
+        if shared:
+            # Idle sinks move past the log's start with their heartbeats (WAL 2 MB ahead of them).
+            wait_until(lambda: conn.execute(
+                "SELECT bool_and((cdc_delivery_status(n)->'decoding'->>'shared')::bool) FROM unnest(%s::text[]) n",
+                (names,)).fetchone()[0], 180, "every sink reading the shared decoding's log")
         before = {n: delivered(conn, n) or 0 for n in on_busy[1:]}
         collector = LatencyCollector(kafka, busy_topic, pg_cdc_commit_us, since_us=time.time() * 1_000_000)
         collector.start()
@@ -839,10 +860,11 @@ def decoded_ratio(before, after):
 
 def capture_pids(conn):
     """Every pg_cdc process: the sink workers first (one per sink, started by the launcher once it
-    sees the sink; the first one's memory is what the bench samples), then the launcher (ps titles
-    "postgres: pg_cdc worker", "postgres: pg_cdc launcher")."""
-    sql = ("SELECT pid FROM pg_stat_activity WHERE backend_type IN ('pg_cdc worker', 'pg_cdc launcher') "
-           "ORDER BY backend_type = 'pg_cdc launcher', backend_start")
+    sees the sink; the first one's memory is what the bench samples), then the launcher and the
+    shared decoding's decoder when it runs (ps titles "postgres: pg_cdc worker", "postgres: pg_cdc
+    launcher", "postgres: pg_cdc decoder")."""
+    sql = ("SELECT pid FROM pg_stat_activity WHERE backend_type IN ('pg_cdc worker', 'pg_cdc launcher', "
+           "'pg_cdc decoder') ORDER BY backend_type <> 'pg_cdc worker', backend_start")
     wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'"
                                     ).fetchone()[0] > 0, 30, "a pg_cdc sink worker")
     pids = [r[0] for r in conn.execute(sql).fetchall()]
@@ -1322,22 +1344,28 @@ class Bench:
         script = self.run_dir / "steady_insert.sql"
         script.write_text(STEADY_SCRIPT)
         wl = f"{sz.steady_rate} tx/s"
-        configs = ([(e2e_report.STEADY_ALONE, "alone", 0, None)]
-                   + [(e2e_report.steady_idle_label(n), f"{n}idle", n, None) for n in sz.steady_idle]
-                   + [(e2e_report.STEADY_IDENTICAL, "same", 0, "identical"),
-                      (e2e_report.STEADY_EXAMPLE, "ex1", 0, "example 1")])
+        plain = ([(e2e_report.STEADY_ALONE, "alone", 0, None)]
+                 + [(e2e_report.steady_idle_label(n), f"{n}idle", n, None) for n in sz.steady_idle]
+                 + [(e2e_report.STEADY_IDENTICAL, "same", 0, "identical"),
+                    (e2e_report.STEADY_EXAMPLE, "ex1", 0, "example 1")])
+        # Each configuration with each decoding: its sinks decoding their own slots, and sharing one
+        # decoding (cdc.shared_decoding), side by side in every round.
+        configs = [(e2e_report.shared_label(label) if shared else label, f"{short}{'_sh' if shared else ''}", idle,
+                    peers, shared)
+                   for label, short, idle, peers in plain for shared in sz.steady_shared]
         runs = {label: [] for label, *_ in configs}
         failed = 0
         tables = steady_tables(self.conn, max(sz.steady_idle, default=0))
         try:
             for rep in range(1, sz.steady_repeats + 1):
-                for label, short, idle, peers in configs:
+                for label, short, idle, peers, shared in configs:
                     print(f"steady: {wl}, {label}, run {rep} of {sz.steady_repeats}", flush=True)
                     tag, started = f"{short}_r{rep}", time.monotonic()
                     try:
+                        set_shared_decoding(self.conn, shared)
                         with self.steady_peers(peers, tag) as peer_sinks:
                             r = steady_run(self.conn, self.env, self.kafka, script, sz.steady_rate,
-                                           sz.steady_seconds, idle, peer_sinks, tag)
+                                           sz.steady_seconds, idle, peer_sinks, tag, shared)
                     except Exception as e:  # noqa: BLE001 - noted; the other runs still run, the section fails
                         traceback.print_exc()
                         results.note(f"steady {label}, run {rep}: {type(e).__name__}: {e}")
@@ -1350,6 +1378,7 @@ class Bench:
                     for metric, key, unit in STEADY_METRICS:
                         results.add("steady_runs", wl, f"{label} #{rep}", metric, r[key], unit)
         finally:
+            set_shared_decoding(self.conn, None)
             drop_captured_tables(self.conn, tables)
         for label, rs in runs.items():
             if not rs:
@@ -1551,6 +1580,8 @@ def main():
                         help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     parser.add_argument("--steady-repeats", type=int,
                         help="runs of each configuration of the steady section (default 3, quick 1)")
+    parser.add_argument("--shared-decoding", choices=("off", "on", "both"), default="both",
+                        help="steady section: cdc.shared_decoding off, on, or each configuration both ways (default)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where e2e.md/csv/png go")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
@@ -1558,6 +1589,8 @@ def main():
         sizes = Sizes(**{**vars(sizes), "events": args.rows})
     if args.steady_repeats:
         sizes = Sizes(**{**vars(sizes), "steady_repeats": args.steady_repeats})
+    if args.shared_decoding != "both":
+        sizes = Sizes(**{**vars(sizes), "steady_shared": (args.shared_decoding == "on",)})
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - set(SECTIONS)
     if unknown:

@@ -40,9 +40,14 @@ def steady_idle_label(n):
     return f"{n} idle sinks"
 
 
+def shared_label(label):
+    """The label of a steady configuration run with cdc.shared_decoding on."""
+    return f"{label}, shared decoding"
+
+
 def steady_labels(sizes):
-    return ([STEADY_ALONE] + [steady_idle_label(n) for n in sizes.steady_idle]
-            + [STEADY_IDENTICAL, STEADY_EXAMPLE])
+    plain = [STEADY_ALONE] + [steady_idle_label(n) for n in sizes.steady_idle] + [STEADY_IDENTICAL, STEADY_EXAMPLE]
+    return [shared_label(p) if on else p for p in plain for on in sizes.steady_shared]
 
 
 def write(results, out_dir, sizes, quick):
@@ -207,16 +212,26 @@ the steady section's medians): differences of 10-15 % are within the noise.
             rows.append((f"pg_cdc's CPU {what} <= {goal}x the busy sink's alone (CPU s per 100k events of every "
                          f"pg_cdc process, {median}, steady {wl})",
                          f"{fmt(x, 'x')} ({fmt(value, ' s')} / {fmt(alone, ' s')})", verdict(x, goal, False)))
-        for idle in self.sizes.steady_idle:
-            label = steady_idle_label(idle)
-            x, value, alone = self.steady_ratio(label, "visible_p99_ms")
-            rows.append((f"busy sink's p99 with {idle} idle sinks <= {GOALS['idle_p99_ratio']}x its p99 alone "
-                         f"({median}, steady {wl})",
-                         f"{fmt(x, 'x')} ({fmt(value, ' ms')} / {fmt(alone, ' ms')})",
-                         verdict(x, GOALS["idle_p99_ratio"], False)))
-            cpu_row(label, GOALS["idle_cpu_ratio"], f"with {idle} idle sinks")
-        cpu_row(STEADY_IDENTICAL, GOALS["identical_cpu_ratio"], "with three identical sinks on the busy table")
-        cpu_row(STEADY_EXAMPLE, GOALS["example_cpu_ratio"], "with seed example 1's three different sinks on it")
+        for shared in self.sizes.steady_shared:
+            name = shared_label if shared else (lambda label: label)
+            how = ", sinks sharing one decoding" if shared else ""
+            if shared:
+                cores = self.v("steady", wl, name(STEADY_ALONE), "cores")
+                rows.append((f"pg_cdc's processes <= {GOALS['steady_cores']} of a core at a steady {wl}, one sink "
+                             f"alone{how} ({median})", fmt(cores, " cores"),
+                             verdict(cores, GOALS["steady_cores"], False)))
+            for idle in self.sizes.steady_idle:
+                label = name(steady_idle_label(idle))
+                x, value, alone = self.steady_ratio(label, "visible_p99_ms")
+                rows.append((f"busy sink's p99 with {idle} idle sinks{how} <= {GOALS['idle_p99_ratio']}x its p99 "
+                             f"alone ({median}, steady {wl})",
+                             f"{fmt(x, 'x')} ({fmt(value, ' ms')} / {fmt(alone, ' ms')})",
+                             verdict(x, GOALS["idle_p99_ratio"], False)))
+                cpu_row(label, GOALS["idle_cpu_ratio"], f"with {idle} idle sinks{how}")
+            cpu_row(name(STEADY_IDENTICAL), GOALS["identical_cpu_ratio"],
+                    f"with three identical sinks on the busy table{how}")
+            cpu_row(name(STEADY_EXAMPLE), GOALS["example_cpu_ratio"],
+                    f"with seed example 1's three different sinks on it{how}")
         return rows
 
     def limit_ratio(self, w):

@@ -3,13 +3,13 @@
 //!
 //! ```text
 //!  loop: decode flushed WAL (every published table) ─▶ LogWriter ─▶ publish (shared memory;
-//!        members' latches set)
+//!        members look at it as they look at the WAL's flushes)
 //!        every CONFIRM_EVERY: the slowest member's own slot (members more than
 //!        cdc.shared_decoding_max_lag behind left out) ─▶ confirm _cdc_group there, trim the log
 //!        a heartbeat when the slot is RESTART_POINT_BYTES behind the WAL and nothing moved it
 //! ```
 //! Started by the launcher while `cdc.shared_decoding` is on and sinks exist; exits when it is
-//! turned off. A failure drops the session; the next one writes a new log (a new epoch) from the
+//! turned off, or no sink is left (or the extension was dropped). A failure drops the session; the next one writes a new log (a new epoch) from the
 //! slot's confirmed position, and every member opens it again from its own position (or, when
 //! it cannot serve that, decodes its own slot).
 use std::time::{Duration, Instant};
@@ -30,6 +30,9 @@ const DECODE_BYTES: u64 = 4 << 20;
 
 /// How often the group's slot is confirmed and its log trimmed.
 const CONFIRM_EVERY: Duration = Duration::from_millis(200);
+
+/// How often the decoder looks whether any sink is left.
+const WANTED_EVERY: Duration = Duration::from_secs(5);
 
 /// The least time between two heartbeats of the decoder.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
@@ -61,6 +64,7 @@ pub fn main() {
     }
     let mut decoder = Decoder::default();
     let mut poll = WAL_POLL;
+    let mut looked = Instant::now();
     while !stop_requested() {
         if BackgroundWorker::sighup_received() {
             // SAFETY: the documented way for a background worker to reload postgresql.conf.
@@ -68,6 +72,14 @@ pub fn main() {
         }
         if !gucs::SHARED_DECODING.get() {
             break;
+        }
+        // No sink left, or the extension dropped: nothing to decode for (the launcher starts a
+        // decoder again when a sink is added).
+        if looked.elapsed() >= WANTED_EVERY {
+            looked = Instant::now();
+            if !run_tx(any_sink).unwrap_or(true) {
+                break;
+            }
         }
         let flushed = wal_flushed();
         if decoder.tick() {
@@ -186,6 +198,14 @@ impl Decoder {
             Ok(Err(e)) | Err(e) => pgrx::warning!("{DECODER}: {e}"),
         }
     }
+}
+
+/// Whether the extension is installed and has a sink.
+fn any_sink() -> bool {
+    catalog::extension_schema().is_some_and(|schema| {
+        catalog::json(&format!("SELECT to_jsonb(EXISTS (SELECT 1 FROM {schema}._cdc_sinks))"), &[])
+            == Some(Value::Bool(true))
+    })
 }
 
 /// Makes the group's slot when it does not exist (waits, as every logical slot's creation does,

@@ -542,7 +542,11 @@ impl Frames for Shared {
     fn produce(&mut self, want: u64, most: u64) {
         // A log no longer written has nothing more; the next read leaves it.
         let Some(end) = group::end_of(self.epoch) else { return };
-        while self.spool.available() < want && self.spool.read_len() < most && !self.feed.caught_up(end) {
+        // Like a session, which emits a transaction whole at its commit, a read holds a transaction
+        // it started whole, past `most` if need be (the spool spills what memory does not hold).
+        while (self.spool.available() < want && self.spool.read_len() < most || self.feed.mid_transaction())
+            && !self.feed.caught_up(end)
+        {
             let frames = self.feed.pull(end, PULL_FRAMES).unwrap_or_else(|e| {
                 pgrx::error!("pg_cdc: cannot read the shared decoding's log: {e}");
             });
@@ -600,6 +604,15 @@ impl ChangeSource for SessionRead<'_> {
     fn recorded_offsets(&mut self) -> HashMap<u32, u64> {
         recorded_offsets(self.schema, self.sink_name)
     }
+}
+
+/// Whether this process's sink reads the shared decoding's log (its worker naps on the log's
+/// publishes instead of the WAL's flushes).
+static READS_LOG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process's sink reads the shared decoding's log.
+pub fn reads_log() -> bool {
+    READS_LOG.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// How long a sink the group's log could not serve waits before it looks again.
@@ -665,6 +678,7 @@ impl Membership {
             if published.is_some() && self.refused.is_none_or(|t| t.elapsed() >= JOIN_RETRY) {
                 self.refused = Some(Instant::now());
             }
+            READS_LOG.store(false, std::sync::atomic::Ordering::Relaxed);
             if std::mem::take(&mut self.registered) {
                 group::set_member(&row.id, false);
                 crate::stats::update(&row.id, |c| c.shared_decoding = 0);
@@ -677,6 +691,7 @@ impl Membership {
         self.shared = Some(Shared { epoch, feed, spool: Spool::new(SPOOL_MEMORY, SPOOL_DIR), read: 0 });
         self.refused = None;
         self.registered = true;
+        READS_LOG.store(true, std::sync::atomic::Ordering::Relaxed);
         group::set_member(&row.id, true);
         crate::stats::update(&row.id, |c| {
             c.shared_decoding = 1;

@@ -35,8 +35,6 @@ struct Member {
     id: [u8; 16],
     /// The sink worker reading the log for it.
     pid: i32,
-    /// Its PGPROC number (its latch is set at every publish).
-    procno: i32,
 }
 
 #[derive(Clone, Copy)]
@@ -119,15 +117,15 @@ pub fn publishes() -> u64 {
 /// Registers this process as reading the log for `sink_id` (`on`), or no longer.
 pub fn set_member(sink_id: &str, on: bool) {
     let Some(key) = sink_key(sink_id) else { return };
-    // SAFETY: this process's pid and PGPROC, set at its start.
-    let (me, procno) = unsafe { (pg_sys::MyProcPid, (*pg_sys::MyProc).pgprocno) };
+    // SAFETY: this process's pid, set at its start.
+    let me = unsafe { pg_sys::MyProcPid };
     let mut g = GROUP.exclusive();
     for m in g.members.iter_mut().filter(|m| m.id == key) {
         *m = Member::default();
     }
     if on {
         if let Some(m) = g.members.iter_mut().find(|m| m.id == [0; 16] || !alive_as(m.pid, SINK_WORKER)) {
-            *m = Member { id: key, pid: me, procno };
+            *m = Member { id: key, pid: me };
         }
     }
 }
@@ -173,27 +171,16 @@ pub fn new_epoch() -> u64 {
     g.epoch
 }
 
-/// Publishes how far the log of `epoch` may be read, and wakes the members.
+/// Publishes how far the log of `epoch` may be read. Members are not woken: each looks at
+/// [`publishes`] as often as a sink worker looks at the WAL (every 5 ms after a pass that read
+/// something, less and less often after passes that did not), so a member whose tables are quiet
+/// reads the log a few times a second, not at every publish.
 pub fn publish(epoch: u64, end: LogEnd, complete_to: Lsn) {
-    let woken: Vec<i32> = {
-        let mut g = GROUP.exclusive();
-        if g.epoch != epoch || (g.end == end && g.complete_to == complete_to.0) {
-            return;
-        }
+    let mut g = GROUP.exclusive();
+    if g.epoch == epoch && (g.end != end || g.complete_to != complete_to.0) {
         g.end = end;
         g.complete_to = complete_to.0;
         g.publishes += 1;
-        g.members.iter().filter(|m| m.id != [0; 16]).map(|m| m.procno).collect()
-    };
-    for procno in woken {
-        // SAFETY: ProcGlobal's array holds every PGPROC (its size is fixed at startup); setting a
-        // latch is safe from any process, and a latch of a process that has exited is set in vain.
-        unsafe {
-            let procs = (*pg_sys::ProcGlobal).allProcs;
-            if procno >= 0 && (procno as u32) < (*pg_sys::ProcGlobal).allProcCount {
-                pg_sys::SetLatch(&raw mut (*procs.add(procno as usize)).procLatch);
-            }
-        }
     }
 }
 

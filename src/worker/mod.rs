@@ -115,7 +115,7 @@ fn run(role: Role) {
             // SAFETY: the documented way for a background worker to reload postgresql.conf.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        let flushed = wal_flushed();
+        let flushed = progress();
         if worker.tick() {
             poll = WAL_POLL;
             continue;
@@ -150,9 +150,20 @@ fn naptime() -> Duration {
     Duration::from_millis(gucs::NAPTIME_MS.get().max(10) as u64)
 }
 
+/// What a sink worker's nap waits to move: the WAL's flush position, or, while its sink reads the
+/// shared decoding's log, the log's publishes.
+fn progress() -> u64 {
+    if decoding::reads_log() {
+        group::publishes()
+    } else {
+        wal_flushed()
+    }
+}
+
 /// Sleeps `cdc.naptime_ms`, or less: wakes once WAL past `flushed` (the flush position when the
 /// last pass started) is flushed, looking every `poll`, so while changes keep coming a commit made
-/// while the worker naps waits for it a few milliseconds, not up to the whole naptime. Returns
+/// while the worker naps waits for it a few milliseconds, not up to the whole naptime. A sink worker
+/// reading the shared decoding's log looks at the log's publishes instead ([`progress`]). Returns
 /// false when the worker must stop.
 fn nap(flushed: u64, poll: Duration) -> bool {
     let nap = naptime();
@@ -165,7 +176,7 @@ fn nap(flushed: u64, poll: Duration) -> bool {
         if !BackgroundWorker::wait_latch(Some(left.min(poll))) {
             return false;
         }
-        if wal_flushed() != flushed {
+        if progress() != flushed {
             return true;
         }
     }

@@ -92,6 +92,12 @@ impl Feed {
         self.carried = tables;
     }
 
+    /// Whether the last frame handed out is inside a transaction (its Commit comes later): a read
+    /// must not end there, as a session's never does (it emits a transaction whole).
+    pub fn mid_transaction(&self) -> bool {
+        self.place == Place::Passing
+    }
+
     /// Whether every frame published up to `end` was read.
     pub fn caught_up(&self, end: LogEnd) -> bool {
         self.reader.caught_up(end)

@@ -323,3 +323,21 @@ fn a_torn_relation_record_is_ignored_and_only_the_last_description_is_replayed()
     assert_eq!(replayed, vec![relation_frame(&wide, 1_900)]);
     assert!(end.bytes > SEGMENT_HEADER);
 }
+
+#[test]
+fn a_feed_says_when_it_stopped_inside_a_transaction_it_hands_out() {
+    let tmp = TempDir::new("mid");
+    let mut w = LogWriter::create(&tmp.0, Lsn(0), 1 << 20).unwrap();
+    for f in [begin(1, 1_000), relation_frame(&relation(1), 900), insert(1, 1, 900), insert(1, 2, 910), commit(1_000)] {
+        w.append(&f).unwrap();
+    }
+    let end = w.publish().unwrap();
+    let mut f = feed(&tmp.0, Lsn(0), end, Some(HashSet::from([1])));
+    let mut inside = Vec::new();
+    while !f.caught_up(end) {
+        f.pull(end, 1).unwrap();
+        inside.push(f.mid_transaction());
+    }
+    // Begin and the Relation are held until the first change; the Commit closes it.
+    assert_eq!(inside, [false, false, true, true, false]);
+}
