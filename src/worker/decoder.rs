@@ -6,7 +6,8 @@
 //!        members look at it as they look at the WAL's flushes)
 //!        every CONFIRM_EVERY: the slowest member's own slot (members more than
 //!        cdc.shared_decoding_max_lag behind left out) ─▶ confirm _cdc_group there, trim the log
-//!        a heartbeat when the slot is RESTART_POINT_BYTES behind the WAL and nothing moved it
+//!        the members' heartbeat: when the slot is RESTART_POINT_BYTES behind the WAL, or behind it
+//!        at all for cdc.heartbeat_interval_ms (sinks reading the log write none of their own)
 //! ```
 //! Started by the launcher while `cdc.shared_decoding` is on and sinks exist; exits when it is
 //! turned off, or no sink is left (or the extension was dropped). A failure drops the session; the next one writes a new log (a new epoch) from the
@@ -177,6 +178,8 @@ impl Decoder {
         let members = group::member_slots();
         let max_lag = i64::from(gucs::SHARED_DECODING_MAX_LAG.get()) << 20;
         let heartbeat_due = self.heartbeat_at.is_none_or(|t| t.elapsed() >= HEARTBEAT_EVERY);
+        let quiet_for = self.heartbeat_at.map_or(Duration::MAX, |t| t.elapsed());
+        let heartbeat_interval = super::env::settings().heartbeat_interval;
         let result = run_tx(|| {
             let Some(log) = session.log() else { return Ok(false) };
             let complete = log.complete_to();
@@ -189,8 +192,11 @@ impl Decoder {
             if let Some(log) = session.log() {
                 log.trim(target).map_err(|e| format!("cannot trim the shared decoding's log: {e}"))?;
             }
+            // The members' heartbeat: their quiet tables' WAL is passed, their slots and this one
+            // move (a sink reading the log writes none of its own).
             let behind = wal_flushed().saturating_sub(held_slot_confirmed().unwrap_or_default().0);
-            Ok(heartbeat_due && behind >= RESTART_POINT_BYTES && source::emit_heartbeat().is_some())
+            let due = behind >= RESTART_POINT_BYTES || (behind > 0 && quiet_for >= heartbeat_interval);
+            Ok(heartbeat_due && due && source::emit_heartbeat().is_some())
         });
         match result {
             Ok(Ok(true)) => self.heartbeat_at = Some(Instant::now()),

@@ -695,9 +695,14 @@ impl Worker {
     }
 
     /// Emits a heartbeat when the slot is behind the WAL and nothing it captures was written
-    /// (see `Driver::heartbeat_due`).
+    /// (see `Driver::heartbeat_due`). Not while the sink reads the shared decoding's log: the
+    /// decoder writes one for all of them (each sink's own made a checkpoint for every sink that
+    /// read it, the square of the sinks).
     fn maybe_heartbeat(&mut self, id: &str, confirmed: Lsn, cat: &Catalog) {
         let Some(run) = self.sinks.get_mut(id) else { return };
+        if decoding::reads_log() {
+            return;
+        }
         let insert: Lsn = cat.wal_insert_lsn.parse().unwrap_or_default();
         if !run.driver.heartbeat_due(insert, confirmed, &env::settings(), Instant::now()) {
             return;
