@@ -188,7 +188,9 @@ impl Chores {
                             }
                         })
                         .unwrap_or(false);
-                    if dropped {
+                    if dropped && name == group::GROUP_SLOT {
+                        pgrx::log!("{}: dropped replication slot {name}: cdc.shared_decoding is off", LAUNCHER);
+                    } else if dropped {
                         pgrx::log!("{}: dropped replication slot {name} of a dropped sink", LAUNCHER);
                     } else {
                         still.insert(slot.name.clone(), first_seen.clone());

@@ -176,7 +176,7 @@ impl Decoder {
         let Some(session) = self.session.as_mut() else { return };
         self.confirmed_at = Some(Instant::now());
         let members = group::member_slots();
-        let max_lag = i64::from(gucs::SHARED_DECODING_MAX_LAG.get()) << 20;
+        let max_lag = member_lag_bound();
         let heartbeat_due = self.heartbeat_at.is_none_or(|t| t.elapsed() >= HEARTBEAT_EVERY);
         let quiet_for = self.heartbeat_at.map_or(Duration::MAX, |t| t.elapsed());
         let heartbeat_interval = super::env::settings().heartbeat_interval;
@@ -214,9 +214,38 @@ fn any_sink() -> bool {
     })
 }
 
+/// How far behind the WAL a member's slot may be and still hold the group's slot and log:
+/// `cdc.shared_decoding_max_lag`, or half of `max_slot_wal_keep_size` when that is set and less,
+/// so that a stuck member never gets the group's slot invalidated.
+fn member_lag_bound() -> i64 {
+    let max_lag = i64::from(gucs::SHARED_DECODING_MAX_LAG.get()) << 20;
+    // SAFETY: reads a setting of this process (an int, changed only at its own reloads).
+    let keep_mb = unsafe { pg_sys::max_slot_wal_keep_size_mb };
+    if keep_mb >= 0 {
+        max_lag.min((i64::from(keep_mb) << 20) / 2)
+    } else {
+        max_lag
+    }
+}
+
 /// Makes the group's slot when it does not exist (waits, as every logical slot's creation does,
-/// for the transactions running then to end).
+/// for the transactions running then to end). A group's slot that PostgreSQL invalidated (it
+/// was behind by more than `max_slot_wal_keep_size`) can no longer be read: it is dropped and
+/// made again at the WAL's end. The log starts there; members behind it decode their own slots
+/// until they reach it.
 fn ensure_group_slot() {
+    let dropped = catalog::json(
+        "SELECT to_jsonb(count(pg_drop_replication_slot(slot_name))) FROM pg_replication_slots \
+          WHERE slot_name = $1 AND active_pid IS NULL AND (wal_status = 'lost' OR restart_lsn IS NULL)",
+        &[GROUP_SLOT.into()],
+    );
+    if dropped.is_some_and(|v| v != 0) {
+        pgrx::warning!(
+            "{DECODER}: replication slot {GROUP_SLOT} was invalidated (its WAL was removed, see \
+             max_slot_wal_keep_size); it is made again at the end of the WAL, and sinks behind that \
+             decode their own slots until they reach it"
+        );
+    }
     catalog::json(
         "SELECT to_jsonb(count(pg_create_logical_replication_slot($1, 'pgoutput'))) \
            FROM (SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)) s",

@@ -544,10 +544,16 @@ impl Frames for Shared {
         let Some(end) = group::end_of(self.epoch) else { return };
         // Like a session, which emits a transaction whole at its commit, a read holds a transaction
         // it started whole, past `most` if need be (the spool spills what memory does not hold).
-        while (self.spool.available() < want && self.spool.read_len() < most || self.feed.mid_transaction())
-            && !self.feed.caught_up(end)
-        {
-            let frames = self.feed.pull(end, PULL_FRAMES).unwrap_or_else(|e| {
+        while !self.feed.caught_up(end) {
+            let frames = if self.spool.available() < want && self.spool.read_len() < most {
+                self.feed.pull(end, PULL_FRAMES)
+            } else if self.feed.mid_transaction() {
+                // Up to its Commit and no further, however many transactions the log holds after.
+                self.feed.finish_transaction(end, PULL_FRAMES)
+            } else {
+                break;
+            };
+            let frames = frames.unwrap_or_else(|e| {
                 pgrx::error!("pg_cdc: cannot read the shared decoding's log: {e}");
             });
             for frame in frames {
@@ -607,7 +613,8 @@ impl ChangeSource for SessionRead<'_> {
 }
 
 /// Whether this process's sink reads the shared decoding's log (its worker naps on the log's
-/// publishes instead of the WAL's flushes).
+/// publishes instead of the WAL's flushes), registered as a member in shared memory. A worker
+/// serves one sink, so this is its [`Membership`]'s too.
 static READS_LOG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Whether this process's sink reads the shared decoding's log.
@@ -625,8 +632,6 @@ pub struct Membership {
     shared: Option<Shared>,
     /// When it last found that the log could not serve it.
     refused: Option<Instant>,
-    /// It is registered as a member in shared memory.
-    registered: bool,
 }
 
 impl Membership {
@@ -661,25 +666,24 @@ impl Membership {
             *session = None;
             self.refused = None;
         }
+        let due = self.refused.is_none_or(|t| t.elapsed() >= JOIN_RETRY);
         let joined = match &published {
-            Some(p) if self.refused.is_none_or(|t| t.elapsed() >= JOIN_RETRY) => {
-                match Feed::open(&p.dir, position, p.end, carried.clone()) {
-                    Ok(Opened::Feed(feed)) => Some((p.epoch, feed)),
-                    Ok(Opened::Behind | Opened::Missing) => None,
-                    Err(e) => {
-                        pgrx::log!("pg_cdc sink \"{}\": cannot open the shared decoding's log: {e}", row.name);
-                        None
-                    }
+            Some(p) if due => match Feed::open(&p.dir, position, p.end, carried.clone()) {
+                Ok(Opened::Feed(feed)) => Some((p.epoch, feed)),
+                Ok(Opened::Behind | Opened::Missing) => None,
+                Err(e) => {
+                    pgrx::log!("pg_cdc sink \"{}\": cannot open the shared decoding's log: {e}", row.name);
+                    None
                 }
-            }
+            },
             _ => None,
         };
         let Some((epoch, feed)) = joined else {
-            if published.is_some() && self.refused.is_none_or(|t| t.elapsed() >= JOIN_RETRY) {
+            if published.is_some() && due {
                 self.refused = Some(Instant::now());
             }
-            READS_LOG.store(false, std::sync::atomic::Ordering::Relaxed);
-            if std::mem::take(&mut self.registered) {
+            // Registered as a member until now: no longer.
+            if READS_LOG.swap(false, std::sync::atomic::Ordering::Relaxed) {
                 group::set_member(&row.id, false);
                 crate::stats::update(&row.id, |c| c.shared_decoding = 0);
             }
@@ -690,7 +694,6 @@ impl Membership {
         *session = Some(Session::open(&row.slot, Kind::FastForward));
         self.shared = Some(Shared { epoch, feed, spool: Spool::new(SPOOL_MEMORY, SPOOL_DIR), read: 0 });
         self.refused = None;
-        self.registered = true;
         READS_LOG.store(true, std::sync::atomic::Ordering::Relaxed);
         group::set_member(&row.id, true);
         crate::stats::update(&row.id, |c| {

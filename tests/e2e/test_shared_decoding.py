@@ -2,11 +2,13 @@
 log, and the sinks read their tables from it instead of each decoding the WAL; each sink keeps its
 own slot, moved without decoding. Oracle: what a read_committed consumer finds in each sink's
 topic (every row once), PostgreSQL's own view of the slots and processes, and the workers' counters."""
+import json
 import threading
 import time
 
-from conftest import connect, consume, delivery_status, server_settings, wait_for, worker_pid
+from conftest import connect, consume, delivery_status, server_settings, sink_state, wait_for, worker_pid
 from test_exactly_once import assert_exactly_once
+from test_webhook_sink import Hook
 
 
 def decoder_pid(pg):
@@ -92,4 +94,64 @@ def test_sinks_share_one_decoding_and_deliver_every_change_once(pg, sinks, uniqu
     wait_for(lambda: pg.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '_cdc_group'")
              .fetchone()[0] == 0, timeout=60, what="the group's slot dropped")
     for t in (busy, idle):
+        pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def group_slot(pg):
+    return pg.execute("SELECT active_pid, wal_status FROM pg_replication_slots WHERE slot_name = '_cdc_group'").fetchone()
+
+
+def test_a_stuck_member_does_not_cost_the_group_its_slot(pg, sinks, unique):
+    """A sink whose destination answers every delivery with 503 reads its changes and stays behind
+    until max_slot_wal_keep_size takes its slot's WAL. Its own slot is invalidated (the sink goes
+    to 'error', as without shared decoding); the group's slot is not, or is made again: the decoder
+    goes on and a new sink reads the shared log. Fails when the group's slot waits for the stuck
+    member and an invalidated group slot is not replaced (the decoder then fails for good and no
+    sink shares again)."""
+    stuck_t, live_t, stuck = f"stuck_{unique}", f"live_{unique}", f"stuck_{unique}"
+    for t in (stuck_t, live_t):
+        pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, pad text)")
+        pg.execute("SELECT cdc_enable(%s)", (t,))
+    hook = Hook()
+    try:
+        with server_settings({"cdc.shared_decoding": "on"}):
+            pg.execute("SELECT cdc_add_sink(%s, 'webhook', %s::jsonb)",
+                       (stuck, json.dumps({"url": hook.url, "tables": [stuck_t]})))
+            # It delivers until it reads the shared log, then every delivery is refused.
+            for i in range(60):
+                pg.execute(f"INSERT INTO {stuck_t} VALUES (%s, 'x')", (i,))
+                if shared(pg, stuck):
+                    break
+                time.sleep(1)
+            assert shared(pg, stuck), "the sink never read the shared log"
+            hook.policy = lambda n: (503, {}, b"")
+            answered = len(hook.requests)
+            pg.execute(f"INSERT INTO {stuck_t} VALUES (-1, 'x')")
+            wait_for(lambda: any(r[3] == 503 for r in hook.requests[answered:]), timeout=60,
+                     what="the stuck sink refused")
+            slot = slot_of(pg, stuck)
+            with server_settings({"max_slot_wal_keep_size": "1MB"}):
+                def lost():
+                    pg.execute(f"INSERT INTO {stuck_t} SELECT g, repeat('x', 500) FROM generate_series(1, 2000) g "
+                               f"ON CONFLICT (id) DO UPDATE SET pad = excluded.pad")
+                    pg.execute("SELECT pg_switch_wal()")
+                    pg.execute("CHECKPOINT")
+                    return pg.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s",
+                                      (slot,)).fetchone()[0] == "lost"
+                wait_for(lost, timeout=90, what="the stuck sink's slot invalidated")
+            state = wait_for(lambda: (s := sink_state(pg, stuck)) and s[0] == "error" and s, timeout=60,
+                             what="the stuck sink in error")
+            assert "invalidated" in state[1], state[1]
+            # The decoder holds a usable group slot again.
+            wait_for(lambda: (g := group_slot(pg)) and g[0] is not None and g[0] == decoder_pid(pg)
+                     and g[1] != "lost", timeout=90, what="the decoder holding a group slot that was not invalidated")
+            live = sinks.add(f"live_{unique}", f"live-{unique}", tables=[live_t])
+            insert_rows(live_t, 0, 50)
+            wait_for(lambda: shared(pg, live), timeout=60, what="a new sink reading the shared log")
+            insert_rows(live_t, 50, 50)
+            assert_exactly_once(consume(f"live-{unique}", 100, timeout=60), range(100))
+    finally:
+        hook.close()
+        pg.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (stuck,))
+    for t in (stuck_t, live_t):
         pg.execute("SELECT cdc_disable(%s)", (t,))

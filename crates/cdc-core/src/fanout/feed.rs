@@ -15,7 +15,7 @@
 //! member did not get, or in the log's relations file for what was trimmed). So a member that
 //! starts reading mid-log, or starts carrying a table later, always knows the columns of what it
 //! gets. What comes out is pushed into the member's spool and read as before.
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::io;
 use std::path::PathBuf;
 
@@ -48,6 +48,8 @@ pub struct Feed {
     carried: Option<HashSet<u32>>,
     place: Place,
     held: Vec<RawFrame>,
+    /// Frames read from the log and not taken yet (a pull that stopped at a Commit).
+    pending: VecDeque<RawFrame>,
     skipped: u64,
 }
 
@@ -80,6 +82,7 @@ impl Feed {
                 carried,
                 place: Place::Outside,
                 held: Vec::new(),
+                pending: VecDeque::new(),
                 skipped: 0,
             })),
             Start::Behind => Opened::Behind,
@@ -100,7 +103,7 @@ impl Feed {
 
     /// Whether every frame published up to `end` was read.
     pub fn caught_up(&self, end: LogEnd) -> bool {
-        self.reader.caught_up(end)
+        self.pending.is_empty() && self.reader.caught_up(end)
     }
 
     /// Changes of tables the member does not carry dropped since the last call.
@@ -110,8 +113,23 @@ impl Feed {
 
     /// The member's frames among the next `max` frames of the log, up to `end`.
     pub fn pull(&mut self, end: LogEnd, max: usize) -> io::Result<Vec<RawFrame>> {
+        self.pull_until(end, max, false)
+    }
+
+    /// The rest of the transaction the last pull stopped inside of (see
+    /// [`Feed::mid_transaction`]): the member's frames up to its Commit, reading at most `max`
+    /// frames of the log; nothing past that Commit is taken, so a read ends where a session's
+    /// would, however large the transactions after it.
+    pub fn finish_transaction(&mut self, end: LogEnd, max: usize) -> io::Result<Vec<RawFrame>> {
+        self.pull_until(end, max, true)
+    }
+
+    fn pull_until(&mut self, end: LogEnd, max: usize, to_commit: bool) -> io::Result<Vec<RawFrame>> {
         let mut out = Vec::new();
-        for frame in self.reader.read(end, max)? {
+        if self.pending.is_empty() {
+            self.pending.extend(self.reader.read(end, max)?);
+        }
+        while let Some(frame) = self.pending.pop_front() {
             if let Some(coverage) = self.coverage.as_mut() {
                 if coverage.covers(&frame) {
                     // A description among the covered frames still holds for what follows.
@@ -121,6 +139,9 @@ impl Feed {
                 self.coverage = None;
             }
             self.take(frame, &mut out);
+            if to_commit && !self.mid_transaction() {
+                break;
+            }
         }
         Ok(out)
     }

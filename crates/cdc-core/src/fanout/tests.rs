@@ -341,3 +341,36 @@ fn a_feed_says_when_it_stopped_inside_a_transaction_it_hands_out() {
     // Begin and the Relation are held until the first change; the Commit closes it.
     assert_eq!(inside, [false, false, true, true, false]);
 }
+
+#[test]
+fn a_read_that_stopped_inside_a_transaction_ends_at_its_commit_and_no_further() {
+    let units = model(5, 300);
+    let group = render(&units, None);
+    let carried = HashSet::from([1, 3]);
+    let own: Vec<RawFrame> = render(&units, Some(&carried)).into_iter().flat_map(|(_, f)| f).collect();
+    let tmp = TempDir::new("finish");
+    let (_, end) = write_log(&tmp.0, &group, 5_000);
+    for step in [1, 3, 40] {
+        let mut f = feed(&tmp.0, Lsn(0), end, Some(carried.clone()));
+        let (mut got, mut finished) = (Vec::new(), 0);
+        for _ in 0..=count(&group) {
+            // A member's read: a pull, then the rest of the transaction it stopped inside of.
+            let mut read = f.pull(end, step).unwrap();
+            if f.mid_transaction() {
+                finished += 1;
+                let mut rest = Vec::new();
+                while f.mid_transaction() {
+                    rest.extend(f.finish_transaction(end, step).unwrap());
+                }
+                let commits = rest.iter().filter(|fr| fr.data[0] == b'C').count();
+                assert!(commits <= 1, "step {step}: the rest of one transaction held {commits} commits");
+                read.extend(rest);
+                assert_eq!(read.last().map(|fr| fr.data[0]), Some(b'C'), "step {step}: a read ends at a Commit");
+            }
+            got.extend(read);
+        }
+        assert!(f.caught_up(end));
+        assert!(finished > 0, "step {step}: no read stopped inside a transaction");
+        assert_same(&got, &own, &format!("step {step}"));
+    }
+}
