@@ -13,6 +13,7 @@
 //! member registers when it starts reading the log and leaves when it stops; the decoder counts
 //! only live members.
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use cdc_core::fanout::log::LogEnd;
 use cdc_core::Lsn;
@@ -97,7 +98,29 @@ pub fn published() -> Option<Published> {
         let g = GROUP.share();
         (g.decoder, g.epoch, g.end)
     };
-    (epoch > 0 && alive_as(decoder, DECODER)).then(|| Published { epoch, end, dir: log_dir(epoch) })
+    (epoch > 0 && decoder_alive(decoder)).then(|| Published { epoch, end, dir: log_dir(epoch) })
+}
+
+/// The decoder process this one last found alive, and when its title was last read.
+static SEEN_DECODER: std::sync::Mutex<Option<(i32, Instant)>> = std::sync::Mutex::new(None);
+
+/// How long a decoder found alive is known by its pid alone (a signal 0) before its title is
+/// read again (against a pid reused by another process).
+const TITLE_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Whether `pid` is a live decoder: [`alive_as`], without reading the process title at every
+/// pass of a member.
+fn decoder_alive(pid: i32) -> bool {
+    let mut seen = SEEN_DECODER.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((p, at)) = *seen {
+        // SAFETY: signal 0 only checks that the process exists.
+        if p == pid && at.elapsed() < TITLE_CHECK_EVERY && unsafe { libc::kill(pid, 0) } == 0 {
+            return true;
+        }
+    }
+    let alive = alive_as(pid, DECODER);
+    *seen = alive.then(|| (pid, Instant::now()));
+    alive
 }
 
 /// How far the log of `epoch` may be read now (`None`: that log is no longer written).
@@ -136,7 +159,7 @@ pub fn member_slots() -> Vec<String> {
     members
         .into_iter()
         .filter(|m| alive_as(m.pid, SINK_WORKER))
-        .map(|m| format!("_cdc_{}", m.id.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+        .map(|m| crate::api::sinks::slot_name(&pgrx::Uuid::from_bytes(m.id)))
         .collect()
 }
 

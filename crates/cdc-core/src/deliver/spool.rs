@@ -23,11 +23,59 @@ use std::path::PathBuf;
 use crate::frame::RawFrame;
 use crate::Lsn;
 
-/// A frame in the spill file: its LSN (8 bytes), its length (4), its bytes.
-const HEADER: usize = 12;
+/// A frame in a file (a spill file, or a segment of the shared decoding's log): its LSN (8 bytes,
+/// LE), its length (4, LE), its bytes.
+pub(crate) const HEADER: usize = 12;
 
-/// Bytes written to the spill file at a time, and read from it at a time.
-const IO_CHUNK: usize = 256 << 10;
+/// Bytes written to such a file at a time, and read from it at a time.
+pub(crate) const IO_CHUNK: usize = 256 << 10;
+
+/// Appends `frame` to `out` as it is kept in a file (see [`HEADER`]).
+pub(crate) fn encode_frame(out: &mut Vec<u8>, frame: &RawFrame) -> io::Result<()> {
+    let Ok(len) = u32::try_from(frame.data.len()) else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "a message of 4 GB or more"));
+    };
+    out.extend_from_slice(&frame.lsn.0.to_le_bytes());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&frame.data);
+    Ok(())
+}
+
+/// The LSN and length a frame's header (its first [`HEADER`] bytes) holds.
+pub(crate) fn decode_header(h: &[u8]) -> (Lsn, usize) {
+    let lsn = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
+    (Lsn(lsn), u32::from_le_bytes([h[8], h[9], h[10], h[11]]) as usize)
+}
+
+/// A chunk of a file read ahead, so that frames are read [`IO_CHUNK`] bytes at a time.
+#[derive(Debug, Default)]
+pub(crate) struct ReadAhead {
+    at: u64,
+    buf: Vec<u8>,
+}
+
+impl ReadAhead {
+    /// `len` bytes at `offset` of `file`, which holds `end` bytes.
+    pub(crate) fn bytes(&mut self, file: &File, offset: u64, len: usize, end: u64) -> io::Result<&[u8]> {
+        let buffered = offset >= self.at && offset + len as u64 <= self.at + self.buf.len() as u64;
+        if !buffered {
+            let want = len.max(IO_CHUNK).min(end.saturating_sub(offset) as usize);
+            if want < len {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "a file shorter than its frames"));
+            }
+            self.buf.resize(want, 0);
+            file.read_exact_at(&mut self.buf, offset)?;
+            self.at = offset;
+        }
+        let from = (offset - self.at) as usize;
+        Ok(&self.buf[from..from + len])
+    }
+
+    /// Forgets what was read ahead (the file changed).
+    pub(crate) fn clear(&mut self) {
+        self.buf.clear();
+    }
+}
 
 /// Every this many frames of the spill file, where the frame starts (to seek without reading from
 /// the start of the file).
@@ -71,9 +119,7 @@ struct SpillFile {
     index: Vec<(u64, u64)>,
     /// The frame after the last one pushed: (absolute number, offset).
     end: (u64, u64),
-    /// A chunk of the file read ahead: its offset and bytes.
-    read_at: u64,
-    read_buf: Vec<u8>,
+    ahead: ReadAhead,
 }
 
 impl Spool {
@@ -239,7 +285,7 @@ impl Spool {
 }
 
 /// The commit LSN a Begin message carries (`B`, final LSN, commit time, xid).
-pub fn begin_commit_lsn(data: &[u8]) -> Option<Lsn> {
+fn begin_commit_lsn(data: &[u8]) -> Option<Lsn> {
     Some(Lsn(u64::from_be_bytes(data.get(1..9)?.try_into().ok()?)))
 }
 
@@ -323,8 +369,7 @@ impl SpillFile {
             count: 0,
             index: vec![(first, 0)],
             end: (first, 0),
-            read_at: 0,
-            read_buf: Vec::new(),
+            ahead: ReadAhead::default(),
         })
     }
 
@@ -335,15 +380,10 @@ impl SpillFile {
 
     fn append(&mut self, at: u64, frame: &RawFrame) -> io::Result<()> {
         debug_assert_eq!(at, self.end.0);
-        let Ok(len) = u32::try_from(frame.data.len()) else {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a message of 4 GB or more"));
-        };
         if at.is_multiple_of(INDEX_EVERY) && self.index.last().is_none_or(|&(n, _)| n < at) {
             self.index.push((at, self.end.1));
         }
-        self.pending.extend_from_slice(&frame.lsn.0.to_le_bytes());
-        self.pending.extend_from_slice(&len.to_le_bytes());
-        self.pending.extend_from_slice(&frame.data);
+        encode_frame(&mut self.pending, frame)?;
         self.end = (at + 1, self.end.1 + (HEADER + frame.data.len()) as u64);
         self.count += 1;
         if self.pending.len() >= IO_CHUNK {
@@ -363,19 +403,10 @@ impl SpillFile {
 
     /// `len` bytes at `offset`.
     fn bytes(&mut self, offset: u64, len: usize) -> io::Result<&[u8]> {
-        let buffered = offset >= self.read_at && offset + len as u64 <= self.read_at + self.read_buf.len() as u64;
-        if !buffered {
+        if offset + len as u64 > self.written {
             self.write_pending()?;
-            let want = len.max(IO_CHUNK).min((self.written - offset) as usize);
-            if want < len {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "spill file shorter than its frames"));
-            }
-            self.read_buf.resize(want, 0);
-            self.file.read_exact_at(&mut self.read_buf, offset)?;
-            self.read_at = offset;
         }
-        let from = (offset - self.read_at) as usize;
-        Ok(&self.read_buf[from..from + len])
+        self.ahead.bytes(&self.file, offset, len, self.written)
     }
 
     /// Where frame `n` starts: from the nearest indexed frame, reading frame headers forward.
@@ -383,9 +414,8 @@ impl SpillFile {
         let i = self.index.partition_point(|&(m, _)| m <= n);
         let (mut m, mut offset) = self.index[i.saturating_sub(1)];
         while m < n {
-            let header = self.bytes(offset, HEADER)?;
-            let len = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
-            offset += (HEADER + len as usize) as u64;
+            let (_, len) = decode_header(self.bytes(offset, HEADER)?);
+            offset += (HEADER + len) as u64;
             m += 1;
         }
         Ok(offset)
@@ -394,17 +424,14 @@ impl SpillFile {
     /// Frame `n` (held in the file).
     fn read(&mut self, n: u64) -> io::Result<RawFrame> {
         let offset = if n == self.first() { self.start } else { self.offset_of(n)? };
-        let header = self.bytes(offset, HEADER)?;
-        let lsn = u64::from_le_bytes(header[0..8].try_into().unwrap_or_default());
-        let len = u32::from_le_bytes([header[8], header[9], header[10], header[11]]) as usize;
+        let (lsn, len) = decode_header(self.bytes(offset, HEADER)?);
         let data = self.bytes(offset + HEADER as u64, len)?.to_vec();
-        Ok(RawFrame { lsn: Lsn(lsn), data })
+        Ok(RawFrame { lsn, data })
     }
 
     fn pop_front(&mut self) -> io::Result<()> {
-        let header = self.bytes(self.start, HEADER)?;
-        let len = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
-        self.start += (HEADER + len as usize) as u64;
+        let (_, len) = decode_header(self.bytes(self.start, HEADER)?);
+        self.start += (HEADER + len) as u64;
         self.count -= 1;
         Ok(())
     }

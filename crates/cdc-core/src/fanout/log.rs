@@ -26,7 +26,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::deliver::spool::{unit_key, UnitKey};
+use crate::deliver::spool::{self, encode_frame, unit_key, ReadAhead, UnitKey, IO_CHUNK};
 use crate::frame::RawFrame;
 use crate::Lsn;
 
@@ -36,17 +36,14 @@ const MAGIC: &[u8; 8] = b"CDCLOG01";
 /// A segment's header: [`MAGIC`], the kind of its first unit (`B` or `M`), that unit's key (LE).
 pub const SEGMENT_HEADER: u64 = 17;
 
-/// A frame in a segment: its LSN (8 bytes, LE), its length (4, LE), its bytes.
-const FRAME_HEADER: u64 = 12;
+/// A frame in a segment, as in a spill file (see [`spool::HEADER`]).
+const FRAME_HEADER: u64 = spool::HEADER as u64;
 
 /// A record of the relations file: segment (8), offset (8), then a frame as in a segment.
 const RELATION_HEADER: usize = 16 + FRAME_HEADER as usize;
 
 /// A segment holds about this many bytes before the next unit starts a new one.
 pub const SEGMENT_BYTES: u64 = 16 << 20;
-
-/// Bytes written at a time, and read at a time.
-const IO_CHUNK: usize = 256 << 10;
 
 const START_FILE: &str = "start";
 const RELATIONS_FILE: &str = "relations";
@@ -67,16 +64,6 @@ fn segment_path(dir: &Path, n: u64) -> PathBuf {
 
 fn invalid(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what)
-}
-
-fn frame_bytes(out: &mut Vec<u8>, frame: &RawFrame) -> io::Result<()> {
-    let Ok(len) = u32::try_from(frame.data.len()) else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "a message of 4 GB or more"));
-    };
-    out.extend_from_slice(&frame.lsn.0.to_le_bytes());
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&frame.data);
-    Ok(())
 }
 
 fn header(key: UnitKey) -> Vec<u8> {
@@ -181,7 +168,7 @@ impl LogWriter {
             Some(b'R' | b'Y') => {
                 self.relations_pending.extend_from_slice(&self.segment.to_le_bytes());
                 self.relations_pending.extend_from_slice(&offset.to_le_bytes());
-                frame_bytes(&mut self.relations_pending, frame)?;
+                encode_frame(&mut self.relations_pending, frame)?;
             }
             Some(b'B') => self.in_transaction = true,
             Some(b'C') => {
@@ -193,7 +180,7 @@ impl LogWriter {
             Some(b'M') if !self.in_transaction => self.complete_to = self.complete_to.max(frame.lsn),
             _ => {}
         }
-        frame_bytes(&mut self.pending, frame)?;
+        encode_frame(&mut self.pending, frame)?;
         if self.pending.len() >= IO_CHUNK {
             self.write_pending()?;
         }
@@ -299,8 +286,7 @@ pub struct LogReader {
     offset: u64,
     /// The segment's length once it is known to be complete.
     complete_len: Option<u64>,
-    buf: Vec<u8>,
-    buf_at: u64,
+    ahead: ReadAhead,
 }
 
 impl LogReader {
@@ -352,8 +338,7 @@ impl LogReader {
             file: None,
             offset: SEGMENT_HEADER,
             complete_len: None,
-            buf: Vec::new(),
-            buf_at: 0,
+            ahead: ReadAhead::default(),
         };
         Ok(Start::At(reader, relations))
     }
@@ -393,12 +378,11 @@ impl LogReader {
                 self.file = None;
                 self.offset = SEGMENT_HEADER;
                 self.complete_len = None;
-                self.buf.clear();
+                self.ahead.clear();
                 continue;
             }
-            let h = self.bytes(self.offset, FRAME_HEADER as usize, limit)?;
-            let lsn = Lsn(u64::from_le_bytes(h[..8].try_into().map_err(|_| invalid("frame header".into()))?));
-            let len = u64::from(u32::from_le_bytes(h[8..12].try_into().map_err(|_| invalid("frame header".into()))?));
+            let (lsn, len) = spool::decode_header(self.bytes(self.offset, FRAME_HEADER as usize, limit)?);
+            let len = len as u64;
             if self.offset + FRAME_HEADER + len > limit {
                 return Err(invalid(format!("a frame of segment {:016x} goes past what was published", self.segment)));
             }
@@ -418,17 +402,9 @@ impl LogReader {
 
     /// `len` bytes at `offset` of the current segment, which holds at least `limit` bytes.
     fn bytes(&mut self, offset: u64, len: usize, limit: u64) -> io::Result<&[u8]> {
-        let buffered = offset >= self.buf_at && offset + len as u64 <= self.buf_at + self.buf.len() as u64;
-        if !buffered {
-            let want = len.max(IO_CHUNK).min((limit - offset) as usize);
-            let mut buf = std::mem::take(&mut self.buf);
-            buf.resize(want, 0);
-            self.file()?.read_exact_at(&mut buf, offset)?;
-            self.buf = buf;
-            self.buf_at = offset;
-        }
-        let from = (offset - self.buf_at) as usize;
-        Ok(&self.buf[from..from + len])
+        self.file()?;
+        let Some(file) = self.file.as_ref() else { return Err(invalid("no segment".into())) };
+        self.ahead.bytes(file, offset, len, limit)
     }
 }
 
