@@ -70,7 +70,8 @@ e2e:
 ## an enforced change tried on chaos_b), each followed by the control
 ## that must see duplicates with deduplication switched off; the control that must see stale rows
 ## with the snapshot window switched off; and the control that must see events with the wrong columns
-## when the oracle forgets the renames
+## when the oracle forgets the renames; and a run with shared decoding on (two Kafka sinks reading one
+## decoding, every fault kind plus the decoder terminated, each landing while both read the shared log)
 chaos:
 	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2 --rate 25 \
 		--snapshot-rows 50000 --ddl 2
@@ -82,6 +83,8 @@ chaos:
 		--snapshot-rows 30000 --control-no-window
 	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 6 --transactions 300 --rate 40 --ddl 1 \
 		--control-ddl-unlogged
+	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/chaos/chaos.py --seed 8 --transactions 1000 --min-faults 1 --rate 25 \
+		--shared-decoding
 
 ## chaos-long: the long run by hand (100,000 transactions); writes tests/chaos/results/long.json
 chaos-long:

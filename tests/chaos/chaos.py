@@ -26,6 +26,11 @@ of the schema in force at its position (a snapshot READ event may carry the vers
 chunk may be read before a DDL that commits ahead of the chunk's watermark), and folds each event
 through the DDLs after it before comparing with the table.
 
+With --shared-decoding, cdc.shared_decoding is on and a second Kafka sink on the same tables reads the
+same decoding (its topic goes through the same oracle); before each fault the run waits until both
+sinks read the shared log (a fault that lands otherwise fails the run), and one more fault kind,
+decoder_terminate, ends the decoder process they share.
+
 With --sink table the events go to an event table instead, and the faults are the ones that apply
 (worker terminate and SIGKILL, immediate stop, the failpoint after the sink's commit).
 
@@ -45,6 +50,7 @@ events fold like inserts, and no row of chaos_b (snapshotted once) may arrive as
     tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2 --rate 25 --snapshot-rows 50000  # over snapshots
     tests/chaos/chaos.py --seed 1 --transactions 2000 --min-faults 2 --rate 25 --ddl 2  # ALTERs while it all runs
     tests/chaos/chaos.py --seed 6 --transactions 300 --rate 40 --ddl 1 --control-ddl-unlogged  # must see wrong columns
+    tests/chaos/chaos.py --seed 5 --transactions 1000 --min-faults 1 --rate 25 --shared-decoding  # two sinks, one decoding
 """
 import argparse
 import collections
@@ -154,23 +160,39 @@ class Writer(threading.Thread):
             self.error = repr(e)
 
 
-def worker_pid(conn):
-    row = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'").fetchone()
+def worker_pid(conn, sink):
+    row = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker' "
+                       "AND application_name = %s", (f"pg_cdc worker: {sink}",)).fetchone()
     return row[0] if row else None
 
 
-def wait_worker(timeout=60):
+def decoder_pid(conn):
+    row = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc decoder'").fetchone()
+    return row[0] if row else None
+
+
+def wait_for_pid(find, what, timeout=60):
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
             with connect() as c:
-                pid = worker_pid(c)
+                pid = find(c)
                 if pid:
                     return pid
         except Exception:
             pass
         time.sleep(0.3)
-    raise RuntimeError("the pg_cdc worker did not come back")
+    raise RuntimeError(f"the {what} did not come back")
+
+
+def reads_shared_log(sink):
+    """Whether the sink's worker reads the shared decoding's log now (None: the server is away)."""
+    try:
+        with connect(retries=1) as c:
+            return c.execute("SELECT (cdc_delivery_status(%s) -> 'decoding' ->> 'shared')::boolean",
+                             (sink,)).fetchone()[0]
+    except Exception:  # noqa: BLE001 - the server is restarting
+        return None
 
 
 def pre_id(n):
@@ -357,6 +379,8 @@ class Faults:
     TABLE_KINDS = ("terminate", "sigkill", "pg_immediate", "failpoint")
     # With --snapshot-rows: cdc_snapshot of chaos_a while everything else goes on.
     SNAPSHOT_KINDS = ("snapshot",)
+    # With --shared-decoding: pg_terminate_backend of the decoder every sink reads.
+    SHARED_KINDS = ("decoder_terminate",)
 
     def __init__(self, rng, txn_id, topic, sink, no_dedup):
         self.rng, self.txn_id, self.topic, self.sink, self.no_dedup = rng, txn_id, topic, sink, no_dedup
@@ -367,9 +391,12 @@ class Faults:
         log(f"fault: {kind}")
         if kind == "terminate":
             with connect() as c:
-                c.execute("SELECT pg_terminate_backend(%s)", (wait_worker(),))
+                c.execute("SELECT pg_terminate_backend(%s)", (self.wait_worker(),))
+        elif kind == "decoder_terminate":
+            with connect() as c:
+                c.execute("SELECT pg_terminate_backend(%s)", (wait_for_pid(decoder_pid, "pg_cdc decoder"),))
         elif kind == "sigkill":
-            os.kill(wait_worker(), 9)  # PostgreSQL crash-restarts every backend
+            os.kill(self.wait_worker(), 9)  # PostgreSQL crash-restarts every backend
             time.sleep(2)
         elif kind == "pg_immediate":
             sh("scripts/pg.sh", "crash")
@@ -389,7 +416,7 @@ class Faults:
             # and when the writers are done there is nothing to commit: write one transaction of
             # our own (writer 0, gap-free like the others, checked by the oracle the same way).
             with connect() as c:
-                wait_worker()
+                self.wait_worker()
                 logged = os.path.getsize(SERVER_LOG)
                 c.execute(f"ALTER SYSTEM SET cdc.test_failpoint = 'after_sink_commit:{self.sink}'")
                 c.execute("SELECT pg_reload_conf()")
@@ -421,7 +448,10 @@ class Faults:
             z.flush(10)
             # left open: the worker must fence it back; its record must never become visible
         self.count[kind] += 1
-        wait_worker()
+        self.wait_worker()
+
+    def wait_worker(self):
+        return wait_for_pid(lambda c: worker_pid(c, self.sink), f"pg_cdc worker of {self.sink}")
 
 
 SERVER_LOG = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"),
@@ -586,6 +616,9 @@ def main():
                    "the writers run (ADD, RENAME, TYPE, DROP COLUMN), and try a change chaos_b's enforced mode refuses")
     p.add_argument("--control-ddl-unlogged", action="store_true", help="with --ddl: the oracle forgets the "
                    "renames it made (no faults); it must see events whose columns are not their version's")
+    p.add_argument("--shared-decoding", action="store_true", help="cdc.shared_decoding on, with a second Kafka "
+                   "sink on the same tables reading the same decoding (checked by the oracle too); every fault "
+                   "lands while both read the shared log, and the decoder is terminated too (decoder_terminate)")
     p.add_argument("--out", help="write the figures to this JSON file")
     a = p.parse_args()
     if a.control_no_window and not a.snapshot_rows:
@@ -621,20 +654,22 @@ def main():
     conn.execute("ALTER SYSTEM SET cdc.heartbeat_interval_ms = 1000")
     conn.execute("ALTER SYSTEM SET cdc.test_skip_dedup = %s" % ("on" if a.control_no_dedup else "off"))
     conn.execute("ALTER SYSTEM SET cdc.test_skip_snapshot_window = %s" % ("on" if a.control_no_window else "off"))
+    conn.execute("ALTER SYSTEM SET cdc.shared_decoding = %s" % ("on" if a.shared_decoding else "off"))
     conn.execute("SELECT pg_reload_conf()")
     try:
         run(a, rng, conn, topic, txn_id, sink, log_since)
     finally:
         with connect() as c:
             for setting in ("cdc.test_skip_dedup", "cdc.test_skip_snapshot_window", "cdc.test_failpoint",
-                            "cdc.heartbeat_interval_ms"):
+                            "cdc.heartbeat_interval_ms", "cdc.shared_decoding"):
                 c.execute(f"ALTER SYSTEM RESET {setting}")
             c.execute("SELECT pg_reload_conf()")
 
 
 def fault_counts(a):
     """How many of each fault kind the run must inject: --min-faults, except where --fault-count says."""
-    kinds = (Faults.TABLE_KINDS if a.sink == "table" else Faults.KINDS) + (Faults.SNAPSHOT_KINDS if a.snapshot_rows else ())
+    kinds = (Faults.TABLE_KINDS if a.sink == "table" else Faults.KINDS) + (Faults.SNAPSHOT_KINDS if a.snapshot_rows else ()) \
+        + (Faults.SHARED_KINDS if a.shared_decoding else ())
     wanted = {k: a.min_faults for k in kinds}
     for spec in a.fault_count:
         kind, _, n = spec.partition("=")
@@ -656,7 +691,14 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
         conn.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)",
                      (sink, json.dumps({"topic": topic, "transactional_id": txn_id, "tables": list(TABLES),
                                         "snapshot_chunk_size": a.snapshot_chunk})))
+    # With --shared-decoding: a second sink on the same tables, reading the same decoding.
+    neighbour = (f"{sink}_neighbour", f"{topic}-neighbour") if a.shared_decoding else None
+    if neighbour:
+        conn.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)",
+                     (neighbour[0], json.dumps({"topic": neighbour[1], "transactional_id": f"{txn_id}-neighbour",
+                                                "tables": list(TABLES), "snapshot_chunk_size": a.snapshot_chunk})))
     conn.close()
+    sharing = [sink, neighbour[0]] if neighbour else []
 
     stop = threading.Event()
     per_writer = a.transactions // a.writers
@@ -683,12 +725,19 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
         ddl.start()
     total = per_writer * a.writers
     during_snapshot = 0
+    errors_shared = []
     for n, kind in enumerate(schedule):
         # Spread the faults over the run, by progress of the writers.
         goal = total * (n + 1) / (len(schedule) + 1)
         while sum(w.seq for w in writers) < goal and any(w.is_alive() for w in writers):
             time.sleep(0.2)
         time.sleep(rng.uniform(0, 1.5))
+        # Every fault lands while the sinks read the shared log (they join again after each).
+        deadline = time.time() + 60
+        while sharing and not all(reads_shared_log(x) for x in sharing) and time.time() < deadline:
+            time.sleep(0.5)
+        if sharing and not all(reads_shared_log(x) for x in sharing):
+            errors_shared.append(f"before fault {n + 1} ({kind}): a sink did not read the shared log within 60 s")
         before = faults.count[kind]
         snapshotting = bool(snapshots_open(sink))
         for _ in range(3):  # a failpoint that did not fire is tried again while writes flow
@@ -702,7 +751,7 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
     ddl_stop.set()
     if a.ddl:
         ddl.join()
-    errors = [w.error for w in writers if w.error] + ([ddl.error] if ddl.error else [])
+    errors = [w.error for w in writers if w.error] + ([ddl.error] if ddl.error else []) + errors_shared
     if a.ddl and (len(ddl.log) < 4 or ddl.refused == 0 or ddl.accepted):
         errors.append(f"DDL: {len(ddl.log)} committed (4 wanted), enforced change refused {ddl.refused} times "
                       f"and let through {ddl.accepted} times (0 wanted)")
@@ -718,25 +767,35 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
         if racer.is_alive():
             racer.join()
         end = c.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            ok = c.execute("SELECT s.confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots s JOIN _cdc_sinks k "
-                           "ON k.slot_name = s.slot_name WHERE k.sink_name = %s", (end, sink)).fetchone()
-            if ok and ok[0]:
-                break
-            time.sleep(1)
-        else:
-            errors.append("the sink did not catch up within 300 s")
+        for s in [sink] + ([neighbour[0]] if neighbour else []):
+            deadline = time.time() + 300
+            while time.time() < deadline:
+                ok = c.execute("SELECT s.confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots s JOIN _cdc_sinks k "
+                               "ON k.slot_name = s.slot_name WHERE k.sink_name = %s", (end, s)).fetchone()
+                if ok and ok[0]:
+                    break
+                time.sleep(1)
+            else:
+                errors.append(f"sink {s} did not catch up within 300 s")
         records = read_table(event_table) if a.sink == "table" else read_topic(topic)
         ddl_log = [e for e in ddl.log if not (a.control_ddl_unlogged and e[2][0] == "rename")]
         result = oracle(records, c, ddl_log if a.ddl else None)
+        if neighbour:
+            result["neighbour"] = oracle(read_topic(neighbour[1]), c, ddl_log if a.ddl else None)
+            n_state = c.execute("SELECT state FROM _cdc_sinks WHERE sink_name = %s", (neighbour[0],)).fetchone()
+            n_slot = c.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (neighbour[0],)).fetchone()[0]
+            c.execute("SELECT cdc_drop_sink(%s)", (neighbour[0],))
+            result["neighbour"]["sink_state"] = n_state[0] if n_state else None
         state = c.execute("SELECT state, last_error FROM _cdc_sinks WHERE sink_name = %s", (sink,)).fetchone()
         slot = c.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (sink,)).fetchone()[0]
         c.execute("SELECT cdc_drop_sink(%s)", (sink,))
         c.execute(f"DROP TABLE IF EXISTS {event_table}")
     # The run's topics go: the broker every run shares stays small, and its restarts quick.
     admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
-    for f in admin.delete_topics([topic, "pg_cdc.progress." + slot.removeprefix("_cdc_")], operation_timeout=10).values():
+    topics = [topic, "pg_cdc.progress." + slot.removeprefix("_cdc_")]
+    if neighbour:
+        topics += [neighbour[1], "pg_cdc.progress." + n_slot.removeprefix("_cdc_")]
+    for f in admin.delete_topics(topics, operation_timeout=10).values():
         try:
             f.result(15)
         except Exception:  # noqa: BLE001 - best effort
@@ -747,6 +806,7 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
         "faults": dict(faults.count), "failpoint_nudges": faults.nudges,
         "seconds": round(time.time() - started), "dedup": not a.control_no_dedup,
         "snapshot_rows": a.snapshot_rows, "faults_during_snapshot": during_snapshot,
+        "shared_decoding": a.shared_decoding,
         "snapshot_rows_changed_by_racer": racer.changed,
         "sink_state": state[0] if state else None, "errors": errors,
         "ddl_committed": len(ddl.log), "ddl_positions_uncertain": sum(1 for lo, hi, _ in ddl.log if lo != hi),
@@ -757,8 +817,10 @@ def run(a, rng, conn, topic, txn_id, sink, log_since):
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=2)
-    bad = result["duplicated"] or result["torn"] or result["lost_or_wrong_rows"] or result["aborted_visible"] \
-        or result["writer_gaps"] or result["snapshot_reads_repeated"] or result["events_with_wrong_columns"] or errors
+    def failed(r):
+        return r["duplicated"] or r["torn"] or r["lost_or_wrong_rows"] or r["aborted_visible"] \
+            or r["writer_gaps"] or r["snapshot_reads_repeated"] or r["events_with_wrong_columns"]
+    bad = failed(result) or (neighbour and failed(result["neighbour"])) or errors
     # A control must go red: the figure the switched-off protection guards must be above zero.
     control = ("duplicated", "dedup off", "duplicates") if a.control_no_dedup else \
         ("lost_or_wrong_rows", "no snapshot window", "wrong rows") if a.control_no_window else \

@@ -13,7 +13,7 @@ import os
 import signal
 import time
 
-from conftest import connect, consume, delivery_status, wait_for
+from conftest import connect, consume, delivery_status, server_settings, wait_for
 
 KAFKA_PID = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), "kafka", "kafka.pid")
 
@@ -77,6 +77,13 @@ def test_a_delivering_sink_never_waits_behind_the_reads_of_idle_sinks(pg, sinks,
     holds every turn of the idle pool, as idle sinks' reads would, and checks by counts that a
     delivering sink goes on delivering. Control: a sink that had nothing to send, given a row
     meanwhile, waits for that pool's turn and delivers nothing until it is free."""
+    # Read turns are for sinks that decode their own slots (a sink reading the shared decoding's log
+    # takes none).
+    with server_settings({"cdc.shared_decoding": "off"}):
+        _read_turns(pg, sinks, unique)
+
+
+def _read_turns(pg, sinks, unique):
     busy, idle = f"turn_busy_{unique}", f"turn_idle_{unique}"
     for t in (busy, idle):
         pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
@@ -107,3 +114,63 @@ def test_a_delivering_sink_never_waits_behind_the_reads_of_idle_sinks(pg, sinks,
     wait_for(lambda: delivered(pg, idle) == 1, what="the idle sink's delivery once the turn is free")
     ids = sorted(m["value"]["after"]["id"] for m in consume(f"turn-busy-{unique}", 101))
     assert ids == list(range(101))
+
+
+def test_a_frozen_broker_holds_back_only_its_own_sink_among_20_sharing_a_decoding(pg, sinks, unique):
+    """cdc.shared_decoding: 19 table sinks and a Kafka sink read one decoding of one table. The broker
+    is frozen (SIGSTOP) with the Kafka sink's delivery in flight; its own slot and position hold, and
+    the 19 others go on reading the shared log and delivering. Oracles: counts in the 19 event tables
+    (every row written during the freeze) while the Kafka sink acknowledged none, each sink's
+    `decoding.shared`, and after the thaw every row once in the topic (read_committed)."""
+    table, topic, kafka_sink = f"iso20_{unique}", f"iso20-{unique}", f"iso20_kafka_{unique}"
+    table_sinks = [f"iso20_t{i}_{unique}" for i in range(19)]
+    pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
+    pg.execute("SELECT cdc_enable(%s)", (table,))
+    broker = int(open(KAFKA_PID).read().strip())
+    frozen = False
+    try:
+        with server_settings({"cdc.shared_decoding": "on"}):
+            sinks.add(kafka_sink, topic, tables=[table])
+            for name in table_sinks:
+                pg.execute("SELECT cdc_add_sink(%s, 'table', %s::jsonb)",
+                           (name, json.dumps({"table": f"{name}_events", "tables": [table]})))
+            everyone = [kafka_sink] + table_sinks
+
+            def all_shared():
+                return all(delivery_status(pg, n)["decoding"]["shared"] for n in everyone)
+            # Each joins the log once its position is one the log serves: rows keep coming until then.
+            for i in range(60):
+                pg.execute(f"INSERT INTO {table} VALUES (%s, 'before')", (i,))
+                if all_shared():
+                    break
+                time.sleep(1)
+            before = i + 1
+            assert all_shared(), {n: delivery_status(pg, n)["decoding"]["shared"] for n in everyone}
+            wait_for(lambda: all(delivered(pg, n) == before for n in everyone), timeout=60,
+                     what="every sink delivering")
+
+            os.kill(broker, signal.SIGSTOP)
+            frozen = True
+            for i in range(before, before + 100):
+                pg.execute(f"INSERT INTO {table} VALUES (%s, 'during')", (i,))
+            total = before + 100
+            for name in table_sinks:
+                wait_for(lambda name=name: pg.execute(f"SELECT count(*) FROM {name}_events").fetchone()[0] == total,
+                         timeout=60, what=f"{name} delivering while the broker is frozen")
+            assert all(delivery_status(pg, n)["decoding"]["shared"] for n in table_sinks), \
+                "the table sinks left the shared log"
+            # Negative control: the Kafka sink really is held.
+            assert delivered(pg, kafka_sink) == before
+            os.kill(broker, signal.SIGCONT)
+            frozen = False
+            wait_for(lambda: delivered(pg, kafka_sink) == total, timeout=120, what="the Kafka sink catching up")
+            ids = sorted(m["value"]["after"]["id"] for m in consume(topic, total, timeout=60))
+            assert ids == list(range(total))
+    finally:
+        if frozen:
+            os.kill(broker, signal.SIGCONT)
+        with connect() as c:
+            for name in table_sinks:
+                c.execute("SELECT cdc_drop_sink(%s) FROM _cdc_sinks WHERE sink_name = %s", (name, name))
+                c.execute(f"DROP TABLE IF EXISTS {name}_events")
+        pg.execute("SELECT cdc_disable(%s)", (table,))
