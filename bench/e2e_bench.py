@@ -1582,6 +1582,8 @@ def main():
                         help="runs of each configuration of the steady section (default 3, quick 1)")
     parser.add_argument("--shared-decoding", choices=("off", "on", "both"), default="both",
                         help="steady section: cdc.shared_decoding off, on, or each configuration both ways (default)")
+    parser.add_argument("--steady-idle", help="steady section: the counts of idle sinks, comma-separated "
+                        "(default 20,50)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where e2e.md/csv/png go")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
@@ -1589,6 +1591,12 @@ def main():
         sizes = Sizes(**{**vars(sizes), "events": args.rows})
     if args.steady_repeats:
         sizes = Sizes(**{**vars(sizes), "steady_repeats": args.steady_repeats})
+    if args.steady_idle:
+        try:
+            idle = tuple(int(n) for n in args.steady_idle.split(",") if n)
+        except ValueError:
+            parser.error(f"--steady-idle {args.steady_idle}: expected counts such as 5,10")
+        sizes = Sizes(**{**vars(sizes), "steady_idle": idle})
     if args.shared_decoding != "both":
         sizes = Sizes(**{**vars(sizes), "steady_shared": (args.shared_decoding == "on",)})
     sections = [s for s in args.sections.split(",") if s]

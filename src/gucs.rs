@@ -46,8 +46,62 @@ pub static ENRICH_CACHE_ROWS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 pub static HEARTBEAT_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 /// `cdc.max_retry_backoff_ms`.
 pub static MAX_RETRY_BACKOFF_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
+/// `cdc.shared_decoding`: whether the sinks share one decoding of the WAL.
+#[derive(pgrx::PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SharedDecoding {
+    /// Every sink decodes its own slot.
+    #[name = c"off"]
+    Off,
+    /// Shared whenever a sink exists.
+    #[name = c"on"]
+    On,
+    /// Shared once the database has [`SHARED_DECODING_AUTO_SINKS`] sinks or more (the default).
+    #[name = c"auto"]
+    Auto,
+    /// Spellings PostgreSQL accepts for a boolean.
+    #[name = c"true"]
+    #[hidden = true]
+    True,
+    #[name = c"false"]
+    #[hidden = true]
+    False,
+    #[name = c"yes"]
+    #[hidden = true]
+    Yes,
+    #[name = c"no"]
+    #[hidden = true]
+    No,
+    #[name = c"1"]
+    #[hidden = true]
+    One,
+    #[name = c"0"]
+    #[hidden = true]
+    Zero,
+}
+
+/// `cdc.shared_decoding = auto` shares the decoding from this many sinks on (see
+/// ARCHITECTURE.md, "Many sinks, one decoding", for the measurements behind it).
+pub const SHARED_DECODING_AUTO_SINKS: usize = 10;
+
 /// `cdc.shared_decoding`.
-pub static SHARED_DECODING: GucSetting<bool> = GucSetting::<bool>::new(false);
+pub static SHARED_DECODING: GucSetting<SharedDecoding> = GucSetting::<SharedDecoding>::new(SharedDecoding::Auto);
+
+/// Whether the setting lets the decoding be shared at all (`on` or `auto`).
+pub fn shared_decoding_allowed() -> bool {
+    !matches!(
+        SHARED_DECODING.get(),
+        SharedDecoding::Off | SharedDecoding::False | SharedDecoding::No | SharedDecoding::Zero
+    )
+}
+
+/// Whether the sinks share one decoding with `sinks` sinks (workers) in the database.
+pub fn shared_decoding_wanted(sinks: usize) -> bool {
+    match SHARED_DECODING.get() {
+        SharedDecoding::Off | SharedDecoding::False | SharedDecoding::No | SharedDecoding::Zero => false,
+        SharedDecoding::Auto => sinks >= SHARED_DECODING_AUTO_SINKS,
+        SharedDecoding::On | SharedDecoding::True | SharedDecoding::Yes | SharedDecoding::One => sinks > 0,
+    }
+}
 /// `cdc.shared_decoding_max_lag` (MB).
 pub static SHARED_DECODING_MAX_LAG: GucSetting<i32> = GucSetting::<i32>::new(1024);
 
@@ -286,9 +340,9 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
-    GucRegistry::define_bool_guc(
+    GucRegistry::define_enum_guc(
         c"cdc.shared_decoding",
-        c"Sinks read one shared decoding of the WAL (the group's decoder) instead of decoding it each.",
+        c"Sinks read one shared decoding of the WAL (the group's decoder) instead of decoding it each: off, on, or auto (from 10 sinks on).",
         c"Each sink keeps its slot, moved without decoding; a sink the group's log cannot serve reads its own slot.",
         &SHARED_DECODING,
         GucContext::Sighup,

@@ -48,7 +48,7 @@ impl Chores {
         let sinks: Vec<(String, String)> =
             cat.sinks.iter().filter(|s| !s.finished()).map(|s| (s.id.clone(), s.name.clone())).collect();
         self.starter.ensure(&sinks);
-        self.ensure_decoder(!sinks.is_empty());
+        self.ensure_decoder(sinks.len());
         self.warn_retained_wal(cat);
         self.mark_restart_point(cat);
         self.drop_orphan_slots(cat, schema);
@@ -67,10 +67,10 @@ impl Chores {
         self.drop_orphan_slots(cat, None);
     }
 
-    /// Starts the shared decoding's decoder while `cdc.shared_decoding` is on and sinks exist and
-    /// none runs (at most once a second; a second one exits at once).
-    fn ensure_decoder(&mut self, any_sink: bool) {
-        if !gucs::SHARED_DECODING.get() || !any_sink || group::decoder_running() {
+    /// Starts the shared decoding's decoder while `cdc.shared_decoding` wants one for the `sinks`
+    /// sinks that have workers and none runs (at most once a second; a second one exits at once).
+    fn ensure_decoder(&mut self, sinks: usize) {
+        if !gucs::shared_decoding_wanted(sinks) || group::decoder_running() {
             return;
         }
         if self.decoder_started.is_some_and(|t| t.elapsed().as_secs() < 1) {
@@ -159,8 +159,9 @@ impl Chores {
     fn drop_orphan_slots(&mut self, cat: &Catalog, schema: Option<&str>) {
         let mut still = OrphanSightings::new();
         for slot in &cat.slots {
-            // The shared decoding's slot while it is on (off, it is an orphan like any other).
-            if slot.name == group::GROUP_SLOT && gucs::SHARED_DECODING.get() {
+            // The shared decoding's slot while it is wanted (else an orphan like any other).
+            let workers = cat.sinks.iter().filter(|s| !s.finished()).count();
+            if slot.name == group::GROUP_SLOT && gucs::shared_decoding_wanted(workers) {
                 continue;
             }
             // A finished sink's slot is dropped by its worker; should that fail, here.
@@ -189,7 +190,10 @@ impl Chores {
                         })
                         .unwrap_or(false);
                     if dropped && name == group::GROUP_SLOT {
-                        pgrx::log!("{}: dropped replication slot {name}: cdc.shared_decoding is off", LAUNCHER);
+                        pgrx::log!(
+                            "{}: dropped replication slot {name}: the decoding is not shared now (cdc.shared_decoding)",
+                            LAUNCHER
+                        );
                     } else if dropped {
                         pgrx::log!("{}: dropped replication slot {name} of a dropped sink", LAUNCHER);
                     } else {

@@ -71,14 +71,14 @@ pub fn main() {
             // SAFETY: the documented way for a background worker to reload postgresql.conf.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        if !gucs::SHARED_DECODING.get() {
+        if !gucs::shared_decoding_allowed() {
             break;
         }
-        // No sink left, or the extension dropped: nothing to decode for (the launcher starts a
-        // decoder again when a sink is added).
+        // No sink left (with `auto`, fewer than it shares from), or the extension dropped: nothing
+        // to decode for (the launcher starts a decoder again when it is wanted).
         if looked.elapsed() >= WANTED_EVERY {
             looked = Instant::now();
-            if !run_tx(any_sink).unwrap_or(true) {
+            if !run_tx(|| gucs::shared_decoding_wanted(sinks_with_workers())).unwrap_or(true) {
                 break;
             }
         }
@@ -206,12 +206,14 @@ impl Decoder {
     }
 }
 
-/// Whether the extension is installed and has a sink.
-fn any_sink() -> bool {
-    catalog::extension_schema().is_some_and(|schema| {
-        catalog::json(&format!("SELECT to_jsonb(EXISTS (SELECT 1 FROM {schema}._cdc_sinks))"), &[])
-            == Some(Value::Bool(true))
-    })
+/// The sinks that have a worker (every one but the finished `initial_only` sinks); 0 when the
+/// extension is not installed.
+fn sinks_with_workers() -> usize {
+    let Some(schema) = catalog::extension_schema() else { return 0 };
+    let finished = cdc_core::state::SinkState::Finished.label();
+    catalog::json(&format!("SELECT to_jsonb(count(*)) FROM {schema}._cdc_sinks WHERE state <> $1"), &[finished.into()])
+        .and_then(|v| v.as_u64())
+        .map_or(0, |n| n as usize)
 }
 
 /// How far behind the WAL a member's slot may be and still hold the group's slot and log:

@@ -91,7 +91,7 @@ pub struct Published {
 
 /// The group's log, when shared decoding is on and a live decoder has one.
 pub fn published() -> Option<Published> {
-    if !crate::preloaded() || !gucs::SHARED_DECODING.get() {
+    if !crate::preloaded() || !gucs::shared_decoding_allowed() {
         return None;
     }
     let (decoder, epoch, end) = {

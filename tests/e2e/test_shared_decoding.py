@@ -86,13 +86,14 @@ def test_sinks_share_one_decoding_and_deliver_every_change_once(pg, sinks, uniqu
             wait_for(lambda n=n: shared(pg, n), what=f"{n} reading the new log")
             assert delivery_status(pg, n)["decoding"]["shared_joins"] >= 2, n
     # Off: the decoder exits, the sinks decode their own slots again, and the group's slot goes.
-    wait_for(lambda: decoder_pid(pg) is None, what="the decoder gone")
-    insert_rows(busy, 6_000, 500)
-    for n in names:
-        assert_exactly_once(consume(n.replace("_", "-"), 6_500, timeout=60), range(6_500))
-        assert not shared(pg, n)
-    wait_for(lambda: pg.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '_cdc_group'")
-             .fetchone()[0] == 0, timeout=60, what="the group's slot dropped")
+    with server_settings({"cdc.shared_decoding": "off"}):
+        wait_for(lambda: decoder_pid(pg) is None, what="the decoder gone")
+        insert_rows(busy, 6_000, 500)
+        for n in names:
+            assert_exactly_once(consume(n.replace("_", "-"), 6_500, timeout=60), range(6_500))
+            assert not shared(pg, n)
+        wait_for(lambda: pg.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '_cdc_group'")
+                 .fetchone()[0] == 0, timeout=60, what="the group's slot dropped")
     for t in (busy, idle):
         pg.execute("SELECT cdc_disable(%s)", (t,))
 
@@ -155,3 +156,59 @@ def test_a_stuck_member_does_not_cost_the_group_its_slot(pg, sinks, unique):
         pg.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (stuck,))
     for t in (stuck_t, live_t):
         pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_auto_shares_the_decoding_from_ten_sinks_on(pg, sinks, unique):
+    """cdc.shared_decoding = auto (the default): nine sinks (a Kafka sink and eight table sinks)
+    decode their own slots; a tenth starts the decoder and every sink moves onto the shared log;
+    back to nine, the decoder leaves, the group's slot goes, and the sinks decode their own slots
+    again. Every row once throughout (the topic, read_committed, and the event tables)."""
+    t, kafka = f"auto_{unique}", f"auto_k_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    tables = [f"auto_t{i}_{unique}" for i in range(9)]
+
+    def add_table_sink(name):
+        pg.execute("SELECT cdc_add_sink(%s, 'table', %s::jsonb)", (name, json.dumps({"table": f"{name}_ev", "tables": [t]})))
+
+    def delivered_everywhere(count, names):
+        assert_exactly_once(consume(kafka.replace("_", "-"), count, timeout=60), range(count))
+        for n in names:
+            wait_for(lambda n=n: pg.execute(f"SELECT count(*) FROM {n}_ev").fetchone()[0] >= count,
+                     timeout=60, what=f"{n} holding {count} rows")
+            rows, ids = pg.execute(f"SELECT count(*), count(DISTINCT event -> 'after' ->> 'id') FROM {n}_ev").fetchone()
+            assert rows == ids == count, (n, rows, ids, count)
+    try:
+        with server_settings({"cdc.shared_decoding": "auto"}):
+            sinks.add(kafka, kafka.replace("_", "-"), tables=[t])
+            for n in tables[:8]:
+                add_table_sink(n)
+            nine = [kafka] + tables[:8]
+            insert_rows(t, 0, 100)
+            delivered_everywhere(100, tables[:8])
+            time.sleep(2)  # the launcher's passes: no decoder is started for nine sinks
+            assert decoder_pid(pg) is None and not any(shared(pg, n) for n in nine)
+            add_table_sink(tables[8])
+            wait_for(lambda: decoder_pid(pg), timeout=30, what="the decoder started for a tenth sink")
+            # Each joins once its position is one the log serves: rows keep coming until then.
+            for i in range(100, 160):
+                insert_rows(t, i, 1)
+                if all(shared(pg, n) for n in nine + [tables[8]]):
+                    break
+                time.sleep(1)
+            assert all(shared(pg, n) for n in nine + [tables[8]]), {n: shared(pg, n) for n in nine + [tables[8]]}
+            insert_rows(t, i + 1, 1_000 - (i + 1))
+            delivered_everywhere(1_000, tables[:8])
+            pg.execute("SELECT cdc_drop_sink(%s)", (tables[8],))
+            wait_for(lambda: decoder_pid(pg) is None, timeout=30, what="the decoder gone with the tenth sink")
+            wait_for(lambda: pg.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '_cdc_group'")
+                     .fetchone()[0] == 0, timeout=60, what="the group's slot dropped")
+            insert_rows(t, 1_000, 100)
+            delivered_everywhere(1_100, tables[:8])
+            assert not any(shared(pg, n) for n in nine)
+    finally:
+        with connect() as c:
+            for n in tables:
+                c.execute("SELECT cdc_drop_sink(%s) FROM _cdc_sinks WHERE sink_name = %s", (n, n))
+                c.execute(f"DROP TABLE IF EXISTS {n}_ev")
+    pg.execute("SELECT cdc_disable(%s)", (t,))
