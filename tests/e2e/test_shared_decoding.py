@@ -212,3 +212,60 @@ def test_auto_shares_the_decoding_from_ten_sinks_on(pg, sinks, unique):
                 c.execute("SELECT cdc_drop_sink(%s) FROM _cdc_sinks WHERE sink_name = %s", (n, n))
                 c.execute(f"DROP TABLE IF EXISTS {n}_ev")
     pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_a_member_behind_the_lag_bound_no_longer_holds_the_group(pg, sinks, unique):
+    """cdc.shared_decoding_max_lag: a member whose destination refuses every delivery stays behind;
+    once it is more than the bound (1 MB here) behind the WAL, the group's slot and log no longer
+    wait for it: the group's slot moves past the stuck member's own slot while that one stays put,
+    and a busy member keeps reading the log. When the destination answers again, the stuck sink,
+    whose position the log no longer serves, catches up from its own slot and every row arrives.
+    Fails when the group's confirm waits for every member whatever its lag."""
+    stuck_t, busy_t, stuck = f"lagb_s_{unique}", f"lagb_b_{unique}", f"lagb_s_{unique}"
+    for t in (stuck_t, busy_t):
+        pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+        pg.execute("SELECT cdc_enable(%s)", (t,))
+    hook = Hook()
+    try:
+        with server_settings({"cdc.shared_decoding": "on", "cdc.shared_decoding_max_lag": "1MB"}):
+            busy = sinks.add(f"lagb_b_{unique}", f"lagb-b-{unique}", tables=[busy_t])
+            pg.execute("SELECT cdc_add_sink(%s, 'webhook', %s::jsonb)",
+                       (stuck, json.dumps({"url": hook.url, "tables": [stuck_t]})))
+            for i in range(60):
+                insert_rows(stuck_t, i, 1)
+                insert_rows(busy_t, i, 1)
+                if shared(pg, stuck) and shared(pg, busy):
+                    break
+                time.sleep(1)
+            assert shared(pg, stuck) and shared(pg, busy), "the sinks never read the shared log"
+            joined = i + 1
+            wait_for(lambda: len(hook.delivered()) >= joined, timeout=60, what="the webhook sink delivering")
+            hook.policy = lambda n: (503, {}, b"")
+            answered = len(hook.requests)
+            insert_rows(stuck_t, 1_000, 1)
+            wait_for(lambda: any(r[3] == 503 for r in hook.requests[answered:]), timeout=60,
+                     what="the stuck sink refused")
+            time.sleep(1)  # a confirm of what it delivered before lands
+            stuck_slot = slot_of(pg, stuck)
+            held = pg.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                              (stuck_slot,)).fetchone()[0]
+            # About 4 MB of WAL on the busy table, delivered by the busy sink.
+            with connect() as c:
+                c.execute(f"INSERT INTO {busy_t} SELECT g, repeat('x', 400) FROM generate_series(100, 10099) g")
+            assert_exactly_once(consume(f"lagb-b-{unique}", 10_000 + joined, timeout=90),
+                                list(range(joined)) + list(range(100, 10_100)))
+            assert pg.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                              (stuck_slot,)).fetchone()[0] == held, "the stuck sink's own slot holds"
+            wait_for(lambda: pg.execute(
+                "SELECT confirmed_flush_lsn - %s::pg_lsn > 1024 * 1024 FROM pg_replication_slots "
+                "WHERE slot_name = '_cdc_group'", (held,)).fetchone()[0], timeout=60,
+                what="the group's slot more than the bound past the stuck member's")
+            assert shared(pg, busy)
+            hook.policy = lambda n: (200, {}, b"")
+            wait_for(lambda: {(r["event"].get("after") or {}).get("id") for r in hook.delivered()} >= set(range(joined)) | {1_000},
+                     timeout=90, what="the stuck sink catching up")
+    finally:
+        hook.close()
+        pg.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (stuck,))
+    for t in (stuck_t, busy_t):
+        pg.execute("SELECT cdc_disable(%s)", (t,))
