@@ -25,7 +25,10 @@ two at once) and the limits around them, and writes bench/results/e2e.md, e2e.cs
 - source overhead: pgbench TPC-B TPS with capture off, with pg_cdc on and with Debezium on, on shared
   cores and pinned (PostgreSQL and pgbench on one CPU, the broker and the capturing processes on the other);
 - pg_cdc worker memory (private: Private_Clean + Private_Dirty + Swap from /proc/PID/smaps_rollup)
-  at steady state and during one 1,000,000-row transaction.
+  at steady state and during one 1,000,000-row transaction;
+- a backlog of 5,000,000 inserts (--backlog-changes) written while the sinks are held, then read by
+  one exactly-once sink and by three identical ones, each decoding their own slots and sharing one
+  decoding: seconds to drain, events/s, CPU per 100k events and the largest pg_cdc process's memory.
 
 Everything it creates is named bench_* / pgbench_* (tables, sinks, slots, publications) or
 bench-<run id>-* (topics; the steady section's Kinesis streams and registry subjects, removed at the
@@ -34,7 +37,7 @@ Ports and paths come from the environment (scripts/env.sh); the services must be
 bench-e2e` starts them). bench/e2e_report.py writes the files. Run it with the venv's Python:
 
     source scripts/env.sh && "$PG_CDC_VENV/bin/python" bench/e2e_bench.py [--quick] [--rows N] [--sections ...]
-        [--steady-repeats N]
+        [--steady-repeats N] [--steady-idle 20,50] [--shared-decoding off|on|both] [--backlog-changes N]
 """
 import argparse
 import contextlib
@@ -184,6 +187,7 @@ class Sizes:
     steady_idle: tuple      # idle sinks next to the busy one, one configuration each
     steady_repeats: int     # runs of each steady configuration (the report gives the median)
     steady_shared: tuple = (False, True)  # cdc.shared_decoding off and/or on: each configuration both ways
+    backlog_changes: int = 5_000_000  # backlog section: inserts written while the sinks are held
 
     @property
     def warmup(self):
@@ -196,8 +200,13 @@ FULL = Sizes(events=300_000, latency_seconds=30, rates=(1000, 5000, 10000), pgbe
              steady_repeats=3)
 QUICK = Sizes(events=50_000, latency_seconds=10, rates=(1000, 5000), pgbench_seconds=8, pgbench_rounds=1,
               pgbench_scale=5, big_rows=200_000, steady_rate=2000, steady_seconds=8, steady_idle=(20, 50),
-              steady_repeats=1)
-SECTIONS = ("throughput", "latency", "steady", "overhead", "memory")
+              steady_repeats=1, backlog_changes=500_000)
+SECTIONS = ("throughput", "latency", "steady", "overhead", "memory", "backlog")
+
+# The backlog section's table, and its configurations: (label, sinks, shared decoding).
+BACKLOG_TABLE = "bench_backlog"
+BACKLOG_CONFIGS = (("1 sink", 1, False), ("1 sink, shared decoding", 1, True),
+                   ("3 identical sinks", 3, False), ("3 identical sinks, shared decoding", 3, True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1510,6 +1519,97 @@ class Bench:
         r.add("memory", wl, "pg_cdc (exactly-once)", "delivered_s", done - t0, "s (INSERT start to last event seen)")
         r.series["big_tx_memory"] = sampler.samples
 
+    def backlog(self):
+        """A backlog of sizes.backlog_changes inserts (transactions of 1,000 rows) written while the
+        sinks are held (they wait for a lock on _cdc_sinks at their next pass, as a stopped worker
+        would leave them), then read: one exactly-once Kafka sink, and three identical ones on the
+        same table, each with the sinks decoding their own slots and sharing one decoding. From the
+        release to the last event visible (read_committed) in every sink's topic: seconds, events
+        per second per sink, CPU of every pg_cdc process per 100k events delivered, and the largest
+        private memory of any pg_cdc process (sampled every 0.2 s)."""
+        n = self.sizes.backlog_changes
+        wl = f"{n:,} changes"
+        captured_table(self.conn, BACKLOG_TABLE, "id bigint PRIMARY KEY, note text")
+        try:
+            for label, count, shared in BACKLOG_CONFIGS:
+                if shared not in self.sizes.steady_shared:
+                    continue
+                print(f"backlog: {wl}, {label}", flush=True)
+                for metric, (value, unit) in self.backlog_run(n, count, shared).items():
+                    self.results.add("backlog", wl, label, metric, value, unit)
+        finally:
+            set_shared_decoding(self.conn, None)
+            drop_captured_tables(self.conn, [BACKLOG_TABLE])
+
+    def backlog_run(self, n, count, shared):
+        conn, kafka = self.conn, self.kafka
+        set_shared_decoding(conn, shared)
+        conn.execute(f"TRUNCATE {BACKLOG_TABLE}")
+        names = [f"bench_backlog_{i}" for i in range(count)]
+        topics = [kafka.topic("backlog", str(count), "sh" if shared else "own", str(i)) for i in range(count)]
+        counters, added = [], []
+        try:
+            for name, topic in zip(names, topics):
+                conn.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)", (name, json.dumps(
+                    {"bootstrap_servers": self.env.bootstrap, "topic": topic, "tables": [BACKLOG_TABLE],
+                     "exactly_once": True})))
+                added.append(name)
+            wait_sinks_running(conn, names, 120)
+            counters = [Counter(kafka, t) for t in topics]
+            # Warm-up rows until every sink delivered one (and, shared, reads the log: a new sink
+            # decodes its own slot until its position is one the log serves).
+            warm = 0
+            deadline = time.monotonic() + 180
+            while True:
+                conn.execute(f"INSERT INTO {BACKLOG_TABLE} VALUES (%s, 'warm-up')", (-1 - warm,))
+                warm += 1
+                for c in counters:
+                    c.wait_for(warm, timeout=60)
+                if not shared or conn.execute(
+                        "SELECT bool_and((cdc_delivery_status(n)->'decoding'->>'shared')::bool) "
+                        "FROM unnest(%s::text[]) n", (names,)).fetchone()[0]:
+                    break
+                if time.monotonic() > deadline:
+                    raise BenchError("the sinks did not read the shared decoding's log within 180 s")
+                time.sleep(0.5)
+            with self.env.connect() as holder:
+                holder.execute("BEGIN")
+                holder.execute("LOCK TABLE _cdc_sinks IN ACCESS EXCLUSIVE MODE")
+                wait_until(lambda: conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker' "
+                    "AND wait_event_type = 'Lock'").fetchone()[0] == count, 60, "the sinks held")
+                with self.env.connect() as writer:
+                    writer.execute(
+                        f"DO $$ BEGIN FOR i IN 0..{n // 1000 - 1} LOOP "
+                        f"INSERT INTO {BACKLOG_TABLE} SELECT i * 1000 + g, repeat('x', 100) "
+                        f"FROM generate_series(0, 999) g; COMMIT; END LOOP; END $$")
+                pids = capture_pids(conn)
+                cpu0 = cpu_seconds(pids)
+                sampler = Sampler(lambda: max((m for m in map(private_kib, pids) if m is not None), default=None), 0.2)
+                sampler.start()
+                t0 = time.monotonic()
+                holder.execute("COMMIT")
+            try:
+                done = max(c.wait_for(warm + n // 1000 * 1000, timeout=3600) for c in counters)
+            finally:
+                memory = sampler.stop()
+            elapsed = done - t0
+            cpu = cpu_seconds(pids) - cpu0
+            delivered_events = count * (n // 1000 * 1000)
+            return {"drain_s": (elapsed, "s (release to the last event in every topic)"),
+                    "events_per_s": ((n // 1000 * 1000) / elapsed, "events/s per sink"),
+                    "cpu_s_per_100k": (cpu * 100_000 / delivered_events,
+                                       "CPU s per 100k events delivered (every pg_cdc process)"),
+                    "cores": (cpu / elapsed, "cores (every pg_cdc process)"),
+                    "max_private_mib": (max(memory, default=0) / 1024, "MiB (the largest pg_cdc process)"),
+                    "processes": (len(pids), "pg_cdc processes")}
+        finally:
+            for c in counters:
+                c.close()
+            slots = drop_sinks(conn, added)
+            kafka.delete(topics + ["pg_cdc.progress." + slot.removeprefix("_cdc_") for slot in slots])
+            kafka.created = [t for t in kafka.created if t not in topics]
+
     # -- driver -------------------------------------------------------------------------------
 
     def run(self):
@@ -1582,6 +1682,8 @@ def main():
                         help="runs of each configuration of the steady section (default 3, quick 1)")
     parser.add_argument("--shared-decoding", choices=("off", "on", "both"), default="both",
                         help="steady section: cdc.shared_decoding off, on, or each configuration both ways (default)")
+    parser.add_argument("--backlog-changes", type=int,
+                        help="backlog section: inserts written while the sinks are held (default 5000000, quick 500000)")
     parser.add_argument("--steady-idle", help="steady section: the counts of idle sinks, comma-separated "
                         "(default 20,50)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where e2e.md/csv/png go")
@@ -1591,6 +1693,8 @@ def main():
         sizes = Sizes(**{**vars(sizes), "events": args.rows})
     if args.steady_repeats:
         sizes = Sizes(**{**vars(sizes), "steady_repeats": args.steady_repeats})
+    if args.backlog_changes:
+        sizes = Sizes(**{**vars(sizes), "backlog_changes": args.backlog_changes})
     if args.steady_idle:
         try:
             idle = tuple(int(n) for n in args.steady_idle.split(",") if n)

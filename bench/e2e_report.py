@@ -119,7 +119,7 @@ class Markdown:
 
     def render(self):
         parts = [self.header(), self.goals(), self.throughput(), self.latency(), self.steady(), self.overhead(),
-                 self.memory(),
+                 self.memory(), self.backlog(),
                  self.method(), self.settings()]
         if self.r.notes:
             parts.append("## Notes from the run\n\n" + "\n".join(f"- {n}" for n in self.r.notes) + "\n")
@@ -460,6 +460,30 @@ every 0.1 s during the large transaction. The pg_cdc worker is the backend whose
 {chr(10).join(lines)}
 
 {big_text}"""
+
+    def backlog(self):
+        rows = [r for r in self.r.rows if r["section"] == "backlog"]
+        if not rows:
+            return ""
+        wl = rows[0]["workload"]
+        systems = list(dict.fromkeys(r["system"] for r in rows))
+        lines = [f"| {s} | {fmt(self.v('backlog', wl, s, 'drain_s'), ' s')} | "
+                 f"{whole(self.v('backlog', wl, s, 'events_per_s'))} | {fmt(self.v('backlog', wl, s, 'cores'))} | "
+                 f"{fmt(self.v('backlog', wl, s, 'cpu_s_per_100k'))} | "
+                 f"{fmt(self.v('backlog', wl, s, 'max_private_mib'), ' MiB')} | "
+                 f"{whole(self.v('backlog', wl, s, 'processes'))} |" for s in systems]
+        return f"""## A backlog of {wl}
+
+Written (transactions of 1,000 rows of about 100 bytes) while the sinks were held (each waiting for a
+lock on _cdc_sinks at its next pass), then released; exactly-once Kafka sinks on the one table. The
+clock runs from the release to the last event visible (read_committed) in every sink's topic. CPU
+and memory are of every pg_cdc process (sink workers, launcher, and the decoder when the decoding is
+shared); memory is the largest private memory of any of them, sampled every 0.2 s. One run each.
+
+| configuration | drain | events/s per sink | pg_cdc cores | CPU s per 100k events delivered | largest process | processes |
+|---|---:|---:|---:|---:|---:|---:|
+{chr(10).join(lines)}
+"""
 
     def method(self):
         return """## How each figure was measured
