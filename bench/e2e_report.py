@@ -476,7 +476,9 @@ every 0.1 s during the large transaction. The pg_cdc worker is the backend whose
 
 Written (transactions of 1,000 rows of about 100 bytes) while the sinks were held (each waiting for a
 lock on _cdc_sinks at its next pass), then released; exactly-once Kafka sinks on the one table. The
-clock runs from the release to the last event visible (read_committed) in every sink's topic. CPU
+clock runs from the release until every sink counted every event delivered (its Kafka transactions
+committed; cdc_delivery_status, polled every 0.1 s); each topic is then read back (read_committed) to
+check that it holds every event (reading the topics back is slower than pg_cdc writes them). CPU
 and memory are of every pg_cdc process (sink workers, launcher, and the decoder when the decoding is
 shared); memory is the largest private memory of any of them, sampled every 0.2 s. One run each.
 
