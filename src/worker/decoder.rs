@@ -153,7 +153,18 @@ impl Decoder {
             }
             Err(e) => {
                 release_slot();
-                self.fail(&format!("cannot start decoding replication slot {GROUP_SLOT}: {e}"));
+                // PostgreSQL's hint is not in the message: say which setting, and what goes on meanwhile.
+                let hint = if e.contains("replication slots are in use") {
+                    // SAFETY: reads a setting fixed at server start.
+                    let slots = unsafe { pg_sys::max_replication_slots };
+                    format!(
+                        " (max_replication_slots, currently {slots}: the shared decoding needs one slot more than \
+                         the sinks; meanwhile every sink decodes its own slot)"
+                    )
+                } else {
+                    String::new()
+                };
+                self.fail(&format!("cannot start decoding replication slot {GROUP_SLOT}: {e}{hint}"));
                 false
             }
         }
@@ -161,6 +172,7 @@ impl Decoder {
 
     fn fail(&mut self, message: &str) {
         pgrx::warning!("{DECODER}: {message}");
+        group::close_log();
         self.session = None;
         release_slot();
         self.failures += 1;

@@ -45,6 +45,9 @@ struct Group {
     /// The log being written: its number (0: none yet), how far readers may read, and the
     /// position up to which every unit is in it.
     epoch: u64,
+    /// The decoder has opened that log and writes it (false from the moment a decoder takes its
+    /// place until it opens a log of its own, and after it leaves).
+    writing: bool,
     end: LogEnd,
     complete_to: u64,
     /// Bumped at every publish (members nap until it moves).
@@ -64,6 +67,7 @@ pub fn init() {
         GROUP = Group {
             decoder: 0,
             epoch: 0,
+            writing: false,
             end: LogEnd::default(),
             complete_to: 0,
             publishes: 0,
@@ -94,11 +98,11 @@ pub fn published() -> Option<Published> {
     if !crate::preloaded() || !gucs::shared_decoding_allowed() {
         return None;
     }
-    let (decoder, epoch, end) = {
+    let (decoder, epoch, writing, end) = {
         let g = GROUP.share();
-        (g.decoder, g.epoch, g.end)
+        (g.decoder, g.epoch, g.writing, g.end)
     };
-    (epoch > 0 && decoder_alive(decoder)).then(|| Published { epoch, end, dir: log_dir(epoch) })
+    (writing && decoder_alive(decoder)).then(|| Published { epoch, end, dir: log_dir(epoch) })
 }
 
 /// The decoder process this one last found alive, and when its title was last read.
@@ -126,7 +130,7 @@ fn decoder_alive(pid: i32) -> bool {
 /// How far the log of `epoch` may be read now (`None`: that log is no longer written).
 pub fn end_of(epoch: u64) -> Option<LogEnd> {
     let g = GROUP.share();
-    (g.epoch == epoch).then_some(g.end)
+    (g.writing && g.epoch == epoch).then_some(g.end)
 }
 
 /// Changes at every publish of the decoder.
@@ -172,6 +176,10 @@ pub fn claim_decoder() -> bool {
         return false;
     }
     g.decoder = me;
+    // The log of the decoder before is no longer written; none is until this one opens its own
+    // (it may fail to, and members must not take the old one for a live log meanwhile).
+    g.writing = false;
+    g.publishes += 1;
     true
 }
 
@@ -188,6 +196,7 @@ pub fn decoder_running() -> bool {
 pub fn new_epoch() -> u64 {
     let mut g = GROUP.exclusive();
     g.epoch += 1;
+    g.writing = true;
     g.end = LogEnd::default();
     g.complete_to = 0;
     g.publishes += 1;
@@ -207,6 +216,16 @@ pub fn publish(epoch: u64, end: LogEnd, complete_to: Lsn) {
     }
 }
 
+/// The decoder's log is no longer written (its session failed; a new one writes a new log):
+/// members leave it and decode their own slots meanwhile.
+pub fn close_log() {
+    let mut g = GROUP.exclusive();
+    if g.writing {
+        g.writing = false;
+        g.publishes += 1;
+    }
+}
+
 /// Gives the decoder's place up (its log is no longer written).
 pub fn release_decoder() {
     // SAFETY: this process's pid.
@@ -214,6 +233,7 @@ pub fn release_decoder() {
     let mut g = GROUP.exclusive();
     if g.decoder == me {
         g.decoder = 0;
+        g.writing = false;
         g.publishes += 1;
     }
 }

@@ -6,7 +6,8 @@ import json
 import threading
 import time
 
-from conftest import connect, consume, delivery_status, server_settings, sink_state, wait_for, worker_pid
+from conftest import (connect, consume, delivery_status, server_log, server_log_size, server_settings, sink_state,
+                      wait_for, worker_pid)
 from test_exactly_once import assert_exactly_once
 from test_webhook_sink import Hook
 
@@ -269,3 +270,49 @@ def test_a_member_behind_the_lag_bound_no_longer_holds_the_group(pg, sinks, uniq
         pg.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (stuck,))
     for t in (stuck_t, busy_t):
         pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_no_slot_left_for_the_group_is_named_and_the_sinks_go_on(pg, sinks, unique):
+    """Every replication slot in use (physical slots fill what the sink left): the decoder cannot
+    make _cdc_group. Its WARNING names max_replication_slots, the sink keeps delivering from its own
+    slot meanwhile, and once a slot is free the decoder makes the group's slot and the sink shares.
+    Regression: a decoder that had taken its place but opened no log yet published the log of the
+    decoder before it (left on disk by the test before) as live; the sink read that dead log and
+    delivered nothing more (10 of 20 rows)."""
+    t = f"noslot_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    sinks.add(t, f"noslot-{unique}", tables=[t])
+    insert_rows(t, 0, 10)
+    consume(f"noslot-{unique}", 10)
+    # A decoder and group slot left by the test before (with fewer than 10 sinks, auto lets them go).
+    wait_for(lambda: decoder_pid(pg) is None and group_slot(pg) is None, timeout=60,
+             what="no decoder and no group slot")
+    fill = []
+    try:
+        free = pg.execute("SELECT current_setting('max_replication_slots')::int - count(*) FROM pg_replication_slots"
+                          ).fetchone()[0]
+        for i in range(free):
+            fill.append(f"e2e_fill_{unique}_{i}")
+            pg.execute("SELECT pg_create_physical_replication_slot(%s)", (fill[-1],))
+        logged = server_log_size()
+        with server_settings({"cdc.shared_decoding": "on"}):
+            wait_for(lambda: "max_replication_slots, currently" in server_log(logged), timeout=60,
+                     what="the decoder's WARNING naming max_replication_slots")
+            insert_rows(t, 10, 10)
+            assert_exactly_once(consume(f"noslot-{unique}", 20, timeout=60), range(20))
+            assert not shared(pg, t)
+            pg.execute("SELECT pg_drop_replication_slot(%s)", (fill.pop(),))
+            # The decoder tries again within its backoff (at most 30 s).
+            wait_for(lambda: (g := group_slot(pg)) and g[0] is not None, timeout=60,
+                     what="the decoder holding the group's slot")
+            for i in range(20, 80):
+                insert_rows(t, i, 1)
+                if shared(pg, t):
+                    break
+                time.sleep(1)
+            assert shared(pg, t)
+    finally:
+        for name in fill:
+            pg.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+    pg.execute("SELECT cdc_disable(%s)", (t,))
