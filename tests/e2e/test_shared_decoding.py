@@ -2,6 +2,7 @@
 log, and the sinks read their tables from it instead of each decoding the WAL; each sink keeps its
 own slot, moved without decoding. Oracle: what a read_committed consumer finds in each sink's
 topic (every row once), PostgreSQL's own view of the slots and processes, and the workers' counters."""
+import contextlib
 import json
 import threading
 import time
@@ -93,14 +94,50 @@ def test_sinks_share_one_decoding_and_deliver_every_change_once(pg, sinks, uniqu
         for n in names:
             assert_exactly_once(consume(n.replace("_", "-"), 6_500, timeout=60), range(6_500))
             assert not shared(pg, n)
-        wait_for(lambda: pg.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '_cdc_group'")
-                 .fetchone()[0] == 0, timeout=60, what="the group's slot dropped")
+        wait_for(lambda: group_slot(pg) is None, timeout=60, what="the group's slot dropped")
     for t in (busy, idle):
         pg.execute("SELECT cdc_disable(%s)", (t,))
 
 
 def group_slot(pg):
+    """The group's slot (active_pid, wal_status), or None when there is none."""
     return pg.execute("SELECT active_pid, wal_status FROM pg_replication_slots WHERE slot_name = '_cdc_group'").fetchone()
+
+
+def rows_until_shared(pg, tables, start, names, limit=60):
+    """A row (ids start, start + 1, ...) into each of `tables` a second until every sink of `names`
+    reads the shared log (a sink joins once its position is one the log serves); returns how many
+    rows each table got."""
+    for n in range(1, limit + 1):
+        for t in tables:
+            insert_rows(t, start + n - 1, 1)
+        if all(shared(pg, name) for name in names):
+            return n
+        time.sleep(1)
+    raise AssertionError(f"not every sink read the shared log: {({name: shared(pg, name) for name in names})}")
+
+
+@contextlib.contextmanager
+def webhook_sink(pg, name, table):
+    """A webhook sink on `table` whose server (a test_webhook_sink.Hook) the test answers as it likes;
+    dropped, and its server closed, on the way out."""
+    hook = Hook()
+    try:
+        pg.execute("SELECT cdc_add_sink(%s, 'webhook', %s::jsonb)",
+                   (name, json.dumps({"url": hook.url, "tables": [table]})))
+        yield hook
+    finally:
+        hook.close()
+        pg.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (name,))
+
+
+def refuse_from_now_on(pg, hook, table, row_id):
+    """Every delivery to `hook` answered 503 from now on; returns once a delivery of a row written
+    now (`row_id` into `table`) was refused."""
+    hook.policy = lambda n: (503, {}, b"")
+    answered = len(hook.requests)
+    insert_rows(table, row_id, 1)
+    wait_for(lambda: any(r[3] == 503 for r in hook.requests[answered:]), timeout=60, what="the stuck sink refused")
 
 
 def test_a_stuck_member_does_not_cost_the_group_its_slot(pg, sinks, unique):
@@ -114,47 +151,31 @@ def test_a_stuck_member_does_not_cost_the_group_its_slot(pg, sinks, unique):
     for t in (stuck_t, live_t):
         pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, pad text)")
         pg.execute("SELECT cdc_enable(%s)", (t,))
-    hook = Hook()
-    try:
-        with server_settings({"cdc.shared_decoding": "on"}):
-            pg.execute("SELECT cdc_add_sink(%s, 'webhook', %s::jsonb)",
-                       (stuck, json.dumps({"url": hook.url, "tables": [stuck_t]})))
-            # It delivers until it reads the shared log, then every delivery is refused.
-            for i in range(60):
-                pg.execute(f"INSERT INTO {stuck_t} VALUES (%s, 'x')", (i,))
-                if shared(pg, stuck):
-                    break
-                time.sleep(1)
-            assert shared(pg, stuck), "the sink never read the shared log"
-            hook.policy = lambda n: (503, {}, b"")
-            answered = len(hook.requests)
-            pg.execute(f"INSERT INTO {stuck_t} VALUES (-1, 'x')")
-            wait_for(lambda: any(r[3] == 503 for r in hook.requests[answered:]), timeout=60,
-                     what="the stuck sink refused")
-            slot = slot_of(pg, stuck)
-            with server_settings({"max_slot_wal_keep_size": "1MB"}):
-                def lost():
-                    pg.execute(f"INSERT INTO {stuck_t} SELECT g, repeat('x', 500) FROM generate_series(1, 2000) g "
-                               f"ON CONFLICT (id) DO UPDATE SET pad = excluded.pad")
-                    pg.execute("SELECT pg_switch_wal()")
-                    pg.execute("CHECKPOINT")
-                    return pg.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s",
-                                      (slot,)).fetchone()[0] == "lost"
-                wait_for(lost, timeout=90, what="the stuck sink's slot invalidated")
-            state = wait_for(lambda: (s := sink_state(pg, stuck)) and s[0] == "error" and s, timeout=60,
-                             what="the stuck sink in error")
-            assert "invalidated" in state[1], state[1]
-            # The decoder holds a usable group slot again.
-            wait_for(lambda: (g := group_slot(pg)) and g[0] is not None and g[0] == decoder_pid(pg)
-                     and g[1] != "lost", timeout=90, what="the decoder holding a group slot that was not invalidated")
-            live = sinks.add(f"live_{unique}", f"live-{unique}", tables=[live_t])
-            insert_rows(live_t, 0, 50)
-            wait_for(lambda: shared(pg, live), timeout=60, what="a new sink reading the shared log")
-            insert_rows(live_t, 50, 50)
-            assert_exactly_once(consume(f"live-{unique}", 100, timeout=60), range(100))
-    finally:
-        hook.close()
-        pg.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (stuck,))
+    with server_settings({"cdc.shared_decoding": "on"}), webhook_sink(pg, stuck, stuck_t) as hook:
+        # It delivers until it reads the shared log, then every delivery is refused.
+        rows_until_shared(pg, [stuck_t], 0, [stuck])
+        refuse_from_now_on(pg, hook, stuck_t, -1)
+        slot = slot_of(pg, stuck)
+        with server_settings({"max_slot_wal_keep_size": "1MB"}):
+            def lost():
+                pg.execute(f"INSERT INTO {stuck_t} SELECT g, repeat('x', 500) FROM generate_series(1, 2000) g "
+                           f"ON CONFLICT (id) DO UPDATE SET pad = excluded.pad")
+                pg.execute("SELECT pg_switch_wal()")
+                pg.execute("CHECKPOINT")
+                return pg.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s",
+                                  (slot,)).fetchone()[0] == "lost"
+            wait_for(lost, timeout=90, what="the stuck sink's slot invalidated")
+        state = wait_for(lambda: (s := sink_state(pg, stuck)) and s[0] == "error" and s, timeout=60,
+                         what="the stuck sink in error")
+        assert "invalidated" in state[1], state[1]
+        # The decoder holds a usable group slot again.
+        wait_for(lambda: (g := group_slot(pg)) and g[0] is not None and g[0] == decoder_pid(pg)
+                 and g[1] != "lost", timeout=90, what="the decoder holding a group slot that was not invalidated")
+        live = sinks.add(f"live_{unique}", f"live-{unique}", tables=[live_t])
+        insert_rows(live_t, 0, 50)
+        wait_for(lambda: shared(pg, live), timeout=60, what="a new sink reading the shared log")
+        insert_rows(live_t, 50, 50)
+        assert_exactly_once(consume(f"live-{unique}", 100, timeout=60), range(100))
     for t in (stuck_t, live_t):
         pg.execute("SELECT cdc_disable(%s)", (t,))
 
@@ -191,19 +212,12 @@ def test_auto_shares_the_decoding_from_ten_sinks_on(pg, sinks, unique):
             assert decoder_pid(pg) is None and not any(shared(pg, n) for n in nine)
             add_table_sink(tables[8])
             wait_for(lambda: decoder_pid(pg), timeout=30, what="the decoder started for a tenth sink")
-            # Each joins once its position is one the log serves: rows keep coming until then.
-            for i in range(100, 160):
-                insert_rows(t, i, 1)
-                if all(shared(pg, n) for n in nine + [tables[8]]):
-                    break
-                time.sleep(1)
-            assert all(shared(pg, n) for n in nine + [tables[8]]), {n: shared(pg, n) for n in nine + [tables[8]]}
-            insert_rows(t, i + 1, 1_000 - (i + 1))
+            written = 100 + rows_until_shared(pg, [t], 100, nine + [tables[8]])
+            insert_rows(t, written, 1_000 - written)
             delivered_everywhere(1_000, tables[:8])
             pg.execute("SELECT cdc_drop_sink(%s)", (tables[8],))
             wait_for(lambda: decoder_pid(pg) is None, timeout=30, what="the decoder gone with the tenth sink")
-            wait_for(lambda: pg.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '_cdc_group'")
-                     .fetchone()[0] == 0, timeout=60, what="the group's slot dropped")
+            wait_for(lambda: group_slot(pg) is None, timeout=60, what="the group's slot dropped")
             insert_rows(t, 1_000, 100)
             delivered_everywhere(1_100, tables[:8])
             assert not any(shared(pg, n) for n in nine)
@@ -226,48 +240,31 @@ def test_a_member_behind_the_lag_bound_no_longer_holds_the_group(pg, sinks, uniq
     for t in (stuck_t, busy_t):
         pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
         pg.execute("SELECT cdc_enable(%s)", (t,))
-    hook = Hook()
-    try:
-        with server_settings({"cdc.shared_decoding": "on", "cdc.shared_decoding_max_lag": "1MB"}):
-            busy = sinks.add(f"lagb_b_{unique}", f"lagb-b-{unique}", tables=[busy_t])
-            pg.execute("SELECT cdc_add_sink(%s, 'webhook', %s::jsonb)",
-                       (stuck, json.dumps({"url": hook.url, "tables": [stuck_t]})))
-            for i in range(60):
-                insert_rows(stuck_t, i, 1)
-                insert_rows(busy_t, i, 1)
-                if shared(pg, stuck) and shared(pg, busy):
-                    break
-                time.sleep(1)
-            assert shared(pg, stuck) and shared(pg, busy), "the sinks never read the shared log"
-            joined = i + 1
-            wait_for(lambda: len(hook.delivered()) >= joined, timeout=60, what="the webhook sink delivering")
-            hook.policy = lambda n: (503, {}, b"")
-            answered = len(hook.requests)
-            insert_rows(stuck_t, 1_000, 1)
-            wait_for(lambda: any(r[3] == 503 for r in hook.requests[answered:]), timeout=60,
-                     what="the stuck sink refused")
-            time.sleep(1)  # a confirm of what it delivered before lands
-            stuck_slot = slot_of(pg, stuck)
-            held = pg.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                              (stuck_slot,)).fetchone()[0]
-            # About 4 MB of WAL on the busy table, delivered by the busy sink.
-            with connect() as c:
-                c.execute(f"INSERT INTO {busy_t} SELECT g, repeat('x', 400) FROM generate_series(100, 10099) g")
-            assert_exactly_once(consume(f"lagb-b-{unique}", 10_000 + joined, timeout=90),
-                                list(range(joined)) + list(range(100, 10_100)))
-            assert pg.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                              (stuck_slot,)).fetchone()[0] == held, "the stuck sink's own slot holds"
-            wait_for(lambda: pg.execute(
-                "SELECT confirmed_flush_lsn - %s::pg_lsn > 1024 * 1024 FROM pg_replication_slots "
-                "WHERE slot_name = '_cdc_group'", (held,)).fetchone()[0], timeout=60,
-                what="the group's slot more than the bound past the stuck member's")
-            assert shared(pg, busy)
-            hook.policy = lambda n: (200, {}, b"")
-            wait_for(lambda: {(r["event"].get("after") or {}).get("id") for r in hook.delivered()} >= set(range(joined)) | {1_000},
-                     timeout=90, what="the stuck sink catching up")
-    finally:
-        hook.close()
-        pg.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (stuck,))
+    with server_settings({"cdc.shared_decoding": "on", "cdc.shared_decoding_max_lag": "1MB"}), \
+            webhook_sink(pg, stuck, stuck_t) as hook:
+        busy = sinks.add(f"lagb_b_{unique}", f"lagb-b-{unique}", tables=[busy_t])
+        joined = rows_until_shared(pg, [stuck_t, busy_t], 0, [stuck, busy])
+        wait_for(lambda: len(hook.delivered()) >= joined, timeout=60, what="the webhook sink delivering")
+        refuse_from_now_on(pg, hook, stuck_t, 1_000)
+        time.sleep(1)  # a confirm of what it delivered before lands
+        stuck_slot = slot_of(pg, stuck)
+        held = pg.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                          (stuck_slot,)).fetchone()[0]
+        # About 4 MB of WAL on the busy table, delivered by the busy sink.
+        with connect() as c:
+            c.execute(f"INSERT INTO {busy_t} SELECT g, repeat('x', 400) FROM generate_series(100, 10099) g")
+        assert_exactly_once(consume(f"lagb-b-{unique}", 10_000 + joined, timeout=90),
+                            list(range(joined)) + list(range(100, 10_100)))
+        assert pg.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                          (stuck_slot,)).fetchone()[0] == held, "the stuck sink's own slot holds"
+        wait_for(lambda: pg.execute(
+            "SELECT confirmed_flush_lsn - %s::pg_lsn > 1024 * 1024 FROM pg_replication_slots "
+            "WHERE slot_name = '_cdc_group'", (held,)).fetchone()[0], timeout=60,
+            what="the group's slot more than the bound past the stuck member's")
+        assert shared(pg, busy)
+        hook.policy = lambda n: (200, {}, b"")
+        wait_for(lambda: {(r["event"].get("after") or {}).get("id") for r in hook.delivered()} >= set(range(joined)) | {1_000},
+                 timeout=90, what="the stuck sink catching up")
     for t in (stuck_t, busy_t):
         pg.execute("SELECT cdc_disable(%s)", (t,))
 
@@ -306,12 +303,7 @@ def test_no_slot_left_for_the_group_is_named_and_the_sinks_go_on(pg, sinks, uniq
             # The decoder tries again within its backoff (at most 30 s).
             wait_for(lambda: (g := group_slot(pg)) and g[0] is not None, timeout=60,
                      what="the decoder holding the group's slot")
-            for i in range(20, 80):
-                insert_rows(t, i, 1)
-                if shared(pg, t):
-                    break
-                time.sleep(1)
-            assert shared(pg, t)
+            rows_until_shared(pg, [t], 20, [t])
     finally:
         for name in fill:
             pg.execute("SELECT pg_drop_replication_slot(%s)", (name,))

@@ -14,6 +14,7 @@ import signal
 import time
 
 from conftest import connect, consume, delivery_status, server_settings, wait_for
+from test_shared_decoding import rows_until_shared
 
 KAFKA_PID = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), "kafka", "kafka.pid")
 
@@ -136,16 +137,7 @@ def test_a_frozen_broker_holds_back_only_its_own_sink_among_20_sharing_a_decodin
                            (name, json.dumps({"table": f"{name}_events", "tables": [table]})))
             everyone = [kafka_sink] + table_sinks
 
-            def all_shared():
-                return all(delivery_status(pg, n)["decoding"]["shared"] for n in everyone)
-            # Each joins the log once its position is one the log serves: rows keep coming until then.
-            for i in range(60):
-                pg.execute(f"INSERT INTO {table} VALUES (%s, 'before')", (i,))
-                if all_shared():
-                    break
-                time.sleep(1)
-            before = i + 1
-            assert all_shared(), {n: delivery_status(pg, n)["decoding"]["shared"] for n in everyone}
+            before = rows_until_shared(pg, [table], 0, everyone)
             wait_for(lambda: all(delivered(pg, n) == before for n in everyone), timeout=60,
                      what="every sink delivering")
 
