@@ -86,20 +86,28 @@ pub const SHARED_DECODING_AUTO_SINKS: usize = 10;
 /// `cdc.shared_decoding`.
 pub static SHARED_DECODING: GucSetting<SharedDecoding> = GucSetting::<SharedDecoding>::new(SharedDecoding::Auto);
 
+impl SharedDecoding {
+    /// `off`, `on` or `auto`: a boolean spelling read as `on` or `off`.
+    fn mode(self) -> SharedDecoding {
+        match self {
+            SharedDecoding::True | SharedDecoding::Yes | SharedDecoding::One => SharedDecoding::On,
+            SharedDecoding::False | SharedDecoding::No | SharedDecoding::Zero => SharedDecoding::Off,
+            mode => mode,
+        }
+    }
+}
+
 /// Whether the setting lets the decoding be shared at all (`on` or `auto`).
 pub fn shared_decoding_allowed() -> bool {
-    !matches!(
-        SHARED_DECODING.get(),
-        SharedDecoding::Off | SharedDecoding::False | SharedDecoding::No | SharedDecoding::Zero
-    )
+    SHARED_DECODING.get().mode() != SharedDecoding::Off
 }
 
 /// Whether the sinks share one decoding with `sinks` sinks (workers) in the database.
 pub fn shared_decoding_wanted(sinks: usize) -> bool {
-    match SHARED_DECODING.get() {
-        SharedDecoding::Off | SharedDecoding::False | SharedDecoding::No | SharedDecoding::Zero => false,
+    match SHARED_DECODING.get().mode() {
         SharedDecoding::Auto => sinks >= SHARED_DECODING_AUTO_SINKS,
-        SharedDecoding::On | SharedDecoding::True | SharedDecoding::Yes | SharedDecoding::One => sinks > 0,
+        SharedDecoding::On => sinks > 0,
+        _ => false,
     }
 }
 /// `cdc.shared_decoding_max_lag` (MB).

@@ -158,10 +158,10 @@ impl Chores {
     /// sink row is open.
     fn drop_orphan_slots(&mut self, cat: &Catalog, schema: Option<&str>) {
         let mut still = OrphanSightings::new();
+        // The shared decoding's slot while it is wanted (else an orphan like any other).
+        let group_wanted = gucs::shared_decoding_wanted(cat.sinks.iter().filter(|s| !s.finished()).count());
         for slot in &cat.slots {
-            // The shared decoding's slot while it is wanted (else an orphan like any other).
-            let workers = cat.sinks.iter().filter(|s| !s.finished()).count();
-            if slot.name == group::GROUP_SLOT && gucs::shared_decoding_wanted(workers) {
+            if slot.name == group::GROUP_SLOT && group_wanted {
                 continue;
             }
             // A finished sink's slot is dropped by its worker; should that fail, here.
