@@ -621,6 +621,19 @@ def drop_sinks(conn, names):
     return slots
 
 
+def drop_sinks_and_topics(conn, kafka, names, topics):
+    """Drops the sinks (drop_sinks) and deletes their topics and progress topics."""
+    slots = drop_sinks(conn, names)
+    kafka.delete(topics + ["pg_cdc.progress." + slot.removeprefix("_cdc_") for slot in slots])
+    kafka.created = [t for t in kafka.created if t not in topics]
+
+
+def all_reading_shared_log(conn, names):
+    """Whether every one of the sinks reads the shared decoding's log now."""
+    return conn.execute("SELECT bool_and((cdc_delivery_status(n)->'decoding'->>'shared')::bool) "
+                        "FROM unnest(%s::text[]) n", (list(names),)).fetchone()[0]
+
+
 def pgbench(env, *args, prefix=()):
     """Runs pgbench against the benchmark database (after `prefix`, e.g. taskset); returns its output."""
     return subprocess.run([*prefix, str(env.pg_bin / "pgbench"), "-h", env.pg_host, "-p", env.pg_port,
@@ -713,9 +726,7 @@ def steady_run(conn, env, kafka, script, rate, seconds, idle, peers=(), tag=None
                    "every sink on the busy table to deliver the warm-up")
         if shared:
             # Idle sinks move past the log's start with their heartbeats (WAL 2 MB ahead of them).
-            wait_until(lambda: conn.execute(
-                "SELECT bool_and((cdc_delivery_status(n)->'decoding'->>'shared')::bool) FROM unnest(%s::text[]) n",
-                (names,)).fetchone()[0], 180, "every sink reading the shared decoding's log")
+            wait_until(lambda: all_reading_shared_log(conn, names), 180, "every sink reading the shared decoding's log")
         before = {n: delivered(conn, n) or 0 for n in on_busy[1:]}
         collector = LatencyCollector(kafka, busy_topic, pg_cdc_commit_us, since_us=time.time() * 1_000_000)
         collector.start()
@@ -746,9 +757,7 @@ def steady_run(conn, env, kafka, script, rate, seconds, idle, peers=(), tag=None
                 "catch_up_s": time.monotonic() - seen, "load_start": load0, "load_end": load1,
                 "restarted": restarted, "mib_median": memory[len(memory) // 2], "mib_total": sum(memory)}
     finally:
-        slots = drop_sinks(conn, names)
-        kafka.delete(topics + ["pg_cdc.progress." + slot.removeprefix("_cdc_") for slot in slots])
-        kafka.created = [t for t in kafka.created if t not in topics]
+        drop_sinks_and_topics(conn, kafka, names, topics)
 
 
 def wait_sinks_running(conn, names, timeout):
@@ -1566,9 +1575,7 @@ class Bench:
                 warm += 1
                 for c in counters:
                     c.wait_for(warm, timeout=60)
-                if not shared or conn.execute(
-                        "SELECT bool_and((cdc_delivery_status(n)->'decoding'->>'shared')::bool) "
-                        "FROM unnest(%s::text[]) n", (names,)).fetchone()[0]:
+                if not shared or all_reading_shared_log(conn, names):
                     break
                 if time.monotonic() > deadline:
                     raise BenchError("the sinks did not read the shared decoding's log within 180 s")
@@ -1616,9 +1623,7 @@ class Bench:
         finally:
             for c in counters:
                 c.close()
-            slots = drop_sinks(conn, added)
-            kafka.delete(topics + ["pg_cdc.progress." + slot.removeprefix("_cdc_") for slot in slots])
-            kafka.created = [t for t in kafka.created if t not in topics]
+            drop_sinks_and_topics(conn, kafka, added, topics)
 
     # -- driver -------------------------------------------------------------------------------
 
