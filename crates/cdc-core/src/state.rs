@@ -173,7 +173,7 @@ mod tests {
 
     #[test]
     fn the_catalog_allows_exactly_these_labels() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sql");
+        let root = crate::testutil::crate_dir(env!("CARGO_MANIFEST_DIR")).join("../../sql");
         let labels: Vec<String> = SinkState::ALL.iter().map(|s| s.label().to_string()).collect();
         // The fresh install and the newest upgrade script that (re)defines the constraint (older
         // scripts define what their release allowed).
@@ -218,7 +218,7 @@ mod tests {
 
     #[test]
     fn the_catalog_allows_exactly_these_snapshot_labels() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sql");
+        let root = crate::testutil::crate_dir(env!("CARGO_MANIFEST_DIR")).join("../../sql");
         let labels: Vec<String> = SnapshotState::ALL.iter().map(|s| s.label().to_string()).collect();
         // The fresh install, and the upgrade script that made the table.
         for name in ["bootstrap.sql", "pg_cdc--0.3.0--0.4.0.sql"] {

@@ -1,6 +1,7 @@
 //! Test helpers: load the golden pgoutput captures (`tests/golden/`, made by
 //! `scripts/capture-golden.sh` from a real PostgreSQL 15) and run them through the pipeline.
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::config::CaptureConfig;
@@ -9,8 +10,18 @@ use crate::lsn::Lsn;
 use crate::pipeline::{Assembler, RawFrame, SinkTables, Transaction};
 use crate::types::{PgTypeRow, TypeRegistry};
 
-fn golden_path(file: &str) -> String {
-    format!("{}/tests/golden/{file}", env!("CARGO_MANIFEST_DIR"))
+/// The directory of the crate whose tests run: `CARGO_MANIFEST_DIR` as cargo sets it when it runs
+/// them, else `compiled` (the caller's `env!("CARGO_MANIFEST_DIR")`). Not the compiled value first:
+/// the cargo target directory is shared outside the repository, so a test binary built in another
+/// clone, whose sources are older, is reused here with that clone's paths in it (the unit tests
+/// failed to find their golden files once that clone was gone).
+pub fn crate_dir(compiled: &str) -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(compiled), PathBuf::from)
+}
+
+/// A golden file; from cdc-core's tests and from those of the crates next to it.
+fn golden_path(file: &str) -> PathBuf {
+    crate_dir(env!("CARGO_MANIFEST_DIR")).join("../cdc-core/tests/golden").join(file)
 }
 
 /// The frames of a capture.
@@ -192,5 +203,17 @@ pub mod wal {
         let mut d = vec![b'R'];
         write_relation(&mut d, rel);
         RawFrame { lsn: Lsn(lsn), data: d }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::crate_dir;
+
+    #[test]
+    fn test_files_are_found_where_cargo_runs_the_tests_not_where_the_binary_was_compiled() {
+        // A binary compiled in a clone that is gone since: cargo's directory of this run wins.
+        let dir = crate_dir("/a/clone/that/is/gone/crates/cdc-core");
+        assert!(dir.join("tests/golden/basic.frames").is_file(), "{}", dir.display());
     }
 }

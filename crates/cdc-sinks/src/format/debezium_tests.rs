@@ -12,16 +12,16 @@ use cdc_core::config::{CaptureConfig, Operations};
 use cdc_core::envelope::Op;
 use cdc_core::format::EventFormat;
 use cdc_core::pipeline::{Assembler, SinkTables};
-use cdc_core::testutil::{config, frames, relation_oids, types};
+use cdc_core::testutil::{config, crate_dir, frames, relation_oids, types};
 use serde_json::{json, Value as Json};
 
 use super::debezium::{column_dt, DebeziumFormat, Dt};
 
 /// Debezium's records of a workload run: (key, value), a tombstone's value `None`.
 fn debezium(name: &str, variant: &str) -> Vec<(Json, Option<Json>)> {
-    let path = format!("{}/tests/debezium/{name}.{variant}.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let path = crate_dir(env!("CARGO_MANIFEST_DIR")).join(format!("tests/debezium/{name}.{variant}.jsonl"));
     std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .lines()
         .map(|l| {
             let r: Json = serde_json::from_str(l).unwrap();
@@ -369,13 +369,13 @@ type AvroRecord = (Option<(Json, Vec<u8>)>, Option<(Json, Vec<u8>)>);
 
 fn avro_oracle(name: &str, variant: &str) -> Vec<AvroRecord> {
     use base64::Engine;
-    let path = format!("{}/tests/debezium/{name}.{variant}.avro.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let path = crate_dir(env!("CARGO_MANIFEST_DIR")).join(format!("tests/debezium/{name}.{variant}.avro.jsonl"));
     let part = |r: &Json, f: &str| {
         r[f].as_str()
             .map(|b| (r[format!("{f}_schema")].clone(), base64::engine::general_purpose::STANDARD.decode(b).unwrap()))
     };
     std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .lines()
         .map(|l| {
             let r: Json = serde_json::from_str(l).unwrap();
