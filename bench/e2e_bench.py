@@ -15,8 +15,9 @@ two at once) and the limits around them, and writes bench/results/e2e.md, e2e.cs
 - end-to-end latency at fixed rates, 1,000, 5,000 and 10,000 tx/s offered (pgbench -R, one single-row
   INSERT per transaction; what pgbench achieved is reported next to it):
   Kafka's LogAppendTime minus the commit time the event carries, and the time a read_committed
-  consumer received it minus that commit time; pg_cdc without lingering (linger_ms 0, its default),
-  Debezium with and without (linger.ms 5 and 0);
+  consumer received it minus that commit time, from when the consumer has read the warm-up's events;
+  pg_cdc without lingering (linger_ms 0, its default) and without a snapshot, Debezium with and without
+  lingering (linger.ms 5 and 0);
 - a steady 2,000 single-row tx/s into one table with one exactly-once Kafka sink: alone, next to 20 and
   to 50 idle sinks (each on an idle table of its own), next to 2 more identical sinks on its table, and
   next to seed example 1's other two sinks (Kafka Avro, Kinesis JSON) on it instead; each configuration
@@ -92,8 +93,10 @@ PG_CDC_SINK = {"format": "json", "linger_ms": 5, "batch_size": 1_000_000}
 # The latency section runs pg_cdc as tuned for latency: no lingering (its default). With the
 # throughput setting above, each Kafka request of a small pass waits out the 5 ms (measured
 # 2026-12-06, 1,000 tx/s: an at-least-once pass took 5.6 ms to deliver with it, 0.54 ms without).
-# Debezium runs there both with JAVA_PRODUCER and with LATENCY_JAVA on top.
-LATENCY_PG_CDC = {"linger_ms": 0}
+# Debezium runs there both with JAVA_PRODUCER and with LATENCY_JAVA on top. No snapshot, as Debezium's
+# snapshot.mode no_data: bench_lat keeps the rows of the runs before, and a sink that snapshotted them
+# delivered them (tens of thousands of READ events) in the warm-up and into the measured run.
+LATENCY_PG_CDC = {"linger_ms": 0, "snapshot_mode": "never"}
 LATENCY_JAVA = {"linger.ms": "0"}
 # Debezium engine and connector settings, tuned for throughput as Debezium's performance advice
 # says (bigger batches and queue, short poll interval), plus what makes its events comparable.
@@ -413,6 +416,7 @@ class LatencyCollector(threading.Thread):
         self.consumer = kafka.consumer(topic, low_latency=True)
         self.commit_us, self.since_us = commit_us, since_us
         self.append_ms, self.visible_ms = [], []
+        self.received = 0
         self._stop_event = threading.Event()
 
     def run(self):
@@ -422,11 +426,23 @@ class LatencyCollector(threading.Thread):
             received_us = time.time() * 1_000_000
             if m is None or m.error() is not None:
                 continue
+            self.received += 1
             committed = self.commit_us(m.value())
             if committed >= self.since_us:
                 self.append_ms.append(m.timestamp()[1] - committed / 1000)
                 self.visible_ms.append((received_us - committed) / 1000)
         self.consumer.close()
+
+    def catch_up(self, count, timeout):
+        """Waits until `count` messages (the warm-up's) were received, then measures from now on: the
+        consumer starts at offset 0, and while it read the warm-up's events the first measured ones
+        waited behind them (measured: consumer p99 of seconds where the broker's was 12-31 ms)."""
+        deadline = time.monotonic() + timeout
+        while self.received < count:
+            if time.monotonic() > deadline:
+                raise BenchError(f"only {self.received} of the {count} warm-up events arrived in {timeout:.0f} s")
+            time.sleep(0.05)
+        self.since_us = time.time() * 1_000_000
 
     def wait_for(self, count, timeout):
         deadline = time.monotonic() + timeout
@@ -1341,9 +1357,10 @@ class Bench:
         run); latency of every event of the measured run. Meanwhile samples the private memory of
         the capture's first process and, for pg_cdc, compares the WAL decoded with the WAL written."""
         args = ["-n", "-f", str(script), "-c", "8", "-j", "2", "-R", str(rate)]
-        self.pgbench(*args, "-T", "3")
+        _, warm = self.pgbench_tps(args + ["-T", "3"])
         collector = LatencyCollector(self.kafka, topic, commit_us, since_us=time.time() * 1_000_000)
         collector.start()
+        collector.catch_up(warm, timeout=120)
         memory = Sampler(lambda: private_kib(capture.pids[0]), 0.5)
         memory.start()
         with self.env.connect() as probe:

@@ -309,8 +309,10 @@ timed run: broker = Kafka's LogAppendTime (topics created with message.timestamp
 minus the commit time in the event (pg_cdc: metadata.timestamp, millisecond precision; Debezium:
 source.ts_us); consumer = when this script's read_committed consumer (fetch.wait.max.ms=5) received it
 minus the same commit time. For an exactly-once sink the consumer figure includes the Kafka
-transaction commit, which the broker timestamp does not. pg_cdc runs without lingering (linger_ms 0,
-its default); Debezium with the Java producer's linger.ms 5 and again with 0.
+transaction commit, which the broker timestamp does not. Measured from when the consumer has read the
+warm-up's events. pg_cdc runs without lingering (linger_ms 0, its default) and without a snapshot
+(snapshot_mode never, as Debezium's snapshot.mode no_data); Debezium with the Java producer's linger.ms 5
+and again with 0.
 
 {head}
 {chr(10).join(lines)}
