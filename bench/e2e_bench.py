@@ -1336,8 +1336,8 @@ class Bench:
                 with self.pg_cdc.sink(f"bench_lat_{rate}", topic, ("bench_lat",), exactly_once,
                                       LATENCY_PG_CDC) as capture:
                     self.fixed_rate(f"pg_cdc ({mode})", topic, pg_cdc_commit_us, rate, script, capture)
-            # Debezium both ways: without lingering it is faster at 1,000 tx/s and falls seconds behind
-            # at 5,000 (measured 2026-12-06); the goals compare with the better of the two.
+            # Debezium both ways: neither setting was the better one at every rate in the runs of
+            # 2026-12-06 (bench/results/latency.md); the goals compare with the better of the two.
             for system, short, producer in (("Debezium", "dbz", None), (e2e_report.DBZ0, "dbz0", LATENCY_JAVA)):
                 if self.debezium is None:
                     break
