@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_bench import (Sampler, capture_pids, captured_table, cpu_seconds, delivered, drop_captured_tables,  # noqa: E402
-                       drop_sinks, private_kib, quiet_start, wait_until, wal_marks, write_report)
+                       drop_sinks, progress_topic, private_kib, quiet_start, wait_until, wal_marks, write_report)
 
 TABLE = "backlog_bench"
 SINK = "backlog_bench"
@@ -69,7 +69,7 @@ def main():
         sessions = conn.execute("SELECT (cdc_delivery_status(%s)->'decoding'->>'sessions_started')::int",
                                 (SINK,)).fetchone()[0]
     finally:
-        kafka.created.append("pg_cdc.progress." + slot.removeprefix("_cdc_"))
+        kafka.created.append(progress_topic(slot))
         drop_sinks(conn, [SINK])
         drop_captured_tables(conn, [TABLE])
         kafka.delete(kafka.created)

@@ -560,13 +560,19 @@ def workloads():
     ]
 
 
+def progress_topic(slot):
+    """The progress topic of an exactly-once Kafka sink with replication slot `slot` (the name
+    crates/cdc-sinks/src/kafka gives it)."""
+    return "pg_cdc.progress." + slot.removeprefix("_cdc_")
+
+
 def cleanup_database(conn):
     """Drops everything a benchmark run creates, so a run interrupted half-way leaves nothing that
     disturbs the next one; returns the progress topics of the pg_cdc sinks it dropped."""
     progress_topics = []
     for name, slot in conn.execute(
             r"SELECT sink_name, slot_name FROM _cdc_sinks WHERE sink_name LIKE 'bench\_%'").fetchall():
-        progress_topics.append("pg_cdc.progress." + slot.removeprefix("_cdc_"))
+        progress_topics.append(progress_topic(slot))
         conn.execute("SELECT cdc_drop_sink(%s)", (name,))
     captured = {r[0] for r in conn.execute("SELECT table_name FROM _cdc_publications").fetchall()}
     steady = [r[0] for r in conn.execute(r"SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
@@ -648,7 +654,7 @@ def drop_sinks(conn, names):
 def drop_sinks_and_topics(conn, kafka, names, topics):
     """Drops the sinks (drop_sinks) and deletes their topics and progress topics."""
     slots = drop_sinks(conn, names)
-    kafka.delete(topics + ["pg_cdc.progress." + slot.removeprefix("_cdc_") for slot in slots])
+    kafka.delete(topics + [progress_topic(slot) for slot in slots])
     kafka.created = [t for t in kafka.created if t not in topics]
 
 
@@ -990,7 +996,7 @@ class PgCdc:
             yield Capture(capture_pids(conn), slot)
         finally:
             conn.execute("SELECT cdc_drop_sink(%s)", (name,))
-            self.bench.topics_to_delete.append("pg_cdc.progress." + slot.removeprefix("_cdc_"))
+            self.bench.topics_to_delete.append(progress_topic(slot))
             # The worker drops the slot shortly after; wait so it never holds WAL for the next step.
             wait_until(lambda: conn.execute("SELECT count(*) = 0 FROM pg_replication_slots WHERE slot_name = %s",
                                             (slot,)).fetchone()[0], 60, f"pg_cdc to drop slot {slot}")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_bench import (capture_pids, captured_table, cpu_seconds, delivered, drop_captured_tables,  # noqa: E402
-                       drop_sinks, quiet_start, wait_until, wal_marks, write_report)
+                       drop_sinks, progress_topic, quiet_start, wait_until, wal_marks, write_report)
 
 TABLE = "shared_bench"
 
@@ -60,7 +60,7 @@ def measure(conn, env, kafka, rows, sinks):
     finally:
         for n in names:
             slot = conn.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (n,)).fetchone()[0]
-            kafka.created.append("pg_cdc.progress." + slot.removeprefix("_cdc_"))
+            kafka.created.append(progress_topic(slot))
         drop_sinks(conn, names)
 
 
