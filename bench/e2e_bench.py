@@ -198,6 +198,7 @@ class Sizes:
     steady_idle: tuple      # idle sinks next to the busy one, one configuration each
     steady_repeats: int     # runs of each steady configuration (the report gives the median)
     steady_shared: tuple = (False, True)  # cdc.shared_decoding off and/or on: each configuration both ways
+    steady_reset_caches: bool = True  # one more configuration: alone, catalog caches dropped at every read
     backlog_changes: int = 5_000_000  # backlog section: inserts written while the sinks are held
 
     @property
@@ -715,6 +716,16 @@ def set_shared_decoding(conn, on):
     if on is not None and not on:
         wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_cdc decoder'"
                                         ).fetchone()[0] == 0, 30, "the shared decoding's decoder to exit")
+
+
+def set_reset_caches(conn, on):
+    """cdc.test_reset_caches_each_read on (a read drops the worker's catalog caches after decoding,
+    as every read did before they were kept) or reset, reloaded: the sink workers read it at their next read."""
+    if on:
+        conn.execute("ALTER SYSTEM SET cdc.test_reset_caches_each_read = on")
+    else:
+        conn.execute("ALTER SYSTEM RESET cdc.test_reset_caches_each_read")
+    conn.execute("SELECT pg_reload_conf()")
 
 
 def steady_run(conn, env, kafka, script, rate, seconds, idle, peers=(), tag=None, shared=False):
@@ -1409,18 +1420,23 @@ class Bench:
         # Each configuration with each decoding: its sinks decoding their own slots, and sharing one
         # decoding (cdc.shared_decoding), side by side in every round.
         configs = [(e2e_report.shared_label(label) if shared else label, f"{short}{'_sh' if shared else ''}", idle,
-                    peers, shared)
+                    peers, shared, False)
                    for label, short, idle, peers in plain for shared in sz.steady_shared]
+        if sz.steady_reset_caches:
+            # What keeping the worker's catalog caches between reads saves: the busy sink alone as
+            # every read was before (cdc.test_reset_caches_each_read), in the same rounds.
+            configs.append((e2e_report.STEADY_RESET_CACHES, "alone_rc", 0, None, False, True))
         runs = {label: [] for label, *_ in configs}
         failed = 0
         tables = steady_tables(self.conn, max(sz.steady_idle, default=0))
         try:
             for rep in range(1, sz.steady_repeats + 1):
-                for label, short, idle, peers, shared in configs:
+                for label, short, idle, peers, shared, reset_caches in configs:
                     print(f"steady: {wl}, {label}, run {rep} of {sz.steady_repeats}", flush=True)
                     tag, started = f"{short}_r{rep}", time.monotonic()
                     try:
                         set_shared_decoding(self.conn, shared)
+                        set_reset_caches(self.conn, reset_caches)
                         with self.steady_peers(peers, tag) as peer_sinks:
                             r = steady_run(self.conn, self.env, self.kafka, script, sz.steady_rate,
                                            sz.steady_seconds, idle, peer_sinks, tag, shared)
@@ -1437,6 +1453,7 @@ class Bench:
                         results.add("steady_runs", wl, f"{label} #{rep}", metric, r[key], unit)
         finally:
             set_shared_decoding(self.conn, None)
+            set_reset_caches(self.conn, False)
             drop_captured_tables(self.conn, tables)
         for label, rs in runs.items():
             if not rs:

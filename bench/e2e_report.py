@@ -35,6 +35,9 @@ GOALS = {
 }
 # The steady section's configurations (the "system" of its rows).
 STEADY_ALONE, STEADY_IDENTICAL, STEADY_EXAMPLE = "alone", "3 identical sinks", "example 1's 3 sinks"
+# The busy sink alone with the worker's catalog caches dropped at every read, as every read did
+# before they were kept (cdc.test_reset_caches_each_read): what keeping them saves, side by side.
+STEADY_RESET_CACHES = "alone, catalog caches dropped at every read"
 
 
 def steady_idle_label(n):
@@ -48,7 +51,8 @@ def shared_label(label):
 
 def steady_labels(sizes):
     plain = [STEADY_ALONE] + [steady_idle_label(n) for n in sizes.steady_idle] + [STEADY_IDENTICAL, STEADY_EXAMPLE]
-    return [shared_label(p) if on else p for p in plain for on in sizes.steady_shared]
+    labels = [shared_label(p) if on else p for p in plain for on in sizes.steady_shared]
+    return labels + ([STEADY_RESET_CACHES] if sizes.steady_reset_caches else [])
 
 
 def write(results, out_dir, sizes, quick):
@@ -407,7 +411,10 @@ busy sink, whose latency is measured — in these configurations:
   kinesis-mock stores a few hundred records a second here, fewer than the {sz.steady_rate:,} offered: the
   Kinesis sink finishes the timed load long after the load ends (catch-up below), so in this
   configuration "cores" is diluted over that wait and CPU s per 100k events is the figure to compare;
-  a busy-sink latency far above the other configurations' means the slow sink held the busy one back.
+  a busy-sink latency far above the other configurations' means the slow sink held the busy one back;
+- **alone, catalog caches dropped at every read**: alone, with `cdc.test_reset_caches_each_read` on, so
+  that each read drops the worker's catalog caches after decoding as every read did before they were
+  kept between reads (ARCHITECTURE.md, "Caches"): the CPU against **alone** is what keeping them saves.
 
 Each sink has its own worker process and slot. The busy table is emptied before each run (a new sink
 first snapshots the rows its table holds). Every sink is `running` (_cdc_sinks.state) before the warm-up,

@@ -133,6 +133,11 @@ pub static TEST_SKIP_DEDUP: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// snapshot holds, so the snapshot tests can prove their oracle sees stale and doubled rows.
 pub static TEST_SKIP_SNAPSHOT_WINDOW: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// `cdc.test_reset_caches_each_read`: test only; a read drops the backend's catalog caches after
+/// decoding as well, as every read did before `catalog::present_catalog` (the benchmark's
+/// side-by-side figure of what keeping them saves).
+pub static TEST_RESET_CACHES_EACH_READ: GucSetting<bool> = GucSetting::<bool>::new(false);
+
 /// `cdc.test_snapshot_ignore_checkpoint`: test-only; a restarted sink settles the snapshot chunk it
 /// had in flight by the slot's confirmed position alone, not its destination's checkpoint, so the
 /// snapshot tests can prove their oracle sees the duplicates that would cause.
@@ -210,6 +215,14 @@ pub fn init() {
         c"Test only: do not skip transactions already committed to Kafka.",
         c"",
         &TEST_SKIP_DEDUP,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_bool_guc(
+        c"cdc.test_reset_caches_each_read",
+        c"Test only: drop the worker's catalog caches after every read, as every read did before they were kept.",
+        c"",
+        &TEST_RESET_CACHES_EACH_READ,
         GucContext::Sighup,
         GucFlags::SUPERUSER_ONLY,
     );

@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use super::decoding::{held_slot_confirmed, release_slot, Kind, Session};
 use super::group::{self, DECODER, GROUP_SLOT};
-use super::{nap, naptime, run_tx, source, stop_requested, wal_flushed, WAL_POLL};
+use super::{nap, naptime, run_read_tx, run_tx, run_tx_coded, source, stop_requested, wal_flushed, WAL_POLL};
 use crate::{catalog, gucs};
 
 /// WAL decoded before the log is published (and the loop looks at confirms and stop requests).
@@ -112,7 +112,7 @@ impl Decoder {
         }
         let Some(session) = self.session.as_mut() else { return false };
         let epoch = self.epoch;
-        let decoded = run_tx(|| {
+        let decoded = run_read_tx(|| {
             let any = session.decode_log(DECODE_BYTES);
             let Some(log) = session.log() else { pgrx::error!("pg_cdc: the decoder's session writes no log") };
             match log.publish() {
@@ -139,7 +139,7 @@ impl Decoder {
 
     /// Opens the session on the group's slot (made when missing) with a new log.
     fn open(&mut self) -> bool {
-        let opened = run_tx(|| {
+        let opened = run_tx_coded(|| {
             ensure_group_slot();
             remove_old_logs();
             let epoch = group::new_epoch();
@@ -153,8 +153,10 @@ impl Decoder {
             }
             Err(e) => {
                 release_slot();
-                // PostgreSQL's hint is not in the message: say which setting, and what goes on meanwhile.
-                let hint = if e.contains("replication slots are in use") {
+                // PostgreSQL's hint is not in the message: say which setting, and what goes on
+                // meanwhile. Every slot in use is the one configuration limit a slot's creation
+                // reaches (ReplicationSlotCreate; max_wal_senders is not involved here).
+                let hint = if e.code == PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED {
                     // SAFETY: reads a setting fixed at server start.
                     let slots = unsafe { pg_sys::max_replication_slots };
                     format!(
@@ -164,7 +166,7 @@ impl Decoder {
                 } else {
                     String::new()
                 };
-                self.fail(&format!("cannot start decoding replication slot {GROUP_SLOT}: {e}{hint}"));
+                self.fail(&format!("cannot start decoding replication slot {GROUP_SLOT}: {}{hint}", e.message));
                 false
             }
         }

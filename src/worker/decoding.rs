@@ -32,7 +32,7 @@ use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
 use pgrx::prelude::*;
 
 use super::group;
-use super::source::{learn_types, recorded_offsets, take_read_turn, ReadPool, SinkRow};
+use super::source::{learn_types, recorded_offsets, release_read_turn, take_read_turn, ReadPool, SinkRow, TurnRequest};
 use crate::catalog::PUBLICATION_NAMES;
 use crate::gucs;
 
@@ -243,6 +243,8 @@ pub struct Session {
     decoded: u64,
     /// A fast-forward session ([`Kind::FastForward`]).
     fast_forward: bool,
+    /// The read turn a read of a sink's own session takes while it decodes (set by [`ready`]).
+    turn: Option<TurnRequest>,
 }
 
 impl Session {
@@ -254,6 +256,8 @@ impl Session {
             pgrx::error!("invalid replication slot name {slot}");
         };
         let fast_forward = matches!(kind, Kind::FastForward);
+        // Opening the context looks the output plugin and the slot's database up.
+        crate::catalog::present_catalog();
         let mut out = Box::new(Output {
             target: match kind {
                 Kind::Sink => Target::Spool(Spool::new(SPOOL_MEMORY, SPOOL_DIR)),
@@ -314,7 +318,7 @@ impl Session {
                     Err(e) => pgrx::error!("pg_cdc: cannot make the shared decoding's log in {}: {e}", dir.display()),
                 }
             }
-            Session { ctx, memory, out, reread: false, decoded: 0, fast_forward }
+            Session { ctx, memory, out, reread: false, decoded: 0, fast_forward, turn: None }
         }
     }
 
@@ -355,10 +359,9 @@ impl Session {
     }
 
     /// Decodes flushed WAL while `more` (the output, the position after the last record read, the
-    /// WAL decoded by this call) says so and flushed WAL is left. Invalidates the backend's
-    /// catalog caches before and after, as `pg_logical_slot_peek_binary_changes` does: entries the
-    /// worker's own queries built must not serve a decoding that runs at an earlier point in time,
-    /// nor the other way round.
+    /// WAL decoded by this call) says so and flushed WAL is left. The backend's catalog caches are
+    /// dropped first if ordinary catalog access may have filled them, and are left as decoding
+    /// leaves them: the next ordinary access drops them (see `catalog::present_catalog`).
     fn decode_while(&mut self, more: impl Fn(&Output, u64, u64) -> bool) {
         // SAFETY: the context is live (the session owns it) and is used on the main thread in a
         // transaction; the reader and the slot are the context's. LogicalDecodingProcessRecord is
@@ -371,16 +374,12 @@ impl Session {
             // when it first needs them (and an oversized record's), and keeps them: they must
             // outlive the read's transaction. A walsender decodes in long-lived contexts too.
             let old = pg_sys::CurrentMemoryContext;
-            let mut invalidated = false;
             let mut decoded = 0;
             while more(&self.out, (*reader).EndRecPtr, decoded) && !super::stop_requested() {
                 if (*reader).EndRecPtr >= pg_sys::GetFlushRecPtr(null_mut()) {
                     break;
                 }
-                if !invalidated {
-                    pg_sys::InvalidateSystemCaches();
-                    invalidated = true;
-                }
+                crate::catalog::historic_catalog();
                 if self.reread {
                     pg_sys::XLogBeginRead(reader, (*reader).EndRecPtr);
                     self.reread = false;
@@ -412,8 +411,8 @@ impl Session {
             pg_sys::MemoryContextSwitchTo(old);
             // Transaction handling inside decoding may have changed it (logicalfuncs.c does this too).
             pg_sys::CurrentResourceOwner = owner;
-            if invalidated {
-                pg_sys::InvalidateSystemCaches();
+            if decoded > 0 && crate::gucs::TEST_RESET_CACHES_EACH_READ.get() {
+                crate::catalog::present_catalog();
             }
             self.decoded += decoded;
         }
@@ -503,10 +502,16 @@ impl Frames for Session {
     }
 
     fn produce(&mut self, want: u64, most: u64) {
+        // The turn is held while this decodes, and given back before the frames go on to the
+        // sink (which may wait on its destination).
+        let turn = self.turn.map(take_read_turn);
         self.decode_while(|out, _, _| match &out.target {
             Target::Spool(spool) => spool.available() < want && spool.read_len() < most,
             _ => false,
         });
+        if let Some(turn) = turn {
+            release_read_turn(turn);
+        }
     }
 }
 
@@ -730,7 +735,7 @@ pub fn ready<'a>(
         *session = None;
     }
     let pool = if delivering { ReadPool::Delivering } else { ReadPool::Idle };
-    take_read_turn(gucs::MAX_CONCURRENT_READS.get(), read_turn_hint(&row.id), pool);
+    let turn = TurnRequest { turns: gucs::MAX_CONCURRENT_READS.get(), preferred: read_turn_hint(&row.id), pool };
     let session = match session {
         Some(s) => s,
         None => {
@@ -738,6 +743,7 @@ pub fn ready<'a>(
             session.insert(Session::open(&row.slot, Kind::Sink))
         }
     };
+    session.turn = Some(turn);
     session.carry_only(carried);
     session.begin_read(position);
     session

@@ -189,6 +189,7 @@ fn with_slot_snapshot<R>(slot: &str, f: impl FnOnce() -> R) -> Result<(Lsn, R), 
         pg_sys::StartTransactionCommand();
         pg_sys::XactIsoLevel = pg_sys::XACT_REPEATABLE_READ as i32;
     }
+    crate::catalog::present_catalog();
     let result = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| -> Result<(Lsn, R), String> {
         // SAFETY: what the walsender does for CREATE_REPLICATION_SLOT ... LOGICAL pgoutput
         // (SNAPSHOT 'use') (walsender.c), in a transaction that has taken no snapshot: an ephemeral
@@ -259,6 +260,7 @@ extern "C-unwind" fn no_write(
 /// watermark; the cursor is closed after the last piece.
 pub fn take_piece(schema: &str, plan: &Plan, i: u32, chunk: &mut Chunk) -> Result<(), String> {
     let width = plan.relation.columns.len();
+    crate::catalog::present_catalog();
     Spi::connect(|client| -> Result<Result<(), String>, pgrx::spi::Error> {
         let mut cursor = client.find_cursor(&plan.cursor)?;
         let n = cursor.fetch(i64::from(plan.piece_rows) as libc::c_long)?.len();

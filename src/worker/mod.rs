@@ -197,33 +197,69 @@ pub fn stop_requested() -> bool {
 }
 
 fn caught_message(e: CaughtError) -> String {
-    match e {
-        CaughtError::PostgresError(r) | CaughtError::ErrorReport(r) => r.message().to_string(),
-        CaughtError::RustPanic { ereport, .. } => ereport.message().to_string(),
-    }
+    caught(e).message
+}
+
+/// The ERROR a worker's transaction ended with: its SQLSTATE and message.
+#[derive(Debug)]
+pub struct TxError {
+    /// Its SQLSTATE (`ERRCODE_INTERNAL_ERROR` for a Rust panic).
+    pub code: pgrx::PgSqlErrorCode,
+    /// Its message.
+    pub message: String,
+}
+
+fn caught(e: CaughtError) -> TxError {
+    let report = match e {
+        CaughtError::PostgresError(r) | CaughtError::ErrorReport(r) => r,
+        CaughtError::RustPanic { ereport, .. } => ereport,
+    };
+    TxError { code: report.sql_error_code(), message: report.message().to_string() }
 }
 
 /// Runs `f` in its own transaction. An ERROR raised inside aborts the transaction and comes back
 /// as `Err(message)`; the worker keeps running.
 pub fn run_tx<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    in_tx(true, f).map_err(|e| e.message)
+}
+
+/// [`run_tx`] that keeps the error's SQLSTATE, for a caller that tells errors apart by it.
+pub fn run_tx_coded<R>(f: impl FnOnce() -> R) -> Result<R, TxError> {
+    in_tx(true, f)
+}
+
+/// [`run_tx`] for a read: the catalog caches are left as the last decoding left them, for the
+/// decoding this transaction runs (see `catalog::present_catalog`; whatever else `f` does with the
+/// catalogs goes through it).
+pub fn run_read_tx<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    in_tx(false, f).map_err(|e| e.message)
+}
+
+fn in_tx<R>(present: bool, f: impl FnOnce() -> R) -> Result<R, TxError> {
     // SAFETY: the standard transaction bracket of a background worker; no transaction is open here.
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
         pg_sys::StartTransactionCommand();
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
     }
-    let result =
-        PgTryBuilder::new(AssertUnwindSafe(move || Ok(f()))).catch_others(|e| Err(caught_message(e))).execute();
+    if present {
+        crate::catalog::present_catalog();
+    }
+    let result = PgTryBuilder::new(AssertUnwindSafe(move || Ok(f()))).catch_others(|e| Err(caught(e))).execute();
     end_tx(result.is_ok());
     result
 }
 
 /// Closes the transaction a worker's bracket opened (with its active snapshot pushed): commits
-/// it, or aborts it after an error.
+/// it, or aborts it after an error. A transaction that wrote commits with present-time catalog
+/// caches: its commit may run deferred triggers of an in-database sink's table.
 fn end_tx(commit: bool) {
     // SAFETY: called once per transaction the caller started, on the main thread.
     unsafe {
         if commit {
+            if pg_sys::GetTopTransactionIdIfAny() != pg_sys::InvalidTransactionId {
+                crate::catalog::present_catalog();
+            }
             pg_sys::PopActiveSnapshot();
             pg_sys::CommitTransactionCommand();
         } else {

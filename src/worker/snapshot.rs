@@ -276,6 +276,7 @@ fn estimate_rows(oid: u32, table: &Described) -> Option<i64> {
         )
         .map(|n| n as i64);
     };
+    crate::catalog::present_catalog();
     let plan = Spi::connect(|c| c.select(&sql, Some(1), &[])?.first().get_one::<pgrx::Json>()).ok().flatten()?;
     plan.0[0]["Plan"]["Plan Rows"].as_f64().map(|r| r.max(0.0) as i64)
 }
@@ -423,6 +424,7 @@ fn read_rows(
     let arg: Vec<Option<String>> = after.map(<[_]>::to_vec).unwrap_or_default();
     let width = cols.len();
     let limit = limit.max(1) as usize;
+    crate::catalog::present_catalog();
     Spi::connect(|client| -> Result<Result<Read, String>, pgrx::spi::Error> {
         let args = if after.is_some() { vec![arg.clone().into()] } else { vec![] };
         let mut cursor = client.try_open_cursor(sql.as_str(), &args)?;

@@ -70,40 +70,79 @@ impl ReadPool {
     }
 }
 
-/// Takes one of the `turns` read turns of `pool` for the rest of this transaction (a
-/// transaction-level advisory lock), waiting for one if all are taken; `preferred` spreads the
-/// waiters over the turns. Shows in pg_locks as an advisory lock with the pool's classid.
-pub fn take_read_turn(turns: i32, preferred: u32, pool: ReadPool) {
-    let turns = turns.max(1);
-    for k in 0..turns {
-        if try_read_turn(pool.class(), k) {
-            return;
-        }
-    }
-    let k = (preferred % turns as u32) as i32;
-    // A turn can be held for as long as a read takes (a large backlog): wait without the
-    // session's lock_timeout, then put it back for the rest of the read's transaction.
-    catalog::run("SELECT set_config('lock_timeout', '0', true)", &[]);
-    catalog::json("SELECT to_jsonb(pg_advisory_xact_lock($1, $2)::text)", &[pool.class().into(), k.into()]);
-    catalog::run("SELECT set_config('lock_timeout', $1, true)", &[LOCK_TIMEOUT.into()]);
+/// Which read turns a read waits for: `turns` of them in `pool`, `preferred` spreading the
+/// waiters over them (see [`take_read_turn`]).
+#[derive(Debug, Clone, Copy)]
+pub struct TurnRequest {
+    /// `cdc.max_concurrent_reads`.
+    pub turns: i32,
+    /// The turn waited for when all are taken.
+    pub preferred: u32,
+    /// The pool.
+    pub pool: ReadPool,
 }
 
-/// `pg_try_advisory_xact_lock(class, k)` without a query (one at every read: a query is parsed
-/// and planned again each time, the read having invalidated the backend's caches).
-fn try_read_turn(class: i32, k: i32) -> bool {
-    // SAFETY: the lock tag pg_try_advisory_xact_lock(int4, int4) builds (SET_LOCKTAG_INT32: the
-    // database, both keys, field4 = 2), taken for the transaction without waiting, inside the
-    // read's transaction.
+/// A read turn held: release it with [`release_read_turn`] (the end of the transaction releases
+/// it too).
+#[derive(Debug, Clone, Copy)]
+pub struct ReadTurn {
+    class: i32,
+    k: i32,
+}
+
+/// Takes one of the read turns `req` names (a transaction-level advisory lock), waiting for one
+/// if all are taken. Shows in pg_locks as an advisory lock with the pool's classid. A turn is held
+/// while the WAL is decoded, not while the events go to the destination: a sink whose
+/// destination is slow (a Kinesis stream taking a few hundred records a second, a webhook that
+/// takes seconds to answer) sends from inside its read, and with the turn held for the whole read
+/// every other sink of its pool waited for it (the busy sink of seed example 1 waited up to a
+/// minute behind its Kinesis sink).
+pub fn take_read_turn(req: TurnRequest) -> ReadTurn {
+    let turns = req.turns.max(1);
+    let class = req.pool.class();
+    for k in 0..turns {
+        if try_read_turn(class, k) {
+            return ReadTurn { class, k };
+        }
+    }
+    let k = (req.preferred % turns as u32) as i32;
+    // A turn can be held for as long as a decoding takes (a large transaction): wait without the
+    // session's lock_timeout, then put it back for the rest of the read's transaction.
+    catalog::run("SELECT set_config('lock_timeout', '0', true)", &[]);
+    catalog::json("SELECT to_jsonb(pg_advisory_xact_lock($1, $2)::text)", &[class.into(), k.into()]);
+    catalog::run("SELECT set_config('lock_timeout', $1, true)", &[LOCK_TIMEOUT.into()]);
+    ReadTurn { class, k }
+}
+
+/// Gives a read turn back before the read's transaction ends.
+pub fn release_read_turn(turn: ReadTurn) {
+    // SAFETY: the tag the turn was taken with, held by this transaction (LockRelease of a
+    // transaction-level lock, as UnlockRelationOid does); a lock not held only logs a WARNING.
     unsafe {
-        let tag = pg_sys::LOCKTAG {
-            locktag_field1: pg_sys::MyDatabaseId.to_u32(),
-            locktag_field2: class as u32,
-            locktag_field3: k as u32,
-            locktag_field4: 2,
-            locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
-            locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
-        };
-        pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false, true)
+        pg_sys::LockRelease(&read_turn_tag(turn.class, turn.k), pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false);
+    }
+}
+
+/// The lock tag pg_advisory_xact_lock(int4, int4) builds (SET_LOCKTAG_INT32: the database, both
+/// keys, field4 = 2).
+fn read_turn_tag(class: i32, k: i32) -> pg_sys::LOCKTAG {
+    pg_sys::LOCKTAG {
+        // SAFETY: MyDatabaseId is set once the worker is connected to its database.
+        locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        locktag_field2: class as u32,
+        locktag_field3: k as u32,
+        locktag_field4: 2,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+    }
+}
+
+/// `pg_try_advisory_xact_lock(class, k)` without a query (one at every decoding: a query would
+/// drop the catalog caches the decoding keeps, see `catalog::present_catalog`).
+fn try_read_turn(class: i32, k: i32) -> bool {
+    // SAFETY: taken for the transaction without waiting, inside the read's transaction.
+    unsafe {
+        pg_sys::LockAcquire(&read_turn_tag(class, k), pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false, true)
             != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
     }
 }

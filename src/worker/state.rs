@@ -28,7 +28,7 @@ use super::open::{finish_open, open_in_place, start_open};
 use super::run::{confirm_or_warn, SinkRun};
 use super::snapshot as snapshots;
 use super::source::{self, Catalog, SinkRow};
-use super::{run_tx, stop_requested};
+use super::{run_read_tx, run_tx, stop_requested};
 use crate::{gucs, lookups};
 
 /// A unit of at least this many rows (a backlog, or a high rate) is committed on the sink's
@@ -428,7 +428,7 @@ impl Worker {
         // A failure of an in-database sink rolls the read's transaction back (its events were
         // written in it); the failure itself comes back here.
         let mut rolled_back: Option<Failure> = None;
-        let read = run_tx(|| -> Result<Read, Failure> {
+        let read = run_read_tx(|| -> Result<Read, Failure> {
             if run.driver.producer.is_none() && open_in_place(&mut run, &schema, config, confirmed)? {
                 // Where it stands decides whether a chunk in flight was delivered: read the next
                 // chunk before delivering anything.

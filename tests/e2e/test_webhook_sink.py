@@ -24,12 +24,14 @@ class Hook:
 
     def __init__(self):
         self.requests = []  # (time, headers dict, body bytes, status)
+        self.started = 0    # requests received, answered or not
         self.policy = lambda n: (200, {}, b"")
         self.delay = 0.0
         hook = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's name
+                hook.started += 1
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if hook.delay:
                     time.sleep(hook.delay)
@@ -172,6 +174,54 @@ def test_sigkill_during_delivery_loses_nothing(pg, hooks, hook, unique):
         time.sleep(1.0)
         assert_at_least_once_in_order(hook, c, t)
         c.execute("SELECT cdc_disable(%s)", (t,))
+
+
+READ_TURN_CLASSES = (6513763, 6513764)  # advisory-lock classes of the read turns (src/worker/source.rs)
+
+
+def test_a_sink_waiting_on_its_destination_holds_no_read_turn(pg, hooks, hook, unique):
+    """A webhook sink posts from inside its read once a batch is full. While the server takes its time to
+    answer, the worker must hold no read turn (cdc.max_concurrent_reads, 1 by default): with the turn held
+    for the whole read, every other sink of its pool waited behind the slow destination (seed example 1's
+    busy sink waited up to a minute behind its Kinesis sink). Oracles: pg_locks, sampled while the post
+    is in flight (the server counts the requests it received), and a table sink on another table, which
+    must deliver meanwhile."""
+    t, other, events = captured(pg, f"whturn_{unique}"), captured(pg, f"whturn_o_{unique}"), f"whturn_ev_{unique}"
+    hook.delay = 15.0
+    name = add(pg, hooks, f"whturn_{unique}", hook.url, batch_max_events=5)
+    pg.execute("SELECT cdc_add_sink(%s, 'table', %s::jsonb)",
+               (f"whturn_t_{unique}", json.dumps({"table": events, "tables": [other]})))
+    hooks.append(f"whturn_t_{unique}")
+    wait_for(lambda: sink_state(pg, name)[0] == "running" and sink_state(pg, f"whturn_t_{unique}")[0] == "running",
+             what="both sinks running")
+    pid = pg.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker' "
+                     "AND application_name LIKE %s", (f"%: {name}",)).fetchone()[0]
+    with pg.transaction():
+        for i in range(20):
+            pg.execute(f"INSERT INTO {t} VALUES (%s, 'x')", (i,))
+    try:
+        wait_for(lambda: hook.started >= 1, timeout=30, what="the webhook sink's first post")
+        pg.execute(f"INSERT INTO {other} VALUES (1, 'meanwhile')")
+        # Sampled for 2 s at least, and until the table sink delivered (10 s at most; the post takes 15).
+        held, start = [], time.monotonic()
+        while time.monotonic() - start < 10:
+            held += pg.execute("SELECT classid::int, objid::int FROM pg_locks WHERE pid = %s AND locktype = 'advisory' "
+                               "AND granted AND classid::int = ANY(%s)", (pid, list(READ_TURN_CLASSES))).fetchall()
+            other_delivered = pg.execute(f"SELECT count(*) FROM {events}").fetchone()[0] >= 1
+            if other_delivered and time.monotonic() - start > 2:
+                break
+            time.sleep(0.1)
+        assert hook.started == 1 and not hook.requests, "the sampling must run while the first post is in flight"
+        assert held == [], f"the webhook sink held a read turn while waiting for its server: {sorted(set(held))}"
+        assert pg.execute(f"SELECT count(*) FROM {events}").fetchone()[0] == 1, \
+            "the table sink did not deliver while the webhook sink waited for its server"
+    finally:
+        hook.delay = 0.0
+        with connect() as c:
+            c.execute("SELECT cdc_drop_sink(%s) FROM _cdc_sinks WHERE sink_name = %s",
+                      (f"whturn_t_{unique}",) * 2)
+            c.execute(f"DROP TABLE IF EXISTS {events}")
+    wait_for(lambda: len({r["id"] for r in hook.delivered()}) >= 20, timeout=60, what="every row posted")
 
 
 def test_config_errors(pg, unique):
