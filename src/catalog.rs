@@ -26,7 +26,7 @@ thread_local! {
 /// before and after each call; the worker drops them only when it goes from one kind of access
 /// to the other, so a sink that only decodes between its reads (a Kafka sink, its catalog copy
 /// reused) keeps its entries from one read to the next, as a walsender does. Measured at 2,000
-/// single-row tx/s: rebuilding them at every read was a fifth of the worker's CPU.
+/// single-row tx/s with one Kafka sink: keeping them took the worker from 0.30 to 0.22 of a core.
 pub fn present_catalog() {
     if HISTORIC.with(|h| h.replace(false)) {
         // SAFETY: drops every catalog cache entry of this backend (they are rebuilt on use);

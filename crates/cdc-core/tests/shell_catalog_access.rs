@@ -41,7 +41,7 @@ fn starts_fn(line: &str) -> bool {
     words.contains(&"fn")
 }
 
-/// `(file:line, function line)` of every access whose function does not call `present_catalog()`.
+/// `file:line: code` of every access whose function does not call `present_catalog()`.
 fn unguarded(text: &str, file: &str) -> Vec<String> {
     let text = match text.find("#[cfg(test)]\nmod tests {") {
         Some(at) => &text[..at],
