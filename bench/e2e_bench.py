@@ -199,6 +199,7 @@ class Sizes:
     steady_repeats: int     # runs of each steady configuration (the report gives the median)
     steady_shared: tuple = (False, True)  # cdc.shared_decoding off and/or on: each configuration both ways
     steady_reset_caches: bool = True  # one more configuration: alone, catalog caches dropped at every read
+    steady_members_poll: bool = True  # one more: the most idle sinks, sharing, members polling as before
     backlog_changes: int = 5_000_000  # backlog section: inserts written while the sinks are held
 
     @property
@@ -718,13 +719,24 @@ def set_shared_decoding(conn, on):
                                         ).fetchone()[0] == 0, 30, "the shared decoding's decoder to exit")
 
 
-def set_reset_caches(conn, on):
-    """cdc.test_reset_caches_each_read on (a read drops the worker's catalog caches after decoding,
-    as every read did before they were kept) or reset, reloaded: the sink workers read it at their next read."""
-    if on:
-        conn.execute("ALTER SYSTEM SET cdc.test_reset_caches_each_read = on")
-    else:
-        conn.execute("ALTER SYSTEM RESET cdc.test_reset_caches_each_read")
+# Test-only settings a steady configuration may turn on to run a former behaviour side by side.
+STEADY_TEST_SETTINGS = (
+    # A read drops the worker's catalog caches after decoding, as every read did before they were kept.
+    "cdc.test_reset_caches_each_read",
+    # Sinks reading the shared decoding's log look for new publishes as they did before the decoder
+    # woke them (every 5 ms after a pass that read, doubling up to cdc.naptime_ms).
+    "cdc.test_members_poll_publishes",
+)
+
+
+def set_test_settings(conn, on=()):
+    """Turns the STEADY_TEST_SETTINGS named in `on` on and the others off (reset), reloaded: the pg_cdc
+    processes read them at their next pass."""
+    for name in STEADY_TEST_SETTINGS:
+        if name in on:
+            conn.execute(f"ALTER SYSTEM SET {name} = on")
+        else:
+            conn.execute(f"ALTER SYSTEM RESET {name}")
     conn.execute("SELECT pg_reload_conf()")
 
 
@@ -772,6 +784,10 @@ def steady_run(conn, env, kafka, script, rate, seconds, idle, peers=(), tag=None
         collector = LatencyCollector(kafka, busy_topic, pg_cdc_commit_us, since_us=time.time() * 1_000_000)
         collector.start()
         pids = capture_pids(conn)
+        # Which sink each worker serves (its application_name, "pg_cdc worker: <sink>").
+        sink_of = dict(conn.execute("SELECT pid, substring(application_name from ': (.*)$') FROM pg_stat_activity "
+                                    "WHERE backend_type = 'pg_cdc worker'").fetchall())
+        idle_sinks = {name for name, _, config in sinks if config["tables"][0].startswith("bench_steady_idle")}
         load0 = os.getloadavg()[0]
         cpu0, t0 = [cpu_seconds([p]) for p in pids], time.monotonic()
         processed = pgbench_at_rate(env, script, rate, seconds)
@@ -791,10 +807,12 @@ def steady_run(conn, env, kafka, script, rate, seconds, idle, peers=(), tag=None
         workers = [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_cdc worker'")]
         memory = sorted(m / 1024 for m in map(private_kib, workers) if m is not None) or [0.0]
         per_100k = 100_000 / max(processed, 1)
+        idle_cpu = sum(c for p, c in zip(pids, cpu) if sink_of.get(p) in idle_sinks)
         return {"sinks": len(names), "processes": len(pids), "events": processed,
                 "p50": percentile(visible, 50), "p99": percentile(visible, 99),
                 "cores": sum(cpu) / elapsed, "cpu_per_100k": sum(cpu) * per_100k,
                 "busiest_cores": max(cpu) / elapsed, "busiest_cpu_per_100k": max(cpu) * per_100k,
+                "idle_cores": idle_cpu / elapsed,
                 "catch_up_s": time.monotonic() - seen, "load_start": load0, "load_end": load1,
                 "restarted": restarted, "mib_median": memory[len(memory) // 2], "mib_total": sum(memory)}
     finally:
@@ -832,6 +850,7 @@ STEADY_METRICS = (
     ("busiest_cores", "busiest_cores", "cores (the busiest pg_cdc process)"),
     ("busiest_cpu_s_per_100k", "busiest_cpu_per_100k", "CPU s per 100k events (the busiest pg_cdc process)"),
     ("catch_up_s", "catch_up_s", "s (the other busy sinks after the busy sink's last event)"),
+    ("idle_cores", "idle_cores", "cores (the idle sinks' workers together)"),
     ("worker_mib_median", "mib_median", "MiB"),
     ("sinks", "sinks", "sinks"),
     ("processes", "processes", "pg_cdc processes"),
@@ -1420,23 +1439,31 @@ class Bench:
         # Each configuration with each decoding: its sinks decoding their own slots, and sharing one
         # decoding (cdc.shared_decoding), side by side in every round.
         configs = [(e2e_report.shared_label(label) if shared else label, f"{short}{'_sh' if shared else ''}", idle,
-                    peers, shared, False)
+                    peers, shared)
                    for label, short, idle, peers in plain for shared in sz.steady_shared]
+        configs = [c + ((),) for c in configs]
         if sz.steady_reset_caches:
             # What keeping the worker's catalog caches between reads saves: the busy sink alone as
             # every read was before (cdc.test_reset_caches_each_read), in the same rounds.
-            configs.append((e2e_report.STEADY_RESET_CACHES, "alone_rc", 0, None, False, True))
+            configs.append((e2e_report.STEADY_RESET_CACHES, "alone_rc", 0, None, False,
+                            ("cdc.test_reset_caches_each_read",)))
+        if sz.steady_members_poll and sz.steady_idle and True in sz.steady_shared:
+            # What waking the members (and letting the quiet ones sleep) saves: the most idle sinks,
+            # sharing one decoding, members polling as before (cdc.test_members_poll_publishes).
+            n = max(sz.steady_idle)
+            configs.append((e2e_report.steady_members_poll_label(n), f"{n}idle_poll", n, None, True,
+                            ("cdc.test_members_poll_publishes",)))
         runs = {label: [] for label, *_ in configs}
         failed = 0
         tables = steady_tables(self.conn, max(sz.steady_idle, default=0))
         try:
             for rep in range(1, sz.steady_repeats + 1):
-                for label, short, idle, peers, shared, reset_caches in configs:
+                for label, short, idle, peers, shared, test_settings in configs:
                     print(f"steady: {wl}, {label}, run {rep} of {sz.steady_repeats}", flush=True)
                     tag, started = f"{short}_r{rep}", time.monotonic()
                     try:
                         set_shared_decoding(self.conn, shared)
-                        set_reset_caches(self.conn, reset_caches)
+                        set_test_settings(self.conn, test_settings)
                         with self.steady_peers(peers, tag) as peer_sinks:
                             r = steady_run(self.conn, self.env, self.kafka, script, sz.steady_rate,
                                            sz.steady_seconds, idle, peer_sinks, tag, shared)
@@ -1453,7 +1480,7 @@ class Bench:
                         results.add("steady_runs", wl, f"{label} #{rep}", metric, r[key], unit)
         finally:
             set_shared_decoding(self.conn, None)
-            set_reset_caches(self.conn, False)
+            set_test_settings(self.conn)
             drop_captured_tables(self.conn, tables)
         for label, rs in runs.items():
             if not rs:

@@ -44,6 +44,12 @@ def steady_idle_label(n):
     return f"{n} idle sinks"
 
 
+def steady_members_poll_label(n):
+    """The configuration with n idle sinks sharing one decoding, its members looking for new publishes
+    as before the decoder woke them (cdc.test_members_poll_publishes): what waking them saves, side by side."""
+    return f"{n} idle sinks, shared decoding, members polling as before"
+
+
 def shared_label(label):
     """The label of a steady configuration run with cdc.shared_decoding on."""
     return f"{label}, shared decoding"
@@ -52,7 +58,10 @@ def shared_label(label):
 def steady_labels(sizes):
     plain = [STEADY_ALONE] + [steady_idle_label(n) for n in sizes.steady_idle] + [STEADY_IDENTICAL, STEADY_EXAMPLE]
     labels = [shared_label(p) if on else p for p in plain for on in sizes.steady_shared]
-    return labels + ([STEADY_RESET_CACHES] if sizes.steady_reset_caches else [])
+    labels += [STEADY_RESET_CACHES] if sizes.steady_reset_caches else []
+    if sizes.steady_members_poll and sizes.steady_idle and True in sizes.steady_shared:
+        labels.append(steady_members_poll_label(max(sizes.steady_idle)))
+    return labels
 
 
 def write(results, out_dir, sizes, quick):
@@ -376,7 +385,7 @@ locks it shares, the slot it holds.
                          f"{fmt(m('visible_p50_ms'))} | {fmt(m('visible_p99_ms'))} | {fmt(p99_x, 'x')} | "
                          f"{fmt(m('cores'))} | {fmt(m('cpu_s_per_100k'))} | {fmt(cpu_x, 'x')} | "
                          f"{fmt(m('busiest_cores'))} | {fmt(m('busiest_cpu_s_per_100k'))} | {fmt(m('catch_up_s'))} | "
-                         f"{fmt(m('worker_mib_median'))} | {m('load_each_run')} |")
+                         f"{fmt(m('idle_cores'))} | {fmt(m('worker_mib_median'))} | {m('load_each_run')} |")
         for r in self.r.rows:
             if r["section"] == "steady_runs" and r["metric"] == "events":
                 m = lambda metric: self.v("steady_runs", r["workload"], r["system"], metric)  # noqa: E731
@@ -415,6 +424,11 @@ busy sink, whose latency is measured — in these configurations:
 - **alone, catalog caches dropped at every read**: alone, with `cdc.test_reset_caches_each_read` on, so
   that each read drops the worker's catalog caches after decoding as every read did before they were
   kept between reads (ARCHITECTURE.md, "Caches"): the CPU against **alone** is what keeping them saves.
+- **{max(sz.steady_idle, default=0)} idle sinks, shared decoding, members polling as before**: the configuration
+  with the most idle sinks, sharing one decoding, with `cdc.test_members_poll_publishes` on, so that the sinks
+  reading the log look for new publishes as they did before the decoder woke them (every 5 ms after a pass
+  that read, doubling up to `cdc.naptime_ms`, whatever table changed): its CPU and p99 against the same
+  configuration without it are what waking them saves.
 
 Each sink has its own worker process and slot. The busy table is emptied before each run (a new sink
 first snapshots the rows its table holds). Every sink is `running` (_cdc_sinks.state) before the warm-up,
@@ -423,13 +437,14 @@ and every sink on the busy table has delivered the warm-up before the clock star
 and each sink's worker, utime + stime from /proc), summed and the busiest single process, from the start
 of the timed load until the busy sink's consumer saw the last event and every other sink on the busy
 table delivered it too ("catch-up": how long after the busy sink that took); as cores (CPU / that wall
-time) and as CPU s per 100k events of the busy table. Ratios: the configuration's median against the
+time) and as CPU s per 100k events of the busy table; "idle sinks' workers" is the part of it the idle
+sinks' workers took together (by each worker's application_name). Ratios: the configuration's median against the
 median alone (p99; CPU s per 100k events). Each configuration ran {times}, in
 rounds (every configuration once per round); the table gives medians, with the 1-minute load average
 at the start-end of each run (the machine is shared: compare the loads before the figures).
 
-| configuration | sinks | runs | events | p50 ms | p99 ms | p99 / alone | pg_cdc cores | CPU s per 100k events | CPU / alone | busiest process: cores | busiest: CPU s per 100k | catch-up s | worker private MiB (median of workers) | load average, each run |
-|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|
+| configuration | sinks | runs | events | p50 ms | p99 ms | p99 / alone | pg_cdc cores | CPU s per 100k events | CPU / alone | busiest process: cores | busiest: CPU s per 100k | catch-up s | idle sinks' workers: cores | worker private MiB (median of workers) | load average, each run |
+|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|
 {chr(10).join(lines)}
 
 Every run:

@@ -138,6 +138,12 @@ pub static TEST_SKIP_SNAPSHOT_WINDOW: GucSetting<bool> = GucSetting::<bool>::new
 /// side-by-side figure of what keeping them saves).
 pub static TEST_RESET_CACHES_EACH_READ: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// `cdc.test_members_poll_publishes`: test-only; sinks reading the shared decoding's log look for
+/// new publishes as they did before the decoder woke them: every 5 ms after a pass that read,
+/// doubling up to `cdc.naptime_ms` after passes that did not, whatever tables a publish changed
+/// (the benchmark's and the tests' side-by-side comparison).
+pub static TEST_MEMBERS_POLL_PUBLISHES: GucSetting<bool> = GucSetting::<bool>::new(false);
+
 /// `cdc.test_snapshot_ignore_checkpoint`: test-only; a restarted sink settles the snapshot chunk it
 /// had in flight by the slot's confirmed position alone, not its destination's checkpoint, so the
 /// snapshot tests can prove their oracle sees the duplicates that would cause.
@@ -223,6 +229,14 @@ pub fn init() {
         c"Test only: drop the worker's catalog caches after every read, as every read did before they were kept.",
         c"",
         &TEST_RESET_CACHES_EACH_READ,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_bool_guc(
+        c"cdc.test_members_poll_publishes",
+        c"Test only: sinks reading the shared decoding's log look for new publishes as before the decoder woke them.",
+        c"",
+        &TEST_MEMBERS_POLL_PUBLISHES,
         GucContext::Sighup,
         GucFlags::SUPERUSER_ONLY,
     );

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  loop: decode flushed WAL (every published table) ─▶ LogWriter ─▶ publish (shared memory;
-//!        members look at it as they look at the WAL's flushes)
+//!        the members whose tables changed are woken)
 //!        every CONFIRM_EVERY: the slowest member's own slot (members more than
 //!        cdc.shared_decoding_max_lag behind left out) ─▶ confirm _cdc_group there, trim the log
 //!        the members' heartbeat: when the slot is RESTART_POINT_BYTES behind the WAL, or behind it
@@ -87,7 +87,7 @@ pub fn main() {
             poll = WAL_POLL;
             continue;
         }
-        if !nap(flushed, poll) {
+        if !nap(flushed, poll, true) {
             break;
         }
         poll = (poll * 2).min(naptime());
@@ -116,13 +116,13 @@ impl Decoder {
             let any = session.decode_log(DECODE_BYTES);
             let Some(log) = session.log() else { pgrx::error!("pg_cdc: the decoder's session writes no log") };
             match log.publish() {
-                Ok(end) => (any, end, log.complete_to()),
+                Ok(end) => (any, end, log.complete_to(), log.take_touched()),
                 Err(e) => pgrx::error!("pg_cdc: cannot write the shared decoding's log: {e}"),
             }
         });
         let any = match decoded {
-            Ok((any, end, complete_to)) => {
-                group::publish(epoch, end, complete_to);
+            Ok((any, end, complete_to, touched)) => {
+                group::publish(epoch, end, complete_to, &touched);
                 self.failures = 0;
                 any
             }

@@ -523,12 +523,15 @@ pub struct Shared {
     spool: Spool,
     /// Log frames read and not counted yet.
     read: u64,
+    /// Reads of the log not counted yet.
+    reads: u64,
 }
 
 impl Shared {
-    /// Changes of tables the sink does not carry dropped, and log frames read, since the last call.
-    pub fn take_counts(&mut self) -> (u64, u64) {
-        (self.feed.take_skipped(), std::mem::take(&mut self.read))
+    /// Changes of tables the sink does not carry dropped, log frames read, and reads of the log,
+    /// since the last call.
+    pub fn take_counts(&mut self) -> (u64, u64, u64) {
+        (self.feed.take_skipped(), std::mem::take(&mut self.read), std::mem::take(&mut self.reads))
     }
 }
 
@@ -637,6 +640,8 @@ pub struct Membership {
     shared: Option<Shared>,
     /// When it last found that the log could not serve it.
     refused: Option<Instant>,
+    /// The tables it registered as carried (the decoder wakes it for those), since it joined.
+    registered: Option<Option<HashSet<u32>>>,
 }
 
 impl Membership {
@@ -646,9 +651,9 @@ impl Membership {
         self.shared = None;
     }
 
-    /// Counts of its reads of the log since the last call (changes skipped, frames read).
-    pub fn take_counts(&mut self) -> (u64, u64) {
-        self.shared.as_mut().map_or((0, 0), Shared::take_counts)
+    /// Counts of its reads of the log since the last call (changes skipped, frames read, reads).
+    pub fn take_counts(&mut self) -> (u64, u64, u64) {
+        self.shared.as_mut().map_or((0, 0, 0), Shared::take_counts)
     }
 
     /// Joins the group's log when it can serve `position`, leaves it when it no longer can (or
@@ -697,10 +702,11 @@ impl Membership {
         // The slot changes hands within this process: its own session first gives it up.
         *session = None;
         *session = Some(Session::open(&row.slot, Kind::FastForward));
-        self.shared = Some(Shared { epoch, feed, spool: Spool::new(SPOOL_MEMORY, SPOOL_DIR), read: 0 });
+        self.shared = Some(Shared { epoch, feed, spool: Spool::new(SPOOL_MEMORY, SPOOL_DIR), read: 0, reads: 0 });
         self.refused = None;
         READS_LOG.store(true, std::sync::atomic::Ordering::Relaxed);
         group::set_member(&row.id, true);
+        self.registered = None;
         crate::stats::update(&row.id, |c| {
             c.shared_decoding = 1;
             c.shared_joins += 1;
@@ -725,10 +731,15 @@ pub fn ready<'a>(
 ) -> &'a mut dyn Frames {
     membership.update(session, row, &carried, position);
     if let Some(shared) = membership.shared.as_mut() {
+        if membership.registered.as_ref() != Some(&carried) {
+            group::set_member_tables(carried.as_ref());
+            membership.registered = Some(carried.clone());
+        }
         shared.feed.carry_only(carried);
         if let Err(e) = shared.spool.begin_read(position) {
             pgrx::error!("pg_cdc: cannot read decoded changes back from their spill file: {e}");
         }
+        shared.reads += 1;
         return shared;
     }
     if session.as_ref().is_some_and(|s| s.fast_forward) {

@@ -4,18 +4,25 @@
 //!
 //! ```text
 //!  decoder ── session on slot _cdc_group ─▶ LogWriter (base/pgsql_tmp/pgsql_tmp_cdc_group.<epoch>/)
-//!          └─ publishes (epoch, end, complete_to) here; confirms _cdc_group and trims the log at the
-//!             slowest member's own slot (members more than cdc.shared_decoding_max_lag behind left out)
+//!          └─ publishes (epoch, end, complete_to) here and wakes the members it concerns; confirms
+//!             _cdc_group and trims the log at the slowest member's own slot (members more than
+//!             cdc.shared_decoding_max_lag behind left out)
 //!  member  ── Feed from its delivered position ─▶ its spool ─▶ the read as before
 //!          └─ its own slot, held by a fast-forward session, confirmed after each delivery as before
 //! ```
 //! Shared memory holds what the decoder published and which sinks read it (the members): a
 //! member registers when it starts reading the log and leaves when it stops; the decoder counts
-//! only live members.
+//! only live members. A member also registers the tables it carries and its latch: the decoder
+//! wakes a member when a publish holds something for it (a change of one of its tables, or a
+//! message) and when pg_cdc's catalog changes, so a busy member reads at once and a member whose
+//! tables are quiet sleeps through the others' changes (it still reads once a second, or once per
+//! `cdc.naptime_ms` when that is longer, to move its position along).
+use std::cell::Cell;
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use cdc_core::fanout::log::LogEnd;
+use cdc_core::fanout::log::{LogEnd, Touched};
 use cdc_core::Lsn;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgLwLock};
@@ -30,12 +37,38 @@ pub const GROUP_SLOT: &str = "_cdc_group";
 /// The decoder's `backend_type` (and the start of its process title).
 pub const DECODER: &str = "pg_cdc decoder";
 
-#[derive(Clone, Copy, Default)]
+/// The most tables a member registers one by one; one that carries more is woken at every
+/// publish, as one that carries every table.
+const MEMBER_TABLES: usize = 32;
+
+/// `Member::tables_len` of a member woken at every publish.
+const EVERY_TABLE: u32 = u32::MAX;
+
+#[derive(Clone, Copy)]
 struct Member {
     /// The sink id (uuid bytes); all zero when free.
     id: [u8; 16],
     /// The sink worker reading the log for it.
     pid: i32,
+    /// Its process's latch (an address in shared memory, the same in every process).
+    latch: usize,
+    /// Bumped each time the decoder wakes it (it naps until this moves).
+    wakes: u64,
+    /// How many of `tables` it carries, or [`EVERY_TABLE`].
+    tables_len: u32,
+    tables: [u32; MEMBER_TABLES],
+}
+
+impl Default for Member {
+    fn default() -> Self {
+        Member { id: [0; 16], pid: 0, latch: 0, wakes: 0, tables_len: EVERY_TABLE, tables: [0; MEMBER_TABLES] }
+    }
+}
+
+impl Member {
+    fn carried(&self) -> Option<&[u32]> {
+        (self.tables_len != EVERY_TABLE).then(|| &self.tables[..self.tables_len as usize])
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -50,12 +83,14 @@ struct Group {
     writing: bool,
     end: LogEnd,
     complete_to: u64,
-    /// Bumped at every publish (members nap until it moves).
+    /// Bumped at every publish (members looked at it before the decoder woke them; see
+    /// `cdc.test_members_poll_publishes`).
     publishes: u64,
     members: [Member; MAX_SINKS],
 }
 
-// SAFETY: plain old data (integers and byte arrays), no pointers.
+// SAFETY: plain old data (integers and byte arrays); the latches' addresses are in shared memory,
+// mapped at the same address in every process.
 unsafe impl PGRXSharedMemory for Group {}
 
 static GROUP: PgLwLock<Group> = unsafe { PgLwLock::new(c"pg_cdc shared decoding") };
@@ -133,7 +168,7 @@ pub fn end_of(epoch: u64) -> Option<LogEnd> {
     (g.writing && g.epoch == epoch).then_some(g.end)
 }
 
-/// Changes at every publish of the decoder.
+/// Changes at every publish of the decoder (see [`Group::publishes`]).
 pub fn publishes() -> u64 {
     if !crate::preloaded() {
         return 0;
@@ -141,19 +176,86 @@ pub fn publishes() -> u64 {
     GROUP.share().publishes
 }
 
-/// Registers this process as reading the log for `sink_id` (`on`), or no longer.
+thread_local! {
+    /// This process's place among the members, while it is one.
+    static MY_PLACE: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Changes each time the decoder wakes this process's member (see [`publish`]); 0 when it is none.
+pub fn my_wakes() -> u64 {
+    let Some(i) = MY_PLACE.get() else { return 0 };
+    GROUP.share().members[i].wakes
+}
+
+/// Registers this process as reading the log for `sink_id` (`on`), or no longer. A new member
+/// is woken at every publish until it says which tables it carries ([`set_member_tables`]).
 pub fn set_member(sink_id: &str, on: bool) {
     let Some(key) = sink_key(sink_id) else { return };
-    // SAFETY: this process's pid, set at its start.
-    let me = unsafe { pg_sys::MyProcPid };
+    // SAFETY: this process's pid and latch, set at its start: a background worker's latch is its
+    // PGPROC's, in shared memory at the same address in every process (a walsender's is
+    // published the same way).
+    let (me, latch) = unsafe { (pg_sys::MyProcPid, pg_sys::MyLatch as usize) };
     let mut g = GROUP.exclusive();
     for m in g.members.iter_mut().filter(|m| m.id == key) {
         *m = Member::default();
     }
+    MY_PLACE.set(None);
     if on {
-        if let Some(m) = g.members.iter_mut().find(|m| m.id == [0; 16] || !alive_as(m.pid, SINK_WORKER)) {
-            *m = Member { id: key, pid: me };
+        if let Some(i) = g.members.iter().position(|m| m.id == [0; 16] || !alive_as(m.pid, SINK_WORKER)) {
+            g.members[i] = Member { id: key, pid: me, latch, ..Member::default() };
+            MY_PLACE.set(Some(i));
         }
+    }
+}
+
+/// Registers the tables this process's member carries (`None`: every table): the decoder wakes
+/// it for changes of those (and messages) only.
+pub fn set_member_tables(carried: Option<&HashSet<u32>>) {
+    let Some(i) = MY_PLACE.get() else { return };
+    let mut g = GROUP.exclusive();
+    let m = &mut g.members[i];
+    match carried {
+        Some(c) if c.len() <= MEMBER_TABLES => {
+            let mut tables: Vec<u32> = c.iter().copied().collect();
+            tables.sort_unstable();
+            m.tables[..tables.len()].copy_from_slice(&tables);
+            m.tables_len = tables.len() as u32;
+        }
+        _ => m.tables_len = EVERY_TABLE,
+    }
+}
+
+/// Wakes every member (pg_cdc's catalog changed: a sink added, altered or dropped, a table
+/// captured, a snapshot asked for), so that a member whose tables are quiet sees it at once
+/// instead of at its next read.
+pub fn wake_every_member() {
+    if !crate::preloaded() {
+        return;
+    }
+    let mut g = GROUP.exclusive();
+    let latches = wake(&mut g, |_| true);
+    drop(g);
+    set_latches(latches);
+}
+
+/// Wakes the members `concerned` picks (their counters bumped under the lock, which the caller
+/// holds): the latches to set once it is released.
+fn wake(g: &mut Group, concerned: impl Fn(&Member) -> bool) -> Vec<usize> {
+    let mut latches = Vec::new();
+    for m in g.members.iter_mut().filter(|m| m.id != [0; 16]) {
+        if concerned(m) {
+            m.wakes += 1;
+            latches.push(m.latch);
+        }
+    }
+    latches
+}
+
+fn set_latches(latches: Vec<usize>) {
+    for latch in latches.into_iter().filter(|&l| l != 0) {
+        // SAFETY: the latch of a PGPROC, in shared memory; a member that exited meanwhile leaves
+        // the latch of whichever process has its PGPROC now, which then wakes once for nothing.
+        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
     }
 }
 
@@ -180,6 +282,9 @@ pub fn claim_decoder() -> bool {
     // (it may fail to, and members must not take the old one for a live log meanwhile).
     g.writing = false;
     g.publishes += 1;
+    let latches = wake(&mut g, |_| true);
+    drop(g);
+    set_latches(latches);
     true
 }
 
@@ -200,20 +305,27 @@ pub fn new_epoch() -> u64 {
     g.end = LogEnd::default();
     g.complete_to = 0;
     g.publishes += 1;
-    g.epoch
+    let epoch = g.epoch;
+    let latches = wake(&mut g, |_| true);
+    drop(g);
+    set_latches(latches);
+    epoch
 }
 
-/// Publishes how far the log of `epoch` may be read. Members are not woken: each looks at
-/// [`publishes`] as often as a sink worker looks at the WAL (every 5 ms after a pass that read
-/// something, less and less often after passes that did not), so a member whose tables are quiet
-/// reads the log a few times a second, not at every publish.
-pub fn publish(epoch: u64, end: LogEnd, complete_to: Lsn) {
+/// Publishes how far the log of `epoch` may be read, and wakes the members whose tables
+/// `touched` changed (every member for a message). A member whose tables are quiet is not woken:
+/// it reads the log once a second (see `worker::nap`).
+pub fn publish(epoch: u64, end: LogEnd, complete_to: Lsn, touched: &Touched) {
     let mut g = GROUP.exclusive();
-    if g.epoch == epoch && (g.end != end || g.complete_to != complete_to.0) {
-        g.end = end;
-        g.complete_to = complete_to.0;
-        g.publishes += 1;
+    if g.epoch != epoch || (g.end == end && g.complete_to == complete_to.0) {
+        return;
     }
+    g.end = end;
+    g.complete_to = complete_to.0;
+    g.publishes += 1;
+    let latches = if touched.is_empty() { Vec::new() } else { wake(&mut g, |m| touched.concerns(m.carried())) };
+    drop(g);
+    set_latches(latches);
 }
 
 /// The decoder's log is no longer written (its session failed; a new one writes a new log):
@@ -223,6 +335,9 @@ pub fn close_log() {
     if g.writing {
         g.writing = false;
         g.publishes += 1;
+        let latches = wake(&mut g, |_| true);
+        drop(g);
+        set_latches(latches);
     }
 }
 
@@ -235,5 +350,8 @@ pub fn release_decoder() {
         g.decoder = 0;
         g.writing = false;
         g.publishes += 1;
+        let latches = wake(&mut g, |_| true);
+        drop(g);
+        set_latches(latches);
     }
 }

@@ -59,6 +59,8 @@ pub fn catalog_changed() {
     }
     pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, || {
         CLAIMS.exclusive().generation += 1;
+        // Sinks reading the shared decoding's log sleep until woken.
+        super::group::wake_every_member();
     });
 }
 

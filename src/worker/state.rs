@@ -95,6 +95,12 @@ impl Worker {
         self.finished
     }
 
+    /// Whether a thread is opening one of its sinks' destinations (the worker looks again soon: a
+    /// thread's end wakes nobody).
+    pub fn opening(&self) -> bool {
+        self.sinks.values().any(|r| r.opening.is_some())
+    }
+
     /// Confirms what its sink delivered since the last confirm (before it exits: the next worker
     /// would read it again).
     pub fn confirm_delivered(&mut self) {
@@ -462,12 +468,13 @@ impl Worker {
             }
         });
         let (decoded, skipped) = run.session.as_mut().map_or((0, 0), Session::take_counts);
-        let (log_skipped, log_read) = run.membership.take_counts();
+        let (log_skipped, log_read, log_reads) = run.membership.take_counts();
         let read_rows = matches!(&read, Ok(Ok(Read::Sent(b, _))) if b.rows > 0);
         crate::stats::update(&row.id, |c| {
             c.wal_decoded_bytes += decoded;
             c.changes_skipped += skipped + log_skipped;
             c.log_frames_read += log_read;
+            c.log_reads += log_reads;
             c.reads_overlapped += u64::from(overlapped && read_rows);
         });
         self.sinks.insert(id.to_string(), run);

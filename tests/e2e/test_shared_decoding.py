@@ -117,6 +117,62 @@ def rows_until_shared(pg, tables, start, names, limit=60):
     raise AssertionError(f"not every sink read the shared log: {({name: shared(pg, name) for name in names})}")
 
 
+def test_a_member_whose_tables_are_quiet_sleeps_through_the_other_tables_changes(pg, sinks, unique):
+    """The decoder wakes a member when a publish holds something for it (a change of one of its
+    tables, or a message), so a sink on a quiet table sleeps through a steady stream of another
+    table's transactions (it reads the log once a second) while the busy sink reads at once, and a
+    change of its own table still reaches it. Oracle: the sinks' own counts of their reads of the log
+    (decoding.log_reads) and the quiet sink's topic. Control: with cdc.test_members_poll_publishes on
+    (members look for new publishes as before: every 5 ms after a pass that read, doubling up to
+    cdc.naptime_ms, 200 ms) the quiet sink reads about five times a second."""
+    busy, quiet = f"wake_busy_{unique}", f"wake_quiet_{unique}"
+    for t in (busy, quiet):
+        pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+        pg.execute("SELECT cdc_enable(%s)", (t,))
+    # No heartbeat (a message, which wakes every member) during the runs.
+    with server_settings({"cdc.shared_decoding": "on", "cdc.heartbeat_interval_ms": 600000}):
+        busy_sink = sinks.add(f"wake_busy_{unique}", f"wake-busy-{unique}", tables=[busy])
+        quiet_sink = sinks.add(f"wake_quiet_{unique}", f"wake-quiet-{unique}", tables=[quiet])
+        joined = rows_until_shared(pg, [busy, quiet], 0, [busy_sink, quiet_sink])
+        written = [joined]
+
+        def reads():
+            return {n: delivery_status(pg, n)["decoding"]["log_reads"] for n in (busy_sink, quiet_sink)}
+
+        def steady_run():
+            """400 single-row transactions over about 4 s into the busy table, delivered; the reads of
+            each sink meanwhile, and how long that took (s)."""
+            wait_for(lambda: delivery_status(pg, busy_sink)["delivered"]["events"] >= written[0],
+                     what="the busy sink caught up")
+            before, started = reads(), time.monotonic()
+            with connect() as c:
+                for i in range(written[0], written[0] + 400):
+                    c.execute(f"INSERT INTO {busy} VALUES (%s, 'v')", (i,))
+                    time.sleep(0.01)
+            written[0] += 400
+            wait_for(lambda: delivery_status(pg, busy_sink)["delivered"]["events"] >= written[0],
+                     what="the busy sink delivered the run")
+            after, took = reads(), time.monotonic() - started
+            return after[busy_sink] - before[busy_sink], after[quiet_sink] - before[quiet_sink], took
+
+        busy_reads, quiet_reads, took = steady_run()
+        assert busy_reads >= 40, f"the busy sink read the log {busy_reads} times for 400 transactions"
+        # One read a second, and a wake-up or two (the run's start).
+        assert quiet_reads <= took + 3, \
+            f"the quiet sink read the log {quiet_reads} times in {took:.1f} s ({busy_reads} for the busy one)"
+        with server_settings({"cdc.test_members_poll_publishes": "on"}):
+            busy_polling, quiet_polling, took_polling = steady_run()
+        # About five reads a second.
+        assert quiet_polling >= 2.5 * took_polling, \
+            f"control: polling, the quiet sink read {quiet_polling} times in {took_polling:.1f} s ({busy_polling} " \
+            "for the busy one)"
+        # Its own table's changes still reach it (it is woken for them).
+        insert_rows(quiet, 1_000, 5)
+        assert len(consume(f"wake-quiet-{unique}", joined + 5, timeout=30)) == joined + 5
+    for t in (busy, quiet):
+        pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
 @contextlib.contextmanager
 def webhook_sink(pg, name, table):
     """A webhook sink on `table` whose server (a test_webhook_sink.Hook) the test answers as it likes;

@@ -56,6 +56,14 @@ pub const DELIVERING_FOR: Duration = Duration::from_secs(1);
 /// the WAL gets a heartbeat sooner ([`Driver::heartbeat_due`]).
 pub const RESTART_POINT_BYTES: u64 = 2 << 20;
 
+/// How long a worker napping until `left` has passed waits on its latch next, looking at least
+/// every `poll`: whole milliseconds (PostgreSQL's `WaitLatch` takes milliseconds), rounded up. A
+/// wait rounded down would be 0 for the nap's last fraction of a millisecond, and the nap would
+/// spin through it in calls that return at once (a dozen or more per nap, measured).
+pub fn latch_wait(left: Duration, poll: Duration) -> Duration {
+    Duration::from_millis(left.min(poll).as_micros().div_ceil(1000) as u64)
+}
+
 /// The settings a step runs with (the host reads them; the driver never does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::memory::{MemoryPort, SharedSink};
 use super::snapshot::{Next, OpenSnapshots, Previous};
-use super::{Driver, Producer, Settings, CONFIRM_INTERVAL, RESTART_POINT_BYTES};
+use super::{latch_wait, Driver, Producer, Settings, CONFIRM_INTERVAL, RESTART_POINT_BYTES};
 use crate::config::CaptureConfig;
 use crate::deliver::handoff::DeliveryThread;
 use crate::deliver::memory::{MemorySource, SinkFault};
@@ -551,4 +551,15 @@ fn an_in_database_sink_is_flushed_inside_the_read_and_a_failed_flush_aborts_its_
     let r = d.read(&mut MemorySource::new(one_insert()), &mut types, &t_tables(), &read_settings(), Lsn(0), None);
     assert!(matches!(r, Ok(super::Read::Sent(_, None))), "{r:?}");
     assert!(sink.sink().committed.is_empty());
+}
+
+#[test]
+fn a_nap_waits_whole_milliseconds_rounded_up_never_zero_before_it_ends() {
+    let ms = Duration::from_millis;
+    assert_eq!(latch_wait(ms(200), ms(5)), ms(5));
+    assert_eq!(latch_wait(ms(3), ms(200)), ms(3));
+    // The last fraction of a millisecond: one wait of a millisecond, not a spin of zero-length ones.
+    assert_eq!(latch_wait(Duration::from_micros(300), ms(200)), ms(1));
+    assert_eq!(latch_wait(Duration::from_micros(1_001), ms(200)), ms(2));
+    assert_eq!(latch_wait(Duration::ZERO, ms(200)), Duration::ZERO);
 }

@@ -19,7 +19,7 @@ use std::collections::{HashSet, VecDeque};
 use std::io;
 use std::path::PathBuf;
 
-use super::log::{describe, LogEnd, LogReader, Start};
+use super::log::{change_tables, describe, LogEnd, LogReader, Start};
 use crate::deliver::spool::Coverage;
 use crate::frame::RawFrame;
 use crate::Lsn;
@@ -180,20 +180,6 @@ impl Feed {
         self.carried.as_ref().is_none_or(|c| c.contains(&oid))
     }
 
-    /// The tables a change frame touches, if it is one (an insert, update, delete or truncate).
-    fn change_tables(data: &[u8]) -> Option<Vec<u32>> {
-        let u32_at = |i: usize| data.get(i..i + 4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
-        match data.first()? {
-            b'I' | b'U' | b'D' => u32_at(1).map(|oid| vec![oid]),
-            b'T' => {
-                // `T`, the number of relations, options, the relations.
-                let n = u32_at(1).unwrap_or(0) as usize;
-                Some((0..n).filter_map(|i| u32_at(6 + 4 * i)).collect())
-            }
-            _ => None,
-        }
-    }
-
     fn take(&mut self, frame: RawFrame, out: &mut Vec<RawFrame>) {
         let tag = frame.data.first().copied();
         match (self.place, tag) {
@@ -216,7 +202,7 @@ impl Feed {
             _ => {}
         }
         let Some(frame) = self.absorb_description(frame) else { return };
-        match Self::change_tables(&frame.data) {
+        match change_tables(&frame.data) {
             Some(tables) if !tables.iter().any(|&t| self.carries(t)) => {
                 self.skipped += 1;
                 return;

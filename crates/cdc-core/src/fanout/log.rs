@@ -20,7 +20,7 @@
 //! started at or before that position; it is handed the last Relation and Type frames written
 //! before that segment, so it knows every table's columns without the frames it skips. The writer removes a
 //! segment once the next one's first unit is covered by every member's position ([`LogWriter::trim`]).
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -94,6 +94,46 @@ fn commit_end_lsn(data: &[u8]) -> Option<Lsn> {
     Some(Lsn(u64::from_be_bytes(data.get(10..18)?.try_into().ok()?)))
 }
 
+/// The tables a change frame touches, if it is one (an insert, update, delete or truncate).
+pub(super) fn change_tables(data: &[u8]) -> Option<Vec<u32>> {
+    let u32_at = |i: usize| data.get(i..i + 4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    match data.first()? {
+        b'I' | b'U' | b'D' => u32_at(1).map(|oid| vec![oid]),
+        b'T' => {
+            // `T`, the number of relations, options, the relations.
+            let n = u32_at(1).unwrap_or(0) as usize;
+            Some((0..n).filter_map(|i| u32_at(6 + 4 * i)).collect())
+        }
+        _ => None,
+    }
+}
+
+/// What the frames appended between two [`LogWriter::take_touched`] carry for members: whose
+/// changes, and whether a message (a message goes to every member).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Touched {
+    /// The tables with a change (insert, update, delete, truncate).
+    pub tables: BTreeSet<u32>,
+    /// A logical decoding message (in a transaction or not).
+    pub message: bool,
+}
+
+impl Touched {
+    /// Whether a member carrying `carried` (every table when `None`) gets something from it.
+    pub fn concerns(&self, carried: Option<&[u32]>) -> bool {
+        self.message
+            || match carried {
+                None => !self.tables.is_empty(),
+                Some(c) => c.iter().any(|t| self.tables.contains(t)),
+            }
+    }
+
+    /// Whether nothing was touched.
+    pub fn is_empty(&self) -> bool {
+        self.tables.is_empty() && !self.message
+    }
+}
+
 /// The writing side of a log: the decoder's.
 #[derive(Debug)]
 pub struct LogWriter {
@@ -116,6 +156,7 @@ pub struct LogWriter {
     published: LogEnd,
     /// A new segment starts at the first unit once the current one holds this many bytes.
     segment_bytes: u64,
+    touched: Touched,
 }
 
 impl LogWriter {
@@ -148,6 +189,7 @@ impl LogWriter {
             complete_to: start,
             published: LogEnd::default(),
             segment_bytes,
+            touched: Touched::default(),
         })
     }
 
@@ -177,8 +219,17 @@ impl LogWriter {
                     self.complete_to = self.complete_to.max(end);
                 }
             }
-            Some(b'M') if !self.in_transaction => self.complete_to = self.complete_to.max(frame.lsn),
-            _ => {}
+            Some(b'M') => {
+                self.touched.message = true;
+                if !self.in_transaction {
+                    self.complete_to = self.complete_to.max(frame.lsn);
+                }
+            }
+            _ => {
+                if let Some(tables) = change_tables(&frame.data) {
+                    self.touched.tables.extend(tables);
+                }
+            }
         }
         encode_frame(&mut self.pending, frame)?;
         if self.pending.len() >= IO_CHUNK {
@@ -229,6 +280,12 @@ impl LogWriter {
             self.published = LogEnd { segment: self.segment, bytes: self.written };
         }
         Ok(self.published)
+    }
+
+    /// The tables changed, and whether a message came, in the frames appended since the last call
+    /// (the decoder wakes the members they concern once it published them).
+    pub fn take_touched(&mut self) -> Touched {
+        std::mem::take(&mut self.touched)
     }
 
     /// What the last [`LogWriter::publish`] returned.

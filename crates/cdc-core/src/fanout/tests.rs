@@ -374,3 +374,45 @@ fn a_read_that_stopped_inside_a_transaction_ends_at_its_commit_and_no_further() 
         assert_same(&got, &own, &format!("step {step}"));
     }
 }
+
+#[test]
+fn each_publish_says_whose_tables_it_touched_and_a_member_it_does_not_concern_gets_nothing_from_it() {
+    let tmp = TempDir::new("touched");
+    let units = model(13, 300);
+    let group = render(&units, None);
+    let mut w = LogWriter::create(&tmp.0, Lsn(0), 4_000).unwrap();
+    let end0 = w.published();
+    let carried = [HashSet::from([1]), HashSet::from([2, 3]), HashSet::from([4])];
+    let mut feeds: Vec<Box<Feed>> = carried.iter().map(|c| feed(&tmp.0, Lsn(0), end0, Some(c.clone()))).collect();
+    let (mut concerned, mut not_concerned) = (0, 0);
+    for (unit, (_, frames)) in units.iter().zip(&group) {
+        for f in frames {
+            w.append(f).unwrap();
+        }
+        let end = w.publish().unwrap();
+        let touched = w.take_touched();
+        // The oracle: the model's unit itself.
+        let (tables, message) = match unit {
+            Unit::Message => (Default::default(), true),
+            Unit::Transaction { changes, message } => {
+                (changes.iter().flat_map(|(oids, _)| oids.iter().copied()).collect(), *message)
+            }
+        };
+        assert_eq!(touched.tables, tables);
+        assert_eq!(touched.message, message);
+        assert!(w.take_touched().is_empty(), "taking it again gives nothing new");
+        for (f, c) in feeds.iter_mut().zip(&carried) {
+            let c: Vec<u32> = c.iter().copied().collect();
+            let got = f.pull(end, usize::MAX).unwrap();
+            // A member the publish does not concern may sleep through it: its feed hands nothing out.
+            assert_eq!(!got.is_empty(), touched.concerns(Some(&c)), "unit {unit:?}, tables {c:?}");
+            if touched.concerns(Some(&c)) {
+                concerned += 1;
+            } else {
+                not_concerned += 1;
+            }
+        }
+        assert_eq!(touched.concerns(None), !frames.is_empty());
+    }
+    assert!(concerned > 100 && not_concerned > 100, "{concerned} concerned, {not_concerned} not");
+}
