@@ -747,7 +747,8 @@ def steady_run(conn, env, kafka, script, rate, seconds, idle, peers=(), tag=None
     then pgbench runs `script` at `rate` for 3 s (warm-up, which every sink on the busy table must
     have delivered) and for `seconds` (timed). Returns the busy sink's latency (commit time -> seen by a read_committed consumer), the CPU of every pg_cdc process
     (launcher and sink workers, utime + stime) from the start of the timed load until the busy sink's
-    consumer saw its last event and every peer delivered it too (summed, and the busiest process),
+    consumer saw its last event and every peer delivered it too (summed, the busiest process, and the
+    idle sinks' workers together),
     and the 1-minute load average at the start and the end. Drops its sinks and their topics, also
     when it fails. `tag` (default "<idle>idle") names the sinks and topics. `shared`: cdc.shared_decoding
     is on, and the clock starts only once every sink reads the shared decoding's log (a new sink
@@ -787,7 +788,7 @@ def steady_run(conn, env, kafka, script, rate, seconds, idle, peers=(), tag=None
         # Which sink each worker serves (its application_name, "pg_cdc worker: <sink>").
         sink_of = dict(conn.execute("SELECT pid, substring(application_name from ': (.*)$') FROM pg_stat_activity "
                                     "WHERE backend_type = 'pg_cdc worker'").fetchall())
-        idle_sinks = {name for name, _, config in sinks if config["tables"][0].startswith("bench_steady_idle")}
+        idle_sinks = {name for name, _, _ in sinks[1:1 + idle]}
         load0 = os.getloadavg()[0]
         cpu0, t0 = [cpu_seconds([p]) for p in pids], time.monotonic()
         processed = pgbench_at_rate(env, script, rate, seconds)
@@ -1439,9 +1440,8 @@ class Bench:
         # Each configuration with each decoding: its sinks decoding their own slots, and sharing one
         # decoding (cdc.shared_decoding), side by side in every round.
         configs = [(e2e_report.shared_label(label) if shared else label, f"{short}{'_sh' if shared else ''}", idle,
-                    peers, shared)
+                    peers, shared, ())
                    for label, short, idle, peers in plain for shared in sz.steady_shared]
-        configs = [c + ((),) for c in configs]
         if sz.steady_reset_caches:
             # What keeping the worker's catalog caches between reads saves: the busy sink alone as
             # every read was before (cdc.test_reset_caches_each_read), in the same rounds.
