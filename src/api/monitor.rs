@@ -278,7 +278,7 @@ fn cdc_prometheus_metrics() -> String {
         }
     }
     type Counter = (&'static str, &'static str, fn(&cdc_core::stats::DeliveryCounters) -> u64);
-    let counters: [Counter; 9] = [
+    let counters: [Counter; 10] = [
         ("pg_cdc_snapshot_rows_delivered_total", "Snapshot rows delivered as READ events.", |c| {
             c.snapshot_rows_delivered
         }),
@@ -305,6 +305,11 @@ fn cdc_prometheus_metrics() -> String {
             "pg_cdc_reads_overlapped_total",
             "Reads made while the sink's previous unit was still being committed.",
             |c| c.reads_overlapped,
+        ),
+        (
+            "pg_cdc_catalog_rereads_total",
+            "Reads given up at a change newer than the worker's catalog copy and read again.",
+            |c| c.catalog_rereads,
         ),
     ];
     for (metric, help, get) in counters {

@@ -511,7 +511,11 @@ impl Worker {
                 })
             }
         };
-        self.abort(id);
+        // A read that stopped at a change the catalog copy did not show yet keeps its
+        // destination: `Driver::fail` gives up its unit then.
+        if !self.sinks.get(id).is_some_and(|r| r.driver.keeps_producer(&failure)) {
+            self.abort(id);
+        }
         self.fail_with(id, failure);
         None
     }

@@ -62,6 +62,10 @@ pub struct DeliveryCounters {
     /// Reads that ran while the unit before was still being committed on the sink's delivery
     /// thread (decoding and delivery overlapping).
     pub reads_overlapped: u64,
+    /// Reads given up at a change newer than the worker's copy of the catalog (a DDL, a capture
+    /// or routing change committed just after the copy was read) and read again at once, the
+    /// destination kept.
+    pub catalog_rereads: u64,
     /// Snapshot rows delivered as READ events (before the sink's filters: rows a filter dropped
     /// count in `cdc_filter_metrics`).
     pub snapshot_rows_delivered: u64,
@@ -238,6 +242,7 @@ impl DeliveryStatus<'_> {
                 "log_reads": c.log_reads,
                 "changes_skipped": c.changes_skipped,
                 "reads_overlapped": c.reads_overlapped,
+                "catalog_rereads": c.catalog_rereads,
             },
             "compliance_metrics": {
                 "pii_redactions": c.pii_redactions,

@@ -198,6 +198,19 @@ pub mod wal {
         RawFrame { lsn: Lsn(end), data: d }
     }
 
+    /// The transactional message a DDL writes when it records `version` of table `oid`
+    /// ([`crate::schema::VERSION_MESSAGE_PREFIX`]), at `lsn`.
+    pub fn version_message(oid: u32, version: i32, lsn: u64) -> RawFrame {
+        let content = format!("{oid} {version}");
+        let mut d = vec![b'M', 1];
+        d.extend_from_slice(&lsn.to_be_bytes());
+        d.extend_from_slice(crate::schema::VERSION_MESSAGE_PREFIX.as_bytes());
+        d.push(0);
+        d.extend_from_slice(&(content.len() as u32).to_be_bytes());
+        d.extend_from_slice(content.as_bytes());
+        RawFrame { lsn: Lsn(lsn), data: d }
+    }
+
     /// The Relation message of `rel`, at `lsn`.
     pub fn relation_frame(rel: &Relation, lsn: u64) -> RawFrame {
         let mut d = vec![b'R'];

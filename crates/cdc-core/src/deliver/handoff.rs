@@ -44,6 +44,8 @@ enum Command {
     Flush(Checkpoint),
     /// Abort the open unit (best effort).
     Abort,
+    /// Abort the open unit and keep going; say so when done.
+    Discard(mpsc::Sender<()>),
 }
 
 /// A flush the thread finished.
@@ -205,6 +207,46 @@ impl DeliveryThread {
         Flushed { checkpoint: Checkpoint { end_lsn: crate::Lsn(0) }, result: Err(e), at_unix_micros: unix_micros_now() }
     }
 
+    /// Gives up the open unit and keeps the sink for the next one: what a read that must be read
+    /// again does (its destination is fine). Every flush handed over must be reported first. A
+    /// unit sent directly is aborted here; one sent through the queue is aborted on the thread,
+    /// after what was queued, and this waits until it is (a later send may go directly).
+    pub fn discard(&mut self) -> Result<(), SinkError> {
+        if let Some(e) = self.state.failure() {
+            return Err(e);
+        }
+        if self.in_flight > 0 {
+            let e =
+                SinkError { class: ErrorClass::Retry, message: "a unit was given up with a flush in flight".into() };
+            self.abort();
+            return Err(e);
+        }
+        match self.unit.take() {
+            None => {}
+            Some(Route::Direct) => self.state.sink().abort(),
+            Some(Route::Queued) => {
+                let (tx, rx) = mpsc::channel();
+                self.commands.send(Command::Discard(tx)).map_err(|_| ended())?;
+                loop {
+                    match rx.recv_timeout(Duration::from_millis(100)) {
+                        Ok(()) => break,
+                        Err(mpsc::RecvTimeoutError::Timeout) if self.is_interrupted() => {
+                            self.abort();
+                            return Err(interrupted());
+                        }
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(mpsc::RecvTimeoutError::Disconnected) => {
+                            self.state.fail(&ended());
+                            return Err(ended());
+                        }
+                    }
+                }
+                self.free_sent();
+            }
+        }
+        self.state.failure().map_or(Ok(()), Err)
+    }
+
     /// Frees the events the thread sent back.
     fn free_sent(&self) {
         while self.sent.try_recv().is_ok() {}
@@ -357,6 +399,13 @@ fn serve(
             Command::Abort => {
                 state.sink().abort();
                 open = false;
+            }
+            Command::Discard(done) => {
+                if open && !skip {
+                    state.sink().abort();
+                }
+                open = false;
+                let _ = done.send(());
             }
         }
     }
@@ -542,6 +591,40 @@ mod tests {
         }
         assert_eq!(r.sink.lock().unwrap().aborted, 1, "aborted on the delivery thread");
         assert!(r.sink.lock().unwrap().committed.is_empty());
+    }
+
+    #[test]
+    fn a_discarded_unit_is_aborted_in_order_and_the_sink_takes_the_next_one() {
+        let mut r = rig(true, QUEUE_BYTES);
+        r.thread.send_owned(vec![event(1, 10)]).unwrap();
+        r.thread.start_flush(cp(2)).unwrap();
+        r.flushing.recv_timeout(WAIT).unwrap();
+        // Queued behind the flush held in the sink: giving it up waits for the flush's report.
+        r.thread.send_owned(vec![event(10, 10)]).unwrap();
+        assert!(r.thread.discard().is_err(), "a flush is in flight");
+        assert_eq!(r.thread.send_owned(vec![event(11, 10)]).unwrap_err().message, "delivery abandoned");
+
+        // The same once the flush is reported: the queued unit is aborted, the sink stays.
+        let mut r = rig(true, QUEUE_BYTES);
+        r.thread.send_owned(vec![event(1, 10)]).unwrap();
+        r.thread.start_flush(cp(2)).unwrap();
+        r.flushing.recv_timeout(WAIT).unwrap();
+        r.thread.send_owned(vec![event(10, 10)]).unwrap();
+        r.go.send(()).unwrap();
+        assert_eq!(r.thread.wait_flushed(WAIT).unwrap().result, Ok(()));
+        r.thread.discard().unwrap();
+        assert_eq!(r.sink.lock().unwrap().aborted, 1, "aborted on the thread before discard returned");
+        assert!(r.sink.lock().unwrap().open_unit.is_empty());
+        // The next unit goes directly (nothing in flight), then a directly sent unit is discarded.
+        r.thread.send_owned(vec![event(20, 10)]).unwrap();
+        r.thread.discard().unwrap();
+        assert_eq!(r.sink.lock().unwrap().aborted, 2);
+        r.thread.send_owned(vec![event(30, 10)]).unwrap();
+        r.go.send(()).unwrap();
+        r.thread.flush(cp(31)).unwrap();
+        let sink = r.sink.lock().unwrap();
+        let lsns: Vec<Vec<u64>> = sink.committed.iter().map(|(e, _)| e.iter().map(|e| e.lsn.0).collect()).collect();
+        assert_eq!(lsns, [vec![1], vec![30]], "what was discarded never commits");
     }
 
     #[test]

@@ -50,12 +50,16 @@ pub struct Failure {
     pub message: String,
     /// Events are held back because they cannot be redacted as configured (`compliance_metrics`).
     pub compliance: bool,
+    /// The read met a change its copy of the catalog does not show yet (a DDL, a capture or
+    /// routing change committed after the copy was read): nothing is wrong with the destination;
+    /// the worker reads the catalog and the changes again (see `Driver::fail`).
+    pub reread: bool,
 }
 
 impl Failure {
     /// A failure of `state`.
     pub fn new(state: SinkState, message: impl Into<String>) -> Failure {
-        Failure { state, message: message.into(), compliance: false }
+        Failure { state, message: message.into(), compliance: false, reread: false }
     }
 
     fn decode(e: impl std::fmt::Display) -> Failure {
@@ -68,7 +72,9 @@ impl Failure {
             PipelineError::SchemaBehind { .. }
             | PipelineError::HistoryBehind { .. }
             | PipelineError::RoutingBehind { .. }
-            | PipelineError::CaptureBehind { .. } => Failure::new(SinkState::Retrying, e.to_string()),
+            | PipelineError::CaptureBehind { .. } => {
+                Failure { reread: true, ..Failure::new(SinkState::Retrying, e.to_string()) }
+            }
             PipelineError::Format { ref error, .. } => {
                 Failure::new(if error.retry { SinkState::Retrying } else { SinkState::Error }, e.to_string())
             }

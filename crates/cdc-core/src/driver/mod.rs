@@ -19,7 +19,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::deliver::handoff::DeliveryThread;
-use crate::deliver::port::{ChangeSource, Checkpoint, DeliveryMode, Sink};
+use crate::deliver::port::{ChangeSource, Checkpoint, DeliveryMode, Sink, SinkError};
 use crate::deliver::protocol::{self, FlushPlan};
 pub use crate::deliver::read::RouteProgress;
 use crate::deliver::read::{self, unix_micros_now, Batch, Failure, Inputs, Sent, TableProgress, Unit, FETCH_ROWS};
@@ -55,6 +55,11 @@ pub const DELIVERING_FOR: Duration = Duration::from_secs(1);
 /// decoding session decodes again before the slot's confirmed position. A slot this far behind
 /// the WAL gets a heartbeat sooner ([`Driver::heartbeat_due`]).
 pub const RESTART_POINT_BYTES: u64 = 2 << 20;
+
+/// Reads in a row that may stop at a change the worker's catalog copy does not show yet and be
+/// read again at once, keeping the destination (see [`Driver::fail`]); the next one is a failure
+/// that backs off, so a copy that never catches up makes no hot loop.
+pub const MAX_REREADS: u32 = 3;
 
 /// How long a worker napping until `left` has passed waits on its latch next, looking at least
 /// every `poll`: whole milliseconds (PostgreSQL's `WaitLatch` takes milliseconds), rounded up. A
@@ -152,6 +157,18 @@ pub enum Producer {
 }
 
 impl Producer {
+    /// Gives up the open unit and keeps the destination for the next one (see
+    /// [`DeliveryThread::discard`]; a sink in place aborts it).
+    pub fn discard(&mut self) -> Result<(), SinkError> {
+        match self {
+            Producer::Threaded(t) => t.discard(),
+            Producer::InPlace(s) => {
+                s.abort();
+                Ok(())
+            }
+        }
+    }
+
     /// The sink behind it.
     pub fn sink(&mut self) -> &mut dyn Sink {
         match self {
@@ -198,6 +215,16 @@ pub struct Handed {
     pub sent_log: Vec<Sent>,
 }
 
+/// Counts an abandoned delivery: an exactly-once sink's open transaction was aborted.
+fn count_abort(port: &mut dyn DriverPort, exactly_once: bool) {
+    port.counters(&mut |c| {
+        if exactly_once && c.open_transactions > 0 {
+            c.aborted_transactions += 1;
+        }
+        c.open_transactions = 0;
+    });
+}
+
 /// The driver of one sink: its destination, what it handed over and delivered, where it stands in
 /// its snapshot, its failures and the state last written.
 pub struct Driver {
@@ -206,6 +233,8 @@ pub struct Driver {
     /// Its open destination.
     pub producer: Option<Producer>,
     failures: u32,
+    /// Reads in a row that stopped at a change the catalog copy did not show yet.
+    rereads: u32,
     /// No step before this instant (backing off after a failure).
     pub retry_at: Option<Instant>,
     /// (state, last_error) as last written to the catalog (`None`: a label this version does not
@@ -254,6 +283,7 @@ impl Driver {
             assembler,
             producer: None,
             failures: 0,
+            rereads: 0,
             retry_at: None,
             written,
             last_heartbeat: None,
@@ -336,12 +366,42 @@ impl Driver {
         }
     }
 
+    /// Whether a read that failed with `failure` keeps its destination open (the caller does not
+    /// abort it first, [`Driver::fail`] gives up the unit): the read stopped at a change the
+    /// catalog copy did not show yet (`reread`), fewer than [`MAX_REREADS`] times in a row, and
+    /// the destination is outside the source database (an in-database sink's unit went with the
+    /// read's transaction).
+    pub fn keeps_producer(&self, failure: &Failure) -> bool {
+        failure.reread && self.rereads < MAX_REREADS && self.producer.as_ref().is_some_and(|p| !p.in_source_database())
+    }
+
     /// Fails the sink: counts the failure, backs off (not before its destination asked, a
     /// webhook's `Retry-After`), gives up its producer and what it handed over and delivered
     /// since the last confirm (a new session reads it again from the slot's confirmed position),
     /// and records the state. A failure that holds events back for a compliance reason shows in
     /// the counters. The caller lets go of its decoding session and of a producer still opening.
+    ///
+    /// A read that stopped at a change the catalog copy did not show yet ([`Driver::keeps_producer`])
+    /// is no failure of the destination: every DDL on a captured table can cause one, when the
+    /// worker read its copy just before the DDL committed. Its units handed over earlier are
+    /// settled, its open unit is given up (an exactly-once sink aborts its transaction) and the
+    /// producer is kept; it reads again at once, with no backoff and its state unchanged. Before,
+    /// each such read dropped the producer and backed off: an exactly-once sink then initialised
+    /// its transactions again (seconds while the broker still aborts the fenced one) behind a
+    /// backoff that doubled, and under steady DDL each wait let in the next DDL (seen: 8 minutes
+    /// of retries in the chaos run after a broker restart).
     pub fn fail(&mut self, port: &mut dyn DriverPort, failure: Failure, settings: &Settings, now: Instant) {
+        if self.keeps_producer(&failure) {
+            self.rereads += 1;
+            match self.reread(port) {
+                Ok(()) => {
+                    port.counters(&mut |c| c.catalog_rereads += 1);
+                    port.log(&format!("pg_cdc sink \"{}\": {}", port.sink_name(), failure.message));
+                    return;
+                }
+                Err(f) => return self.fail(port, f, settings, now),
+            }
+        }
         if failure.compliance {
             self.compliance_hold = true;
             port.counters(&mut |c| c.compliance_hold = 1);
@@ -359,6 +419,24 @@ impl Driver {
         self.handed.clear();
     }
 
+    /// Settles the units handed over, gives up the open one keeping the producer, and forgets
+    /// what a failure forgets (see [`Driver::fail`]).
+    fn reread(&mut self, port: &mut dyn DriverPort) -> Result<(), Failure> {
+        self.settle(port, 0)?;
+        let Some(producer) = self.producer.as_mut() else { return Ok(()) };
+        let exactly_once = producer.sink().delivery_mode() == DeliveryMode::ExactlyOnce;
+        if let Err(e) = producer.discard() {
+            self.producer = None;
+            return Err(Failure::sink(e));
+        }
+        count_abort(port, exactly_once);
+        self.assembler.reset();
+        self.delivered = None;
+        self.unrecorded.clear();
+        self.unrecorded_routes.clear();
+        Ok(())
+    }
+
     /// Abandons the sink's open delivery (its events are read again later) and counts it. When
     /// the process is stopping the producer is dropped instead: aborting can block up to the
     /// transaction timeout (measured: 30 s after a SIGTERM that interrupted the first delivery
@@ -372,12 +450,7 @@ impl Driver {
         } else {
             producer.sink().abort();
         }
-        port.counters(&mut |c| {
-            if exactly_once && c.open_transactions > 0 {
-                c.aborted_transactions += 1;
-            }
-            c.open_transactions = 0;
-        });
+        count_abort(port, exactly_once);
     }
 
     /// Reads the slot (`inner`, from where the sink stands) through the sink's snapshot reader (a
@@ -629,6 +702,7 @@ impl Driver {
     /// a compliance hold is lifted.
     pub fn succeeded(&mut self, port: &mut dyn DriverPort) {
         self.failures = 0;
+        self.rereads = 0;
         self.retry_at = None;
         if std::mem::take(&mut self.compliance_hold) {
             port.counters(&mut |c| c.compliance_hold = 0);

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::memory::{MemoryPort, SharedSink};
 use super::snapshot::{Next, OpenSnapshots, Previous};
-use super::{latch_wait, Driver, Producer, Settings, CONFIRM_INTERVAL, RESTART_POINT_BYTES};
+use super::{latch_wait, Driver, Producer, Settings, CONFIRM_INTERVAL, MAX_REREADS, RESTART_POINT_BYTES};
 use crate::config::CaptureConfig;
 use crate::deliver::handoff::DeliveryThread;
 use crate::deliver::memory::{MemorySource, SinkFault};
@@ -16,7 +16,7 @@ use crate::envelope::Op;
 use crate::pipeline::{Assembler, RawFrame, SinkTables};
 use crate::snapshot::Chunk;
 use crate::state::SinkState;
-use crate::testutil::wal::{begin, commit, delete, insert, relation, relation_frame, watermark};
+use crate::testutil::wal::{begin, commit, delete, insert, relation, relation_frame, version_message, watermark};
 use crate::testutil::{config, frames, relation_oids, types};
 use crate::Lsn;
 
@@ -101,6 +101,95 @@ fn a_destination_that_asked_to_wait_is_not_tried_again_before_then() {
     d.producer = Some(Producer::InPlace(Box::new(sink.clone())));
     d.fail(&mut port, retry_failure(), &settings(), now);
     assert_eq!(d.retry_at, Some(now + Duration::from_secs(1)));
+}
+
+/// Two transactions on table 7; a DDL in the second recorded version 2 of the table.
+fn insert_then_ddl() -> Vec<RawFrame> {
+    vec![
+        relation_frame(&relation(7), 5),
+        begin(900, 100),
+        insert(7, 1, 92),
+        commit(100),
+        begin(901, 200),
+        version_message(7, 2, 190),
+        insert(7, 2, 192),
+        commit(200),
+    ]
+}
+
+/// Table 7 with a schema history holding `versions` (as a catalog copy read then would).
+fn t_with_versions(versions: &[i32]) -> SinkTables {
+    let field = |attnum: i16, name: &str, type_oid: u32| crate::schema::Field {
+        attnum,
+        name: name.into(),
+        type_sql: String::new(),
+        type_oid,
+        typmod: -1,
+        not_null: false,
+        default: None,
+        missing: None,
+    };
+    let history = crate::schema::History::from_versions(
+        versions
+            .iter()
+            .map(|&number| crate::schema::Version {
+                lsn: Lsn(if number == 1 { 1 } else { 189 }),
+                number,
+                forced: false,
+                own_topic: false,
+                fields: vec![field(1, "id", 23), field(2, "v", 25)],
+            })
+            .collect(),
+    );
+    let mut c = config(&["id"]);
+    c.history = Some(Arc::new(history));
+    [(7, Arc::new(c))].into_iter().collect()
+}
+
+#[test]
+fn a_read_that_meets_a_ddl_its_catalog_copy_missed_keeps_its_producer_and_reads_again_at_once() {
+    let sink = SharedSink::new(DeliveryMode::ExactlyOnce);
+    let (mut d, mut port) = (threaded(&sink), MemoryPort::new("s"));
+    let now = Instant::now();
+    let behind = t_with_versions(&[1]);
+    let read_behind = |d: &mut Driver| {
+        let mut source = MemorySource::new(insert_then_ddl());
+        // Whole transactions are sent once 4 frames are buffered: the first goes before the DDL.
+        let settings = super::ReadSettings { large_frames: 4, ..read_settings() };
+        d.read(&mut source, &mut types("basic"), &behind, &settings, Lsn(0), None).unwrap_err()
+    };
+    let f = read_behind(&mut d);
+    assert!(f.reread && f.message.contains("version 2"), "{f:?}");
+    assert_eq!(sink.sink().open_unit.len(), 1, "the transaction before the DDL was sent");
+    assert!(d.keeps_producer(&f));
+    d.fail(&mut port, f, &settings(), now);
+    assert!(d.producer.is_some(), "the destination is kept");
+    assert_eq!((d.failures(), d.retry_at), (0, None), "no backoff");
+    assert_eq!(port.counters.catalog_rereads, 1);
+    assert_ne!(port.state(), Some(SinkState::Retrying), "nothing for a DBA to look at");
+    let held = sink.sink();
+    assert_eq!((held.aborted, held.open_unit.len()), (1, 0), "its unit was aborted");
+    drop(held);
+
+    // Read again with the copy the catalog holds now: both transactions commit, once.
+    let mut source = MemorySource::new(insert_then_ddl());
+    read_and_hand(&mut d, &mut port, &mut source, &t_with_versions(&[1, 2]), Lsn(0), false);
+    d.succeeded(&mut port);
+    let committed: Vec<usize> = sink.sink().committed.iter().map(|(e, _)| e.len()).collect();
+    assert_eq!(committed, [2]);
+
+    // A copy that never catches up: MAX_REREADS reads in a row keep the producer, the next one
+    // is a failure that backs off.
+    for i in 0..=MAX_REREADS {
+        let f = read_behind(&mut d);
+        let keeps = d.keeps_producer(&f);
+        d.fail(&mut port, f, &settings(), now);
+        assert_eq!((keeps, d.producer.is_some()), (i < MAX_REREADS, i < MAX_REREADS), "read {i}");
+    }
+    assert_eq!(d.failures(), 1);
+    assert!(d.backing_off(now));
+    assert_eq!(port.state(), Some(SinkState::Retrying));
+    assert_eq!(sink.sink().committed.len(), 1, "nothing more committed");
 }
 
 // --- settle and confirm ---
