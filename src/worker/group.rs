@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use cdc_core::fanout::log::{LogEnd, Touched};
 use cdc_core::Lsn;
 use pgrx::prelude::*;
-use pgrx::{pg_shmem_init, PGRXSharedMemory, PgLwLock};
+use pgrx::{pg_shmem_init, PGRXSharedMemory, PgLwLock, PgLwLockExclusiveGuard};
 
 use super::launcher::{alive_as, SINK_WORKER};
 use crate::gucs;
@@ -83,8 +83,8 @@ struct Group {
     writing: bool,
     end: LogEnd,
     complete_to: u64,
-    /// Bumped at every publish (members looked at it before the decoder woke them; see
-    /// `cdc.test_members_poll_publishes`).
+    /// Bumped at every change of the group (a publish, a new log or decoder, a catalog change):
+    /// members looked at it before the decoder woke them (`cdc.test_members_poll_publishes`).
     publishes: u64,
     members: [Member; MAX_SINKS],
 }
@@ -232,15 +232,13 @@ pub fn wake_every_member() {
     if !crate::preloaded() {
         return;
     }
-    let mut g = GROUP.exclusive();
-    let latches = wake(&mut g, |_| true);
-    drop(g);
-    set_latches(latches);
+    announce(GROUP.exclusive(), |_| true);
 }
 
-/// Wakes the members `concerned` picks (their counters bumped under the lock, which the caller
-/// holds): the latches to set once it is released.
-fn wake(g: &mut Group, concerned: impl Fn(&Member) -> bool) -> Vec<usize> {
+/// Ends a change of the group made under its lock (`g`): counts it as a publish, bumps the
+/// counters of the members `concerned` picks, and sets their latches once the lock is released.
+fn announce(mut g: PgLwLockExclusiveGuard<'_, Group>, concerned: impl Fn(&Member) -> bool) {
+    g.publishes += 1;
     let mut latches = Vec::new();
     for m in g.members.iter_mut().filter(|m| m.id != [0; 16]) {
         if concerned(m) {
@@ -248,10 +246,7 @@ fn wake(g: &mut Group, concerned: impl Fn(&Member) -> bool) -> Vec<usize> {
             latches.push(m.latch);
         }
     }
-    latches
-}
-
-fn set_latches(latches: Vec<usize>) {
+    drop(g);
     for latch in latches.into_iter().filter(|&l| l != 0) {
         // SAFETY: the latch of a PGPROC, in shared memory; a member that exited meanwhile leaves
         // the latch of whichever process has its PGPROC now, which then wakes once for nothing.
@@ -281,10 +276,7 @@ pub fn claim_decoder() -> bool {
     // The log of the decoder before is no longer written; none is until this one opens its own
     // (it may fail to, and members must not take the old one for a live log meanwhile).
     g.writing = false;
-    g.publishes += 1;
-    let latches = wake(&mut g, |_| true);
-    drop(g);
-    set_latches(latches);
+    announce(g, |_| true);
     true
 }
 
@@ -304,11 +296,8 @@ pub fn new_epoch() -> u64 {
     g.writing = true;
     g.end = LogEnd::default();
     g.complete_to = 0;
-    g.publishes += 1;
     let epoch = g.epoch;
-    let latches = wake(&mut g, |_| true);
-    drop(g);
-    set_latches(latches);
+    announce(g, |_| true);
     epoch
 }
 
@@ -322,10 +311,7 @@ pub fn publish(epoch: u64, end: LogEnd, complete_to: Lsn, touched: &Touched) {
     }
     g.end = end;
     g.complete_to = complete_to.0;
-    g.publishes += 1;
-    let latches = if touched.is_empty() { Vec::new() } else { wake(&mut g, |m| touched.concerns(m.carried())) };
-    drop(g);
-    set_latches(latches);
+    announce(g, |m| !touched.is_empty() && touched.concerns(m.carried()));
 }
 
 /// The decoder's log is no longer written (its session failed; a new one writes a new log):
@@ -334,10 +320,7 @@ pub fn close_log() {
     let mut g = GROUP.exclusive();
     if g.writing {
         g.writing = false;
-        g.publishes += 1;
-        let latches = wake(&mut g, |_| true);
-        drop(g);
-        set_latches(latches);
+        announce(g, |_| true);
     }
 }
 
@@ -349,9 +332,6 @@ pub fn release_decoder() {
     if g.decoder == me {
         g.decoder = 0;
         g.writing = false;
-        g.publishes += 1;
-        let latches = wake(&mut g, |_| true);
-        drop(g);
-        set_latches(latches);
+        announce(g, |_| true);
     }
 }

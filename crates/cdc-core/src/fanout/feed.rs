@@ -19,7 +19,7 @@ use std::collections::{HashSet, VecDeque};
 use std::io;
 use std::path::PathBuf;
 
-use super::log::{change_tables, describe, LogEnd, LogReader, Start};
+use super::log::{change_tables, describe, ChangeTables, LogEnd, LogReader, Start};
 use crate::deliver::spool::Coverage;
 use crate::frame::RawFrame;
 use crate::Lsn;
@@ -158,13 +158,13 @@ impl Feed {
     /// Puts out the last description of each of `tables` the member has not got yet, after those
     /// of the types it has not got (a table's columns may be of them), at `lsn`: the position of
     /// the change they come before, as pgoutput stamps a description it sends.
-    fn give_descriptions(&mut self, tables: &[u32], lsn: Lsn, out: &mut Vec<RawFrame>) {
-        if tables.iter().all(|&t| self.given.contains(&(b'R', t))) {
+    fn give_descriptions(&mut self, tables: ChangeTables<'_>, lsn: Lsn, out: &mut Vec<RawFrame>) {
+        if tables.iter().all(|t| self.given.contains(&(b'R', t))) {
             return;
         }
         let mut wanted: Vec<(u8, u32)> =
             self.described.iter().filter_map(description_key).filter(|k| k.0 == b'Y').collect();
-        wanted.extend(tables.iter().map(|&t| (b'R', t)));
+        wanted.extend(tables.iter().map(|t| (b'R', t)));
         for key in wanted {
             if self.given.contains(&key) {
                 continue;
@@ -203,13 +203,13 @@ impl Feed {
         }
         let Some(frame) = self.absorb_description(frame) else { return };
         match change_tables(&frame.data) {
-            Some(tables) if !tables.iter().any(|&t| self.carries(t)) => {
+            Some(tables) if !tables.iter().any(|t| self.carries(t)) => {
                 self.skipped += 1;
                 return;
             }
             Some(tables) => {
                 self.release(out);
-                self.give_descriptions(&tables, frame.lsn, out);
+                self.give_descriptions(tables, frame.lsn, out);
             }
             // A message is for every member: the transaction goes out.
             None if tag == Some(b'M') => self.release(out),

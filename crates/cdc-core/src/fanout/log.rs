@@ -95,16 +95,31 @@ fn commit_end_lsn(data: &[u8]) -> Option<Lsn> {
 }
 
 /// The tables a change frame touches, if it is one (an insert, update, delete or truncate).
-pub(super) fn change_tables(data: &[u8]) -> Option<Vec<u32>> {
-    let u32_at = |i: usize| data.get(i..i + 4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+pub(super) fn change_tables(data: &[u8]) -> Option<ChangeTables<'_>> {
+    let count = |d: &[u8]| d.get(1..5).map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize);
     match data.first()? {
-        b'I' | b'U' | b'D' => u32_at(1).map(|oid| vec![oid]),
-        b'T' => {
-            // `T`, the number of relations, options, the relations.
-            let n = u32_at(1).unwrap_or(0) as usize;
-            Some((0..n).filter_map(|i| u32_at(6 + 4 * i)).collect())
-        }
+        b'I' | b'U' | b'D' => Some(ChangeTables { data, first: 1, count: 1 }),
+        // `T`, the number of relations, options, the relations.
+        b'T' => Some(ChangeTables { data, first: 6, count: count(data) }),
         _ => None,
+    }
+}
+
+/// The tables of one change frame, read from the frame where they are (no copy: one per change).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ChangeTables<'a> {
+    data: &'a [u8],
+    first: usize,
+    count: usize,
+}
+
+impl ChangeTables<'_> {
+    /// Their OIDs (those the frame holds: a truncated frame gives fewer).
+    pub(super) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.count).map_while(|i| {
+            let at = self.first + 4 * i;
+            self.data.get(at..at + 4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        })
     }
 }
 
@@ -227,7 +242,7 @@ impl LogWriter {
             }
             _ => {
                 if let Some(tables) = change_tables(&frame.data) {
-                    self.touched.tables.extend(tables);
+                    self.touched.tables.extend(tables.iter());
                 }
             }
         }
