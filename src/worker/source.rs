@@ -347,7 +347,7 @@ const SLOTS_SQL: &str = r#"(SELECT coalesce(jsonb_agg(jsonb_build_object('name',
               FROM pg_replication_slots WHERE database = current_database() AND slot_name LIKE '\_cdc\_%')"#;
 
 fn load(sql: &str) -> Catalog {
-    let v = catalog::json(sql, &[]).unwrap_or_default();
+    let v = catalog::json_kept(sql).unwrap_or_default();
     match serde_json::from_value(v) {
         Ok(c) => c,
         Err(e) => pgrx::error!("pg_cdc: unexpected catalog shape: {e}"),
