@@ -411,8 +411,15 @@ impl Driver {
         let backoff = protocol::backoff(self.failures, settings.max_backoff);
         self.retry_at = Some((now + backoff).max(hold.unwrap_or(now)));
         self.producer = None;
-        self.assembler.reset();
         self.set_state(port, failure.state, Some(failure.message));
+        self.forget_since_confirm();
+    }
+
+    /// Forgets what was read and delivered since the last confirm, for a new session to read it
+    /// again from the slot's confirmed position: the assembler's state, the delivered position
+    /// and its progress not recorded yet, the units handed over.
+    fn forget_since_confirm(&mut self) {
+        self.assembler.reset();
         self.delivered = None;
         self.unrecorded.clear();
         self.unrecorded_routes.clear();
@@ -430,10 +437,7 @@ impl Driver {
             return Err(Failure::sink(e));
         }
         count_abort(port, exactly_once);
-        self.assembler.reset();
-        self.delivered = None;
-        self.unrecorded.clear();
-        self.unrecorded_routes.clear();
+        self.forget_since_confirm();
         Ok(())
     }
 
