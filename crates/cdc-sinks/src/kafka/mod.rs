@@ -30,9 +30,11 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
+mod bell;
 pub mod config;
 pub mod groups;
 
+use self::bell::ReportBell;
 use self::config::{expand_topic, KafkaSinkConfig};
 use crate::{Checkpoint, DeliveryMode, ErrorClass, PublishStats, Sink, SinkError};
 
@@ -85,8 +87,17 @@ pub const MESSAGE_TIMEOUT_MS: u32 = 30_000;
 /// not after the 30 s of a timeout).
 const OPEN_STEP: Duration = Duration::from_millis(250);
 
-/// How long [`KafkaSink::wait_for_reports`] sleeps when no delivery report was waiting.
+/// How long [`KafkaSink::wait_for_reports`] sleeps when no delivery report was waiting and it has
+/// no [`ReportBell`].
 const REPORT_WAIT: Duration = Duration::from_micros(200);
+
+/// How long [`KafkaSink::wait_for_reports`] waits for its bell at most: its callers look at the
+/// interrupt flag and their deadlines between waits.
+const REPORT_WAIT_MAX: Duration = Duration::from_millis(20);
+
+/// Events [`KafkaSink::wait_for_reports`] serves in one call at most (each `poll(ZERO)` serves
+/// one; a delivery-report event carries a batch of reports).
+const REPORT_SERVE_MAX: usize = 1024;
 
 /// Delivery accounting shared with librdkafka's callbacks.
 #[derive(Default)]
@@ -194,6 +205,9 @@ pub fn classify(e: &KafkaError) -> ErrorClass {
 
 /// A Kafka sink for one pg_cdc sink.
 pub struct KafkaSink {
+    /// Wakes [`KafkaSink::wait_for_reports`] when a report arrives (declared before the producer:
+    /// it is dropped first).
+    bell: Option<ReportBell>,
     producer: BaseProducer<DeliveryCounter>,
     topic_template: String,
     database: String,
@@ -308,6 +322,7 @@ impl KafkaSink {
         })?;
         let bootstrap = client_config.get("bootstrap.servers").unwrap_or_default().to_string();
         Ok(KafkaSink {
+            bell: ReportBell::new(&producer),
             producer,
             bootstrap,
             topic_template: cfg.topic.clone(),
@@ -464,15 +479,32 @@ impl KafkaSink {
         Ok(())
     }
 
-    /// Serves a waiting delivery report, or sleeps [`REPORT_WAIT`] when none was waiting. Not
-    /// `poll(timeout)`: rdkafka's `poll` always lasts its whole timeout, and for the last
-    /// millisecond of it calls librdkafka with a timeout rounded down to 0 in a loop — a busy spin
-    /// (measured: a quarter of the worker's CPU in clock_gettime at 5,000 tx/s with 1 ms polls).
+    /// Serves the waiting delivery reports, or sleeps until the next one arrives (at most
+    /// [`REPORT_WAIT_MAX`]) when none was waiting. Not `poll(timeout)`: rdkafka's `poll` always
+    /// lasts its whole timeout, and for the last millisecond of it calls librdkafka with a timeout
+    /// rounded down to 0 in a loop — a busy spin (measured: a quarter of the worker's CPU in
+    /// clock_gettime at 5,000 tx/s with 1 ms polls). Without a [`ReportBell`] it sleeps
+    /// [`REPORT_WAIT`] steps.
     fn wait_for_reports(&self) {
         let before = self.producer.in_flight_count();
-        self.producer.poll(Duration::ZERO);
+        let Some(bell) = &self.bell else {
+            self.producer.poll(Duration::ZERO);
+            if self.producer.in_flight_count() == before {
+                std::thread::sleep(REPORT_WAIT);
+            }
+            return;
+        };
+        // Clear, then serve the queue empty (`poll(ZERO)` serves one event): an event queued
+        // after that rings the bell, so the wait below cannot miss it.
+        bell.clear();
+        for _ in 0..REPORT_SERVE_MAX {
+            self.producer.poll(Duration::ZERO);
+            if bell.queued() == 0 {
+                break;
+            }
+        }
         if self.producer.in_flight_count() == before {
-            std::thread::sleep(REPORT_WAIT);
+            bell.wait(REPORT_WAIT_MAX);
         }
     }
 
