@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use cdc_core::driver::cadence::{Cadence, Wake};
 use cdc_core::driver::RESTART_POINT_BYTES;
 use cdc_core::failpoint::Armed;
 use cdc_core::Lsn;
@@ -35,9 +36,39 @@ pub struct Chores {
     /// When it last started the shared decoding's decoder, and last logged that it could not.
     decoder_started: Option<Instant>,
     decoder_warned: Option<Instant>,
+    /// When it last read the catalog ([`Chores::due`]).
+    cadence: Cadence,
+    /// The settings were reloaded since.
+    reloaded: bool,
+    /// The last catalog it read had sinks (running-transactions records are written for them).
+    had_sinks: bool,
 }
 
 impl Chores {
+    /// Whether a wake-up of the launcher reads the catalog and does the chores (see
+    /// `cdc_core::driver::cadence`); when it does, the pass is noted. `generation`: the catalog's,
+    /// read before the catalog.
+    pub fn due(&mut self, generation: u64) -> bool {
+        let wake = Wake {
+            now: Instant::now(),
+            generation,
+            restart_due: self.starter.restart_due(),
+            reloaded: self.reloaded,
+            restart_point_due: self.had_sinks && self.restart_point_due(Lsn(wal_inserted())),
+        };
+        if !self.cadence.due(&wake) {
+            return false;
+        }
+        self.cadence.passed(wake.now, generation);
+        self.reloaded = false;
+        true
+    }
+
+    /// The settings were reloaded (SIGHUP): the next wake-up reads the catalog.
+    pub fn reloaded(&mut self) {
+        self.reloaded = true;
+    }
+
     /// One pass over the catalog of an installed extension (`schema`; `generation`: the catalog's
     /// generation when it was read).
     pub fn tick(&mut self, cat: &Catalog, schema: Option<&str>, failpoint: &Armed, generation: u64) {
@@ -47,6 +78,7 @@ impl Chores {
         // A finished (initial_only) sink has no worker.
         let sinks: Vec<(String, String)> =
             cat.sinks.iter().filter(|s| !s.finished()).map(|s| (s.id.clone(), s.name.clone())).collect();
+        self.had_sinks = !cat.sinks.is_empty();
         self.starter.ensure(&sinks);
         self.ensure_decoder(sinks.len());
         self.warn_retained_wal(cat);
@@ -140,7 +172,7 @@ impl Chores {
             return;
         }
         let insert: Lsn = cat.wal_insert_lsn.parse().unwrap_or_default();
-        if self.restart_mark.is_some_and(|m| insert.0 < m.0.saturating_add(RESTART_POINT_BYTES)) {
+        if !self.restart_point_due(insert) {
             return;
         }
         match run_tx(source::log_running_xacts) {
@@ -152,6 +184,12 @@ impl Chores {
                 self.restart_mark = Some(insert);
             }
         }
+    }
+
+    /// Whether the WAL inserted up to `insert` is far enough past the last running-transactions
+    /// record for the next one.
+    fn restart_point_due(&self, insert: Lsn) -> bool {
+        self.restart_mark.is_none_or(|m| insert.0 >= m.0.saturating_add(RESTART_POINT_BYTES))
     }
 
     /// Drops pg_cdc slots whose sink is gone, once no transaction that could still commit the
@@ -204,4 +242,10 @@ impl Chores {
         }
         self.orphans = still;
     }
+}
+
+/// Where WAL is inserted up to (no transaction needed).
+fn wal_inserted() -> u64 {
+    // SAFETY: reads the shared insert position under its own spinlock.
+    unsafe { pgrx::pg_sys::GetXLogInsertRecPtr() }
 }

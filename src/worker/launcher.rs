@@ -197,6 +197,16 @@ impl Starter {
             }
         }
     }
+
+    /// Whether a worker it started is gone, no other process serves its sink, and the restart
+    /// delay passed: the next pass would start it again. Reads no catalog.
+    pub fn restart_due(&self) -> bool {
+        self.started.iter().any(|(id, (worker, at))| {
+            at.elapsed() >= RESTART_DELAY
+                && matches!(worker.pid(), Err(BackgroundWorkerStatus::Stopped))
+                && serving(id).is_none()
+        })
+    }
 }
 
 /// What a worker process does.

@@ -115,6 +115,7 @@ fn run(role: Role) {
         if BackgroundWorker::sighup_received() {
             // SAFETY: the documented way for a background worker to reload postgresql.conf.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            worker.reloaded();
         }
         let flushed = progress();
         if worker.tick() {

@@ -85,6 +85,11 @@ impl Worker {
         }
     }
 
+    /// The settings were reloaded (SIGHUP).
+    pub fn reloaded(&mut self) {
+        self.chores.reloaded();
+    }
+
     /// Reads `cdc.test_failpoint` again when it changed (see `env::refresh_failpoint`).
     fn refresh_failpoint(&mut self) {
         env::refresh_failpoint(&mut self.failpoint, self.role.name());
@@ -139,6 +144,10 @@ impl Worker {
         }
         // Before the read: a change committed after it bumps the generation again.
         let generation = super::launcher::catalog_generation();
+        // The launcher reads the catalog when something may need it, not at every wake-up.
+        if self.role == Role::Launcher && !self.chores.due(generation) {
+            return false;
+        }
         let mut cat = match run_tx(source::load_catalog) {
             Ok(cat) if cat.installed => {
                 self.schema = cat.schema.clone();

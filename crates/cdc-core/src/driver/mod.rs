@@ -32,6 +32,7 @@ use crate::stats::{DeliveryCounters, TableCounters};
 use crate::types::TypeRegistry;
 use crate::Lsn;
 
+pub mod cadence;
 #[cfg(any(test, feature = "testutil"))]
 pub mod memory;
 pub mod snapshot;
