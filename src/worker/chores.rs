@@ -15,7 +15,7 @@ use pgrx::bgworkers::{BackgroundWorkerBuilder, BgWorkerStartTime};
 use super::group;
 use super::launcher::{Starter, LAUNCHER};
 use super::source::{self, Catalog};
-use super::{run_tx, OrphanSightings};
+use super::{run_tx, wal_inserted, OrphanSightings};
 use crate::gucs;
 
 /// What the launcher keeps between its passes.
@@ -242,10 +242,4 @@ impl Chores {
         }
         self.orphans = still;
     }
-}
-
-/// Where WAL is inserted up to (no transaction needed).
-fn wal_inserted() -> u64 {
-    // SAFETY: reads the shared insert position under its own spinlock.
-    unsafe { pgrx::pg_sys::GetXLogInsertRecPtr() }
 }

@@ -216,6 +216,12 @@ fn wal_flushed() -> u64 {
     unsafe { pg_sys::GetFlushRecPtr(std::ptr::null_mut()) }
 }
 
+/// Where WAL is inserted up to.
+fn wal_inserted() -> u64 {
+    // SAFETY: reads the shared insert position under its own spinlock; no transaction needed.
+    unsafe { pg_sys::GetXLogInsertRecPtr() }
+}
+
 /// Whether the worker was asked to stop (SIGTERM: pg_terminate_backend or shutdown). Reads
 /// PostgreSQL's sticky flag: pgrx's `sigterm_received()` clears itself when read, so a check deep
 /// in a publish loop would hide the request from the main loop.

@@ -18,7 +18,6 @@ use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
 use cdc_sinks::open::Opening;
 use cdc_sinks::SinkConfig;
-use pgrx::pg_sys;
 
 use super::decoding::{self, Session, SessionRead};
 use super::env;
@@ -212,8 +211,7 @@ impl Worker {
         for slot in cat.slots.iter_mut().filter(|s| cat.sinks.iter().any(|k| k.slot == s.name)) {
             slot.confirmed = Some(confirmed.to_string());
         }
-        // SAFETY: reads the shared insert position under its own lock; no transaction needed.
-        cat.wal_insert_lsn = Lsn(unsafe { pg_sys::GetXLogInsertRecPtr() }).to_string();
+        cat.wal_insert_lsn = Lsn(super::wal_inserted()).to_string();
         Some(cat)
     }
 

@@ -636,8 +636,8 @@ def main():
     if others:
         raise SystemExit(f"chaos: other sinks are running and would capture the chaos tables too: {', '.join(others)}; "
                          "drop them first (SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks;)")
+    capture_off(conn)
     for t in TABLES:
-        conn.execute(f"SELECT cdc_disable(table_name::regclass) FROM _cdc_publications WHERE table_name = '{t}'")
         conn.execute(f"DROP TABLE IF EXISTS {t}")
     conn.execute("CREATE TABLE chaos_a (id text PRIMARY KEY, writer int, seq int, val int)")
     conn.execute("CREATE TABLE chaos_b (id text PRIMARY KEY, writer int, seq int, val int)")
@@ -660,14 +660,19 @@ def main():
         run(a, rng, conn, topic, txn_id, sink, log_since)
     finally:
         with connect() as c:
-            # Capture off (the tables stay, to look into): a later test or benchmark whose sink
-            # names no tables would read the chaos tables' events too.
-            for t in TABLES:
-                c.execute("SELECT cdc_disable(table_name::regclass) FROM _cdc_publications WHERE table_name = %s", (t,))
+            # The tables stay, to look into: a later test or benchmark whose sink names no tables
+            # would read the chaos tables' events too.
+            capture_off(c)
             for setting in ("cdc.test_skip_dedup", "cdc.test_skip_snapshot_window", "cdc.test_failpoint",
                             "cdc.heartbeat_interval_ms", "cdc.shared_decoding"):
                 c.execute(f"ALTER SYSTEM RESET {setting}")
             c.execute("SELECT pg_reload_conf()")
+
+
+def capture_off(conn):
+    """Turns capture off on the chaos tables that have it on."""
+    for t in TABLES:
+        conn.execute("SELECT cdc_disable(table_name::regclass) FROM _cdc_publications WHERE table_name = %s", (t,))
 
 
 def fault_counts(a):
