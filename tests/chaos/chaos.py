@@ -63,7 +63,7 @@ import threading
 import time
 
 import psycopg
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -441,12 +441,27 @@ class Faults:
             with connect() as c:
                 c.execute("SELECT cdc_snapshot('chaos_a', %s)", (self.sink,))
         elif kind == "zombie":
-            z = Producer({"bootstrap.servers": BOOTSTRAP, "transactional.id": self.txn_id})
-            z.init_transactions(30)
-            z.begin_transaction()
-            z.produce(self.topic, key=b'{"zombie":1}', value=b'{"zombie":true}')
-            z.flush(10)
-            # left open: the worker must fence it back; its record must never become visible
+            # The worker may be opening its producer at this moment (a fault before this one
+            # restarted it): its init_transactions can fence the zombie's own before the zombie
+            # wrote anything. That zombie fenced nobody; a new one tries again.
+            for attempt in range(5):
+                z = Producer({"bootstrap.servers": BOOTSTRAP, "transactional.id": self.txn_id})
+                try:
+                    z.init_transactions(30)
+                    z.begin_transaction()
+                except KafkaException as e:
+                    if e.args[0].code() != KafkaError._FENCED:
+                        raise
+                    log(f"zombie fenced by the worker before it wrote (attempt {attempt + 1}); again")
+                    time.sleep(1)
+                    continue
+                z.produce(self.topic, key=b'{"zombie":1}', value=b'{"zombie":true}')
+                z.flush(10)
+                # left open: the worker must fence it back; its record must never become visible
+                break
+            else:
+                log("zombie fenced by the worker 5 times before it wrote; not counted")
+                return
         self.count[kind] += 1
         self.wait_worker()
 
