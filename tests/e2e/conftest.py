@@ -6,6 +6,7 @@ worker's own state. Each test uses its own tables and topics, and drops its sink
 import contextlib
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -49,6 +50,27 @@ def quiet_cluster():
                     + ", ".join(found) + ". Drop them first (SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks;), "
                     "or run `make test`, whose SQL tests start from a fresh extension.", returncode=2)
     yield
+
+
+# A server process that died of a signal other than the tests' own kill -9, or exited with a code
+# other than 0 and 1 (the postmaster then restarts every backend).
+CRASH = re.compile(r"(terminated by signal (?!9\b)\d+|exited with exit code (?![01]\b)\d+)")
+
+
+@pytest.fixture(autouse=True)
+def no_crash_in_the_server_log():
+    """Fails the test during which a server process crashed, with the log lines that led up to it.
+    The crash otherwise shows only as a connection some later statement finds closed ("server closed
+    the connection unexpectedly"), with nothing that says which process died or why. A worker of the
+    previous test's dropped sink may crash while it exits, during this test: the lines say whose."""
+    logged = server_log_size() if os.path.exists(SERVER_LOG) else 0
+    yield
+    if not os.path.exists(SERVER_LOG):
+        return
+    lines = server_log(logged).splitlines()
+    for i, line in enumerate(lines):
+        if CRASH.search(line):
+            pytest.fail("a server process crashed:\n" + "\n".join(lines[max(0, i - 40):i + 3]), pytrace=False)
 
 
 @pytest.fixture

@@ -39,6 +39,10 @@ pub const QUEUE_BYTES: usize = 8 << 20;
 /// How long the reading thread sleeps while the queue is full.
 const ROOM_WAIT: Duration = Duration::from_micros(200);
 
+/// How long dropping a [`DeliveryThread`] waits for its thread to end (abort the open unit and
+/// close the sink) before it leaves the thread behind.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
 enum Command {
     Send(Vec<Event>, usize),
     Flush(Checkpoint),
@@ -110,6 +114,8 @@ pub struct DeliveryThread {
     unit: Option<Route>,
     queue_bytes: usize,
     interrupt: Option<Box<dyn Fn() -> bool>>,
+    /// The thread, joined when this is dropped (see the `Drop` impl).
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 fn event_bytes(events: &[Event]) -> usize {
@@ -140,8 +146,21 @@ impl DeliveryThread {
         let state =
             Arc::new(State { queued_bytes: AtomicUsize::new(0), failed: Mutex::new(None), sink: Mutex::new(sink) });
         let theirs = Arc::clone(&state);
-        std::thread::Builder::new().name("pg_cdc delivery".into()).spawn(move || serve(&theirs, &rx, &tx, &back))?;
-        Ok(DeliveryThread { commands, done, sent, state, mode, in_flight: 0, unit: None, queue_bytes, interrupt: None })
+        let thread = std::thread::Builder::new()
+            .name("pg_cdc delivery".into())
+            .spawn(move || serve(&theirs, &rx, &tx, &back))?;
+        Ok(DeliveryThread {
+            commands,
+            done,
+            sent,
+            state,
+            mode,
+            in_flight: 0,
+            unit: None,
+            queue_bytes,
+            interrupt: None,
+            thread: Some(thread),
+        })
     }
 
     /// Installs a check polled while the reading thread waits for room in the queue or for a
@@ -340,11 +359,28 @@ impl Sink for DeliveryThread {
     }
 }
 
+/// Dropping it ends the thread and closes the sink before it returns, waiting at most
+/// [`CLOSE_GRACE`]: what is still queued is skipped, the open unit aborted. A process must not
+/// exit while the thread is inside the sink: a Kafka producer over TLS that was still being torn
+/// down on the thread when the worker exited crashed in exit()'s cleanup (SIGSEGV), and the
+/// postmaster then restarted every backend. A thread still busy after the grace (a sink stuck in
+/// a call it cannot interrupt) is left behind, as before this wait existed.
 impl Drop for DeliveryThread {
     fn drop(&mut self) {
+        self.state.fail(&SinkError { class: ErrorClass::Retry, message: "the sink is closing".into() });
         if self.unit.is_some() {
             // A unit sent directly is open in the sink: the thread aborts it before it ends.
             let _ = self.commands.send(Command::Abort);
+        }
+        // Hang up: the thread ends once it has taken what is queued.
+        drop(std::mem::replace(&mut self.commands, mpsc::channel().0));
+        let Some(thread) = self.thread.take() else { return };
+        let deadline = Instant::now() + CLOSE_GRACE;
+        while !thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if thread.is_finished() {
+            let _ = thread.join();
         }
     }
 }
@@ -627,15 +663,22 @@ mod tests {
         assert_eq!(lsns, [vec![1], vec![30]], "what was discarded never commits");
     }
 
+    /// A rig whose sink is held inside the flush of a unit of event 1, with a unit of event 10
+    /// queued behind it.
+    fn held_flush_and_one_queued() -> Rig {
+        let mut r = rig(true, QUEUE_BYTES);
+        r.thread.send_owned(vec![event(1, 10)]).unwrap();
+        r.thread.start_flush(cp(2)).unwrap();
+        r.flushing.recv_timeout(WAIT).unwrap();
+        r.thread.send_owned(vec![event(10, 10)]).unwrap();
+        r
+    }
+
     #[test]
     fn after_an_abort_what_is_queued_is_skipped_and_nothing_more_is_taken() {
-        let r = rig(true, QUEUE_BYTES);
+        let r = held_flush_and_one_queued();
         let mut thread = r.thread;
-        thread.send_owned(vec![event(1, 10)]).unwrap();
-        thread.start_flush(cp(2)).unwrap();
-        r.flushing.recv_timeout(WAIT).unwrap();
-        // Queued behind the flush held in the sink, then abandoned.
-        thread.send_owned(vec![event(10, 10)]).unwrap();
+        // What is queued behind the flush held in the sink is abandoned.
         thread.abort();
         assert_eq!(thread.send_owned(vec![event(11, 10)]).unwrap_err().message, "delivery abandoned");
         assert!(thread.start_flush(cp(20)).is_err());
@@ -648,6 +691,30 @@ mod tests {
         let sink = r.sink.lock().unwrap();
         assert_eq!(sink.sends, vec![1], "what was queued after the flush never reached the sink");
         assert_eq!(sink.aborted, 1);
+    }
+
+    /// Dropping it returns only once the thread ended and the sink was closed: a worker that
+    /// exits right after must not leave the sink's client running on the thread (a Kafka producer
+    /// over TLS torn down there while the process exited crashed the worker). Deterministic: the
+    /// sink is held inside a flush until after `drop` was called, so without the wait `drop`
+    /// returns while the thread still holds the sink.
+    #[test]
+    fn dropping_it_waits_for_the_thread_and_closes_the_sink() {
+        let r = held_flush_and_one_queued();
+        let thread = r.thread;
+        // What is queued behind the flush is skipped, never sent, once the thread is told to close.
+        let go = r.go.clone();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            go.send(()).unwrap();
+        });
+        let started = Instant::now();
+        drop(thread);
+        assert!(started.elapsed() >= Duration::from_millis(150), "drop waited for the flush held in the sink");
+        assert_eq!(Arc::strong_count(&r.sink), 1, "the sink was closed (dropped) before drop returned");
+        let sink = r.sink.lock().unwrap();
+        assert_eq!(sink.sends, vec![1], "what was queued when it was dropped never reached the sink");
+        release.join().unwrap();
     }
 
     #[test]
