@@ -1172,6 +1172,10 @@ class Bench:
 
     def teardown(self):
         if self.conn is not None:
+            if self.conn.closed:
+                # A section lost the connection (a server restart, a terminated backend): clean up
+                # over a new one, so that the report of the sections measured is still written.
+                self.conn = self.env.connect()
             self.topics_to_delete += cleanup_database(self.conn)
             self.conn.close()
         self.kafka.delete(self.kafka.created + self.topics_to_delete)
