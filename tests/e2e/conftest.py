@@ -48,7 +48,7 @@ def quiet_cluster():
     if found:
         pytest.exit("e2e: sinks the tests did not create are running and would capture every test table: "
                     + ", ".join(found) + ". Drop them first (SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks;), "
-                    "or run `make test`, whose SQL tests start from a fresh extension.", returncode=2)
+                    "or run `make test`, which starts from a new, empty cluster.", returncode=2)
     yield
 
 
