@@ -367,8 +367,24 @@ impl Sink for DeliveryThread {
 /// a call it cannot interrupt) is left behind, as before this wait existed.
 impl Drop for DeliveryThread {
     fn drop(&mut self) {
+        self.shut();
+    }
+}
+
+impl DeliveryThread {
+    /// Closes the thread as dropping it does, and returns the reports of the flushes it finished
+    /// and nobody took, in the order they were started: a unit whose report says it committed is
+    /// at the destination, though the caller gives up on what it handed over (its counts must
+    /// not be lost with the reports).
+    pub fn close(mut self) -> Vec<Flushed> {
+        self.shut();
+        std::iter::from_fn(|| self.done.try_recv().ok()).collect()
+    }
+
+    /// See the Drop impl; a second call does nothing more.
+    fn shut(&mut self) {
         self.state.fail(&SinkError { class: ErrorClass::Retry, message: "the sink is closing".into() });
-        if self.unit.is_some() {
+        if self.unit.take().is_some() {
             // A unit sent directly is open in the sink: the thread aborts it before it ends.
             let _ = self.commands.send(Command::Abort);
         }

@@ -18,7 +18,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::deliver::handoff::DeliveryThread;
+use crate::deliver::handoff::{DeliveryThread, Flushed};
 use crate::deliver::port::{ChangeSource, Checkpoint, DeliveryMode, Sink, SinkError};
 use crate::deliver::protocol::{self, FlushPlan};
 pub use crate::deliver::read::RouteProgress;
@@ -411,9 +411,39 @@ impl Driver {
         let hold = self.producer.as_mut().and_then(|p| p.sink().hold_until());
         let backoff = protocol::backoff(self.failures, settings.max_backoff);
         self.retry_at = Some((now + backoff).max(hold.unwrap_or(now)));
-        self.producer = None;
+        let unreported = match self.producer.take() {
+            Some(Producer::Threaded(t)) => t.close(),
+            _ => Vec::new(),
+        };
+        self.count_committed(port, unreported);
         self.set_state(port, failure.state, Some(failure.message));
         self.forget_since_confirm();
+    }
+
+    /// Counts the units handed over that reached the destination, before a failure forgets them
+    /// (they are read again, found there and skipped, and counted as duplicates then): those
+    /// flushed in place, and those whose flush on the delivery thread reported a commit (`reports`,
+    /// the thread's untaken reports, in order), up to the first that did not. Without this, a read
+    /// failing while a commit was in flight lost that unit from `events_delivered` for good.
+    fn count_committed(&mut self, port: &mut dyn DriverPort, reports: Vec<Flushed>) {
+        let mut reports = reports.into_iter();
+        for unit in &self.handed {
+            let checkpoint = if unit.awaiting {
+                match reports.next() {
+                    Some(Flushed { result: Ok(()), checkpoint, .. }) => Some(checkpoint),
+                    _ => break,
+                }
+            } else {
+                unit.flushed
+            };
+            let mut counted = unit.counted;
+            if let (Some(checkpoint), true) = (checkpoint, unit.exactly_once) {
+                counted.committed_transactions = 1;
+                counted.committed_lsn = checkpoint.end_lsn.0;
+            }
+            port.counters(&mut |c| add(c, &counted));
+            port.add_tables(&unit.tables);
+        }
     }
 
     /// Forgets what was read and delivered since the last confirm, for a new session to read it
