@@ -108,7 +108,8 @@ fn cdc_metrics(table_name: Option<pg_sys::Oid>) -> JsonB {
                     lag,
                     c.events,
                     s["snapshot_rows"].as_u64().unwrap_or(0),
-                    crate::stats::read(id).map_or(0, |d| d.wal_decoded_bytes),
+                    // The WAL it read: decoded by its own sessions, or read as the shared log.
+                    crate::stats::read(id).map_or(0, |d| d.wal_decoded_bytes + d.log_wal_bytes),
                 ),
                 "lag_bytes": lag,
                 "last_delivered_at": s["last_delivered_at"],

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use cdc_core::deliver::port::ChangeSource;
 use cdc_core::deliver::spool::Spool;
 use cdc_core::fanout::feed::{Feed, Opened};
-use cdc_core::fanout::log::{LogWriter, SEGMENT_BYTES};
+use cdc_core::fanout::log::{trimmed_under, LogWriter, SEGMENT_BYTES};
 use cdc_core::pipeline::RawFrame;
 use cdc_core::types::TypeRegistry;
 use cdc_core::Lsn;
@@ -620,14 +620,35 @@ pub struct Shared {
     read: u64,
     /// Reads of the log not counted yet.
     reads: u64,
+    /// The log no longer holds what this member reads next (it lagged past the bound and the
+    /// decoder trimmed a segment it had not reached): the member leaves the log at its next read.
+    trimmed: bool,
 }
 
 impl Shared {
-    /// Changes of tables the sink does not carry dropped, log frames read, and reads of the log,
-    /// since the last call.
-    pub fn take_counts(&mut self) -> (u64, u64, u64) {
-        (self.feed.take_skipped(), std::mem::take(&mut self.read), std::mem::take(&mut self.reads))
+    /// Changes of tables the sink does not carry dropped, log frames read, reads of the log, and
+    /// the WAL the frames read moved it over, since the last call.
+    pub fn take_counts(&mut self) -> LogCounts {
+        LogCounts {
+            skipped: self.feed.take_skipped(),
+            frames: std::mem::take(&mut self.read),
+            reads: std::mem::take(&mut self.reads),
+            wal_bytes: self.feed.take_wal_passed(),
+        }
     }
+}
+
+/// A member's counts of its reads of the log (see [`Shared::take_counts`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LogCounts {
+    /// Changes of tables the sink does not carry, dropped.
+    pub skipped: u64,
+    /// Log frames read.
+    pub frames: u64,
+    /// Reads of the log.
+    pub reads: u64,
+    /// WAL the frames read moved the sink over.
+    pub wal_bytes: u64,
 }
 
 /// Frames a member pulls from the log at a time.
@@ -643,7 +664,11 @@ impl Frames for Shared {
     }
 
     fn produce(&mut self, want: u64, most: u64) {
-        // A log no longer written has nothing more; the next read leaves it.
+        // A log no longer written, or trimmed past this member, has nothing more for it; the
+        // next read leaves it.
+        if self.trimmed {
+            return;
+        }
         let Some(end) = group::end_of(self.epoch) else { return };
         // Like a session, which emits a transaction whole at its commit, a read holds a transaction
         // it started whole, past `most` if need be (the spool spills what memory does not hold).
@@ -656,9 +681,17 @@ impl Frames for Shared {
             } else {
                 break;
             };
-            let frames = frames.unwrap_or_else(|e| {
-                pgrx::error!("pg_cdc: cannot read the shared decoding's log: {e}");
-            });
+            let frames = match frames {
+                Ok(frames) => frames,
+                // The read ends here: its whole transactions go on, a trailing incomplete one is
+                // held back and read again from the sink's own slot (the core's read does that
+                // whenever a read ends inside a transaction).
+                Err(e) if trimmed_under(&e) => {
+                    self.trimmed = true;
+                    return;
+                }
+                Err(e) => pgrx::error!("pg_cdc: cannot read the shared decoding's log: {e}"),
+            };
             for frame in frames {
                 self.read += 1;
                 if let Err(e) = self.spool.push(frame) {
@@ -746,9 +779,9 @@ impl Membership {
         self.shared = None;
     }
 
-    /// Counts of its reads of the log since the last call (changes skipped, frames read, reads).
-    pub fn take_counts(&mut self) -> (u64, u64, u64) {
-        self.shared.as_mut().map_or((0, 0, 0), Shared::take_counts)
+    /// Counts of its reads of the log since the last call.
+    pub fn take_counts(&mut self) -> LogCounts {
+        self.shared.as_mut().map_or_else(LogCounts::default, Shared::take_counts)
     }
 
     /// Joins the group's log when it can serve `position`, leaves it when it no longer can (or
@@ -758,7 +791,7 @@ impl Membership {
     fn update(&mut self, session: &mut Option<Session>, row: &SinkRow, carried: &Option<HashSet<u32>>, position: Lsn) {
         let published = group::published();
         if let (Some(s), Some(p)) = (&self.shared, &published) {
-            if s.epoch == p.epoch {
+            if s.epoch == p.epoch && !s.trimmed {
                 // Its slot may have been given up meanwhile (a keyless table's snapshot).
                 if session.is_none() {
                     *session = Some(Session::open(&row.slot, Kind::FastForward));
@@ -766,7 +799,15 @@ impl Membership {
                 return;
             }
         }
-        if self.shared.take().is_some() {
+        if let Some(left) = self.shared.take() {
+            if left.trimmed {
+                pgrx::log!(
+                    "pg_cdc sink \"{}\": the shared decoding's log no longer holds what it reads next (it lagged more \
+                     than cdc.shared_decoding_max_lag behind and the log was trimmed past it): it decodes its own slot \
+                     until it can read the log again",
+                    row.name
+                );
+            }
             // Its fast-forward session goes with the log it read.
             *session = None;
             self.refused = None;
@@ -797,7 +838,8 @@ impl Membership {
         // The slot changes hands within this process: its own session first gives it up.
         *session = None;
         *session = Some(Session::open(&row.slot, Kind::FastForward));
-        self.shared = Some(Shared { epoch, feed, spool: Spool::new(SPOOL_MEMORY, SPOOL_DIR), read: 0, reads: 0 });
+        self.shared =
+            Some(Shared { epoch, feed, spool: Spool::new(SPOOL_MEMORY, SPOOL_DIR), read: 0, reads: 0, trimmed: false });
         self.refused = None;
         READS_LOG.store(true, std::sync::atomic::Ordering::Relaxed);
         group::set_member(&row.id, true);

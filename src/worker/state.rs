@@ -475,13 +475,14 @@ impl Worker {
             }
         });
         let (decoded, skipped) = run.session.as_mut().map_or((0, 0), Session::take_counts);
-        let (log_skipped, log_read, log_reads) = run.membership.take_counts();
+        let log = run.membership.take_counts();
         let read_rows = matches!(&read, Ok(Ok(Read::Sent(b, _))) if b.rows > 0);
         crate::stats::update(&row.id, |c| {
             c.wal_decoded_bytes += decoded;
-            c.changes_skipped += skipped + log_skipped;
-            c.log_frames_read += log_read;
-            c.log_reads += log_reads;
+            c.changes_skipped += skipped + log.skipped;
+            c.log_frames_read += log.frames;
+            c.log_reads += log.reads;
+            c.log_wal_bytes += log.wal_bytes;
             c.reads_overlapped += u64::from(overlapped && read_rows);
         });
         self.sinks.insert(id.to_string(), run);

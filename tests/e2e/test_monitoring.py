@@ -224,35 +224,65 @@ def test_offsets_and_snapshots_name_tables_by_schema_and_name_one_row_per_table(
     pg.execute(f"DROP SCHEMA {b}_new CASCADE")
 
 
-def test_lag_events_estimates_the_events_a_held_sink_has_still_to_deliver(pg, unique):
+@pytest.mark.parametrize("shared", [False, True], ids=["own_decoding", "shared_log"])
+def test_lag_events_estimates_the_events_a_held_sink_has_still_to_deliver(pg, sinks, unique, shared):
     """lag_events is an estimate, not null: the WAL the slot has not confirmed times the table's events
-    per decoded WAL byte. A webhook sink delivers 200 rows, then its destination holds the next delivery
+    per WAL byte the sink read. A webhook sink delivers 200 rows, then its destination holds the next delivery
     while 100 more rows are written, one transaction each: about 100 events are behind (the estimate
-    is checked within a factor of 3 either way; caught up it is near 0)."""
+    is checked within a factor of 3 either way; caught up it is near 0). Shared: the sink reads the
+    shared decoding's log from its first read and decodes no WAL itself (regression: the rate was over
+    its own sessions' WAL only, so a sink that only read the log had none and lag_events was null —
+    every sink of a database with ten or more, where `auto` shares the decoding)."""
     t, name = f"lagev_{unique}", f"lagev_{unique}"
     pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
     pg.execute("SELECT cdc_enable(%s)", (t,))
     hook = GatedHook()
     hook.open.set()
+    settings = {"cdc.shared_decoding": "on" if shared else "off"}
     try:
-        pg.execute("SELECT cdc_add_sink(%s, 'webhook', %s::jsonb)",
-                   (name, json.dumps({"url": hook.url, "tables": [t], "snapshot_mode": "never"})))
-        for i in range(200):
-            pg.execute(f"INSERT INTO {t} VALUES (%s, 'warm')", (i,))
-        delivered(pg, name, 200)
-        lag = lambda: pg.execute("SELECT cdc_metrics(%s) -> 'sink_metrics' -> %s -> 'lag_events'",  # noqa: E731
-                                 (t, name)).fetchone()[0]
-        assert lag() <= 5, "caught up"
-        hook.open.clear()
-        hook.arrived.clear()
-        for i in range(200, 300):
-            pg.execute(f"INSERT INTO {t} VALUES (%s, 'held')", (i,))
-        assert hook.arrived.wait(60), "a delivery is held at the destination"
-        behind = lag()
-        assert 33 <= behind <= 300, f"lag_events {behind} for 100 rows behind"
-        hook.open.set()
-        delivered(pg, name, 300)
+        with server_settings(settings):
+            if shared:
+                # A sink that already reads the log: the webhook sink then finds the log's decoder
+                # running and reads the log from its first read.
+                first = sinks.add(f"lagev_k_{unique}", f"lagev-k-{unique}", tables=[t])
+                for i in range(1_000, 1_060):
+                    pg.execute(f"INSERT INTO {t} VALUES (%s, 'first')", (i,))
+                    if pg.execute("SELECT cdc_delivery_status(%s) -> 'decoding' ->> 'shared'", (first,)).fetchone()[0] == "true":
+                        break
+                    time.sleep(0.5)
+                else:
+                    raise AssertionError("the Kafka sink never read the shared log")
+            pg.execute("SELECT cdc_add_sink(%s, 'webhook', %s::jsonb)",
+                       (name, json.dumps({"url": hook.url, "tables": [t], "snapshot_mode": "never"})))
+            for i in range(200):
+                pg.execute(f"INSERT INTO {t} VALUES (%s, 'warm')", (i,))
+            delivered(pg, name, 200)
+            decoding = pg.execute("SELECT cdc_delivery_status(%s) -> 'decoding'", (name,)).fetchone()[0]
+            if shared:
+                assert decoding["shared"] and decoding["wal_decoded_bytes"] == 0, decoding
+                assert decoding["log_wal_bytes"] > 0, decoding
+            else:
+                assert not decoding["shared"] and decoding["wal_decoded_bytes"] > 0, decoding
+            _held_behind(pg, t, name, hook)
     finally:
         pg.execute("SELECT cdc_drop_sink(%s) FROM _cdc_sinks WHERE sink_name = %s", (name, name))
         hook.close()
         pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def _held_behind(pg, t, name, hook):
+    """The rest of the lag_events test: near 0 caught up, about 100 with 100 rows held back."""
+    lag = lambda: pg.execute("SELECT cdc_metrics(%s) -> 'sink_metrics' -> %s -> 'lag_events'",  # noqa: E731
+                             (t, name)).fetchone()[0]
+    # A sink reading the shared log moves its position over WAL with nothing for it (other sinks'
+    # _cdc_offsets writes) at its next read of the log, within about a second.
+    wait_for(lambda: lag() <= 5, timeout=10, what="lag_events near 0 caught up")
+    hook.open.clear()
+    hook.arrived.clear()
+    for i in range(200, 300):
+        pg.execute(f"INSERT INTO {t} VALUES (%s, 'held')", (i,))
+    assert hook.arrived.wait(60), "a delivery is held at the destination"
+    behind = lag()
+    assert 33 <= behind <= 300, f"lag_events {behind} for 100 rows behind"
+    hook.open.set()
+    delivered(pg, name, 300)

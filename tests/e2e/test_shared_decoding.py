@@ -181,13 +181,13 @@ def test_a_member_whose_tables_are_quiet_sleeps_through_the_other_tables_changes
 
 
 @contextlib.contextmanager
-def webhook_sink(pg, name, table):
-    """A webhook sink on `table` whose server (a test_webhook_sink.Hook) the test answers as it likes;
-    dropped, and its server closed, on the way out."""
+def webhook_sink(pg, name, table, **config):
+    """A webhook sink on `table` (and `config`) whose server (a test_webhook_sink.Hook) the test
+    answers as it likes; dropped, and its server closed, on the way out."""
     hook = Hook()
     try:
         pg.execute("SELECT cdc_add_sink(%s, 'webhook', %s::jsonb)",
-                   (name, json.dumps({"url": hook.url, "tables": [table]})))
+                   (name, json.dumps({"url": hook.url, "tables": [table], **config})))
         yield hook
     finally:
         hook.close()
@@ -330,6 +330,71 @@ def test_a_member_behind_the_lag_bound_no_longer_holds_the_group(pg, sinks, uniq
                  timeout=90, what="the stuck sink catching up")
     for t in (stuck_t, busy_t):
         pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def log_segments(pg):
+    """The numbers of the segments of the newest shared log on disk (in the data directory's
+    base/pgsql_tmp), oldest first."""
+    logs = [r[0] for r in pg.execute("SELECT pg_ls_dir('base/pgsql_tmp', true, false)").fetchall()
+            if r[0].startswith("pgsql_tmp_cdc_group.")]
+    if not logs:
+        return []
+    newest = max(logs, key=lambda d: int(d.rsplit(".", 1)[1]))
+    return sorted(int(f[:-len(".seg")], 16) for (f,) in pg.execute(
+        "SELECT pg_ls_dir(%s, true, false)", (f"base/pgsql_tmp/{newest}",)).fetchall() if f.endswith(".seg"))
+
+
+def test_a_member_the_log_was_trimmed_under_goes_on_from_its_own_slot(pg, sinks, unique):
+    """A member more than cdc.shared_decoding_max_lag behind is left out of the log's trim. One that
+    still reads, slowly (its webhook answers each batch of 50 after 0.5 s), is inside a segment when
+    the decoder removes the segments after it (a fast member confirmed them). Once its destination
+    is fast again, it reaches the end of its segment and finds the next one gone: it leaves the log
+    and decodes its own slot from where it is, with no error, and every row arrives. Regression: the
+    missing segment was a read error (ENOENT), the sink went to 'error' with "cannot read the shared
+    decoding's log" and was read again after a backoff; in the 5M-row backlog bench it did so at
+    every segment."""
+    t, slow = f"trim_{unique}", f"trim_slow_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, pad text)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    got = set()
+    with server_settings({"cdc.shared_decoding": "on", "cdc.shared_decoding_max_lag": "1MB"}), \
+            webhook_sink(pg, slow, t, batch_max_events=50) as hook:
+        read = 0
+
+        def delivered():
+            """Ids the slow sink delivered so far (the requests parsed once each)."""
+            nonlocal read
+            answered = hook.requests[read:]
+            read += len(answered)
+            got.update((e["event"].get("after") or {}).get("id") for _, _, body, status in answered
+                       if 200 <= status < 300 for e in json.loads(body)["events"])
+            return got
+        busy = sinks.add(f"trim_busy_{unique}", f"trim-busy-{unique}", tables=[t])
+        joined = rows_until_shared(pg, [t], 0, [slow, busy])
+        wait_for(lambda: len(delivered()) >= joined, timeout=60, what="the slow sink delivering")
+        at = log_segments(pg)[-1]  # the segment both read (they are at the log's end)
+        hook.delay = 0.5
+        logged = server_log_size()
+        # 27 transactions of 1,000 rows of 1,800 bytes (stored as they are, below TOAST's threshold):
+        # about 50 MB of WAL, three of the log's 16 MB segments.
+        rows = 27_000
+        with connect() as c:
+            for i in range(joined, joined + rows, 1_000):
+                c.execute(f"INSERT INTO {t} SELECT g, repeat('x', 1800) FROM generate_series(%s::int, %s::int) g",
+                          (i, i + 999))
+        ids = range(joined + rows)
+        assert_exactly_once(consume(f"trim-busy-{unique}", joined + rows, timeout=180), ids)
+        wait_for(lambda: (s := log_segments(pg)) and s[0] >= at + 2, timeout=90,
+                 what="the log trimmed past the segment after the slow member's")
+        assert len(delivered()) < joined + 8_000, "the slow sink is still inside its segment"
+        hook.delay = 0
+        wait_for(lambda: delivered() >= set(ids), timeout=180, what="the slow sink delivering every row")
+        text = server_log(logged)
+        assert "cannot read the shared decoding's log" not in text, text[-3000:]
+        assert f'sink "{slow}": the shared decoding\'s log no longer holds what it reads next' in text, \
+            "the slow sink met the trimmed segment (else this test proves nothing)"
+        assert sink_state(pg, slow)[0] == "running"
+    pg.execute("SELECT cdc_disable(%s)", (t,))
 
 
 def test_no_slot_left_for_the_group_is_named_and_the_sinks_go_on(pg, sinks, unique):

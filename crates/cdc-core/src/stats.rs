@@ -53,6 +53,9 @@ pub struct DeliveryCounters {
     pub shared_joins: u64,
     /// Frames it read from the shared decoding's log (before its table filter).
     pub log_frames_read: u64,
+    /// WAL those frames moved it over (from its position to the furthest frame read): the WAL a
+    /// session of its own would have decoded for them, about.
+    pub log_wal_bytes: u64,
     /// Reads of the shared decoding's log (one when the decoder wakes it for a change of one of
     /// its tables or a message, and one per `cdc.naptime_ms` otherwise).
     pub log_reads: u64,
@@ -239,6 +242,7 @@ impl DeliveryStatus<'_> {
                 "shared": c.shared_decoding == 1,
                 "shared_joins": c.shared_joins,
                 "log_frames_read": c.log_frames_read,
+                "log_wal_bytes": c.log_wal_bytes,
                 "log_reads": c.log_reads,
                 "changes_skipped": c.changes_skipped,
                 "reads_overlapped": c.reads_overlapped,

@@ -51,6 +51,10 @@ pub struct Feed {
     /// Frames read from the log and not taken yet (a pull that stopped at a Commit).
     pending: VecDeque<RawFrame>,
     skipped: u64,
+    /// The furthest WAL position of a log frame past the member's position it read.
+    furthest: Lsn,
+    /// WAL the log frames it read since the last count moved it over (see [`Feed::take_wal_passed`]).
+    passed: u64,
 }
 
 /// What opening a feed found.
@@ -84,6 +88,8 @@ impl Feed {
                 held: Vec::new(),
                 pending: VecDeque::new(),
                 skipped: 0,
+                furthest: confirmed,
+                passed: 0,
             })),
             Start::Behind => Opened::Behind,
             Start::Missing => Opened::Missing,
@@ -109,6 +115,14 @@ impl Feed {
     /// Changes of tables the member does not carry dropped since the last call.
     pub fn take_skipped(&mut self) -> u64 {
         std::mem::take(&mut self.skipped)
+    }
+
+    /// WAL bytes the log frames it read moved it over since the last call: from its position at
+    /// the open to the furthest frame read (every table's, before its filter). What a session of
+    /// its own would have decoded to get the same frames, about: the rate of its events per WAL
+    /// byte, behind `cdc_metrics`' `lag_events`, takes it as the WAL the member read.
+    pub fn take_wal_passed(&mut self) -> u64 {
+        std::mem::take(&mut self.passed)
     }
 
     /// The member's frames among the next `max` frames of the log, up to `end`.
@@ -137,6 +151,10 @@ impl Feed {
                     continue;
                 }
                 self.coverage = None;
+            }
+            if frame.lsn > self.furthest {
+                self.passed += frame.lsn.0 - self.furthest.0;
+                self.furthest = frame.lsn;
             }
             self.take(frame, &mut out);
             if to_commit && !self.mid_transaction() {

@@ -467,7 +467,14 @@ impl LogReader {
 
     fn file(&mut self) -> io::Result<&File> {
         if self.file.is_none() {
-            self.file = Some(File::open(segment_path(&self.dir, self.segment))?);
+            let file = File::open(segment_path(&self.dir, self.segment)).map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("segment {:016x} was trimmed before this reader reached it", self.segment),
+                ),
+                _ => e,
+            })?;
+            self.file = Some(file);
         }
         self.file.as_ref().ok_or_else(|| invalid("no segment".into()))
     }
@@ -478,6 +485,13 @@ impl LogReader {
         let Some(file) = self.file.as_ref() else { return Err(invalid("no segment".into())) };
         self.ahead.bytes(file, offset, len, limit)
     }
+}
+
+/// Whether a reader's error says the log no longer holds what the reader reads next: the writer
+/// trimmed a segment the reader had not reached (the writer's caller trims past a member that lags
+/// too far behind). The reader's member then reads from elsewhere; nothing is wrong with the log.
+pub fn trimmed_under(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound
 }
 
 /// The Relation and Type frames written before segment `from`: the last of each table and type,

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use super::feed::{Feed, Opened};
-use super::log::{LogEnd, LogReader, LogWriter, Start, SEGMENT_HEADER};
+use super::log::{trimmed_under, LogEnd, LogReader, LogWriter, Start, SEGMENT_HEADER};
 use crate::frame::RawFrame;
 use crate::testutil::wal::{begin, commit, delete, insert, relation, relation_frame};
 use crate::Lsn;
@@ -264,6 +264,29 @@ fn a_feed_from_a_position_skips_what_it_covers_and_knows_the_tables_described_be
     assert_same(&pull_all(&mut f, end, count(&group), 50), &own, "after the trim");
 }
 #[test]
+fn a_feed_counts_the_wal_it_moved_over_whatever_its_tables() {
+    // The rate behind lag_events is a member's events per WAL byte read: a member reading the log
+    // decodes nothing itself, so the WAL its log frames span stands for it — every table's frames,
+    // whether the member carries that table or not, and nothing before its position.
+    let units = model(13, 300);
+    let group = render(&units, None);
+    let furthest = group.iter().flat_map(|(_, f)| f).map(|f| f.lsn).max().unwrap();
+    let tmp = TempDir::new("passed");
+    let (_, end) = write_log(&tmp.0, &group, 5_000);
+    for (cut, carried) in [(0, None), (120, Some(HashSet::from([2]))), (120, Some(HashSet::from([99])))] {
+        let confirmed = if cut == 0 { Lsn(0) } else { Lsn(group[cut - 1].0 .0 + 16) };
+        let mut f = feed(&tmp.0, confirmed, end, carried.clone());
+        let mut passed = 0;
+        for _ in 0..=count(&group) / 9 + 1 {
+            f.pull(end, 9).unwrap();
+            passed += f.take_wal_passed();
+        }
+        assert_eq!(passed, furthest.0 - confirmed.0, "from unit {cut}, tables {carried:?}");
+        assert_eq!(f.take_wal_passed(), 0, "counted once");
+    }
+}
+
+#[test]
 fn trim_keeps_the_segment_a_member_starts_in_and_the_one_being_written() {
     let tmp = TempDir::new("trim");
     let group = render(&model(3, 100), None);
@@ -277,6 +300,37 @@ fn trim_keeps_the_segment_a_member_starts_in_and_the_one_being_written() {
     assert!(matches!(LogReader::open(&tmp.0, Lsn(0), end).unwrap(), Start::Behind));
     let Start::At(mut r, _) = LogReader::open(&tmp.0, Lsn(u64::MAX), end).unwrap() else { panic!() };
     assert_eq!(r.read(end, usize::MAX).unwrap(), last.1);
+}
+
+#[test]
+fn a_feed_whose_next_segment_was_trimmed_under_it_says_so_and_nothing_else_does() {
+    // A member reading the first segment while the writer trims past it (a member that lags
+    // more than the bound is left out of the trim): its next read finds the segment after
+    // its own gone. That, and only that, reads as `trimmed_under` (it leaves for its own slot).
+    let tmp = TempDir::new("trimmed_under");
+    let group = render(&model(5, 40), None);
+    let (mut w, end) = write_log(&tmp.0, &group, 1);
+    let mut f = feed(&tmp.0, Lsn(0), end, None);
+    // Into the first unit (its Begin is held until a change of it comes): its segment is open.
+    while f.pull(end, 1).unwrap().is_empty() {}
+    assert!(w.trim(Lsn(u64::MAX)).unwrap() > 1);
+    let err = (0..count(&group)).find_map(|_| f.pull(end, 1).err()).expect("a read past the trimmed segments");
+    assert!(trimmed_under(&err), "{err}");
+    assert!(err.to_string().contains("trimmed before this reader reached it"), "{err}");
+    // A segment cut short is a broken log, not a trimmed one.
+    let torn = TempDir::new("torn");
+    let (_w, end) = write_log(&torn.0, &group, 1);
+    let seg = std::fs::read_dir(&torn.0)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .min()
+        .unwrap();
+    let len = std::fs::metadata(&seg).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(len - 1).unwrap();
+    let mut f = feed(&torn.0, Lsn(0), end, None);
+    let err = (0..count(&group)).find_map(|_| f.pull(end, 1).err()).expect("a read of the torn segment");
+    assert!(!trimmed_under(&err), "{err}");
 }
 
 #[test]
