@@ -4,9 +4,9 @@
 //! worker's steps wait for without blocking; a producer that finished opening is installed on a
 //! delivery thread.
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cdc_core::deliver::handoff::DeliveryThread;
+use cdc_core::deliver::handoff::{join_within, DeliveryThread};
 use cdc_core::deliver::protocol::{self, SlotView};
 use cdc_core::deliver::read::Failure;
 use cdc_core::driver::Producer;
@@ -110,15 +110,9 @@ pub(super) fn finish_open(run: &mut SinkRun, opening: Opening, slot: &SlotView) 
 /// exit()'s cleanup (SIGSEGV), and the postmaster then restarts every backend: a sink dropped
 /// right after it was added did that.
 pub(super) fn wait_for(threads: Vec<Opening>, limit: Duration, who: &str) {
-    let deadline = Instant::now() + limit;
-    while threads.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let (done, running): (Vec<Opening>, Vec<Opening>) = threads.into_iter().partition(|h| h.is_finished());
-    for h in done {
-        // Dropping what it opened closes it (its producer, its client) on this thread.
-        drop(h.join());
-    }
+    // What the finished ones opened (a producer, a client) is dropped, so closed, on this thread.
+    let (done, running) = join_within(threads, limit);
+    drop(done);
     if !running.is_empty() {
         pgrx::warning!("{who}: {} sink(s) still opening after {} s; exiting anyway", running.len(), limit.as_secs());
     }

@@ -391,14 +391,25 @@ impl DeliveryThread {
         // Hang up: the thread ends once it has taken what is queued.
         drop(std::mem::replace(&mut self.commands, mpsc::channel().0));
         let Some(thread) = self.thread.take() else { return };
-        let deadline = Instant::now() + CLOSE_GRACE;
-        while !thread.is_finished() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        if thread.is_finished() {
-            let _ = thread.join();
-        }
+        drop(join_within(vec![thread], CLOSE_GRACE));
     }
+}
+
+/// Waits at most `limit` for `threads` to end and joins those that did (what they return is
+/// dropped, so closed, on the caller's thread); returns their results, and the threads still
+/// running, left behind. A process must not exit while a thread of its runs inside librdkafka,
+/// OpenSSL or a cloud client: exit()'s cleanup then crashes it (SIGSEGV), and the postmaster
+/// restarts every backend.
+pub fn join_within<T>(
+    threads: Vec<std::thread::JoinHandle<T>>,
+    limit: Duration,
+) -> (Vec<std::thread::Result<T>>, Vec<std::thread::JoinHandle<T>>) {
+    let deadline = Instant::now() + limit;
+    while threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let (done, running): (Vec<_>, Vec<_>) = threads.into_iter().partition(|t| t.is_finished());
+    (done.into_iter().map(std::thread::JoinHandle::join).collect(), running)
 }
 
 /// The delivery thread: takes commands in order until the reading side hangs up. The events it
@@ -707,6 +718,32 @@ mod tests {
         let sink = r.sink.lock().unwrap();
         assert_eq!(sink.sends, vec![1], "what was queued after the flush never reached the sink");
         assert_eq!(sink.aborted, 1);
+    }
+
+    /// The threads that end within the limit are joined (their results handed back), the one
+    /// that does not is left running and handed back as is, once the limit passed.
+    #[test]
+    fn join_within_joins_what_ended_and_leaves_what_did_not() {
+        let (release, held) = mpsc::channel::<()>();
+        let threads = vec![
+            std::thread::spawn(|| 1),
+            std::thread::spawn(move || held.recv().map_or(0, |()| 2)),
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(30));
+                3
+            }),
+        ];
+        let started = Instant::now();
+        let (done, running) = join_within(threads, Duration::from_millis(300));
+        assert!(started.elapsed() >= Duration::from_millis(300), "waited the limit for the held one");
+        let mut got: Vec<i32> = done.into_iter().map(|r| r.expect("no panic")).collect();
+        got.sort_unstable();
+        assert_eq!(got, [1, 3]);
+        assert_eq!(running.len(), 1);
+        release.send(()).expect("the held thread listens");
+        let (done, running) = join_within(running, Duration::from_secs(10));
+        assert_eq!(done.into_iter().map(|r| r.expect("no panic")).collect::<Vec<_>>(), [2]);
+        assert!(running.is_empty());
     }
 
     /// Dropping it returns only once the thread ended and the sink was closed: a worker that
