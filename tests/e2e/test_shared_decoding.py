@@ -351,8 +351,7 @@ def test_a_member_the_log_was_trimmed_under_goes_on_from_its_own_slot(pg, sinks,
     is fast again, it reaches the end of its segment and finds the next one gone: it leaves the log
     and decodes its own slot from where it is, with no error, and every row arrives. Regression: the
     missing segment was a read error (ENOENT), the sink went to 'error' with "cannot read the shared
-    decoding's log" and was read again after a backoff; in the 5M-row backlog bench it did so at
-    every segment."""
+    decoding's log" and was read again after a backoff (the 5M-row backlog bench met it)."""
     t, slow = f"trim_{unique}", f"trim_slow_{unique}"
     pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, pad text)")
     pg.execute("SELECT cdc_enable(%s)", (t,))
