@@ -216,6 +216,19 @@ pub struct Handed {
     pub sent_log: Vec<Sent>,
 }
 
+impl Handed {
+    /// Its counter increments, with the delivery transaction of an exactly-once sink when it was
+    /// flushed with `checkpoint`.
+    fn counts(&self, checkpoint: Option<Checkpoint>) -> DeliveryCounters {
+        let mut counted = self.counted;
+        if let (Some(checkpoint), true) = (checkpoint, self.exactly_once) {
+            counted.committed_transactions = 1;
+            counted.committed_lsn = checkpoint.end_lsn.0;
+        }
+        counted
+    }
+}
+
 /// Counts an abandoned delivery: an exactly-once sink's open transaction was aborted.
 fn count_abort(port: &mut dyn DriverPort, exactly_once: bool) {
     port.counters(&mut |c| {
@@ -436,11 +449,7 @@ impl Driver {
             } else {
                 unit.flushed
             };
-            let mut counted = unit.counted;
-            if let (Some(checkpoint), true) = (checkpoint, unit.exactly_once) {
-                counted.committed_transactions = 1;
-                counted.committed_lsn = checkpoint.end_lsn.0;
-            }
+            let counted = unit.counts(checkpoint);
             port.counters(&mut |c| add(c, &counted));
             port.add_tables(&unit.tables);
         }
@@ -643,12 +652,8 @@ impl Driver {
             // next read to the idle sinks' turns (an idle sink's units carry only heartbeats).
             self.last_delivered = Some(Instant::now());
         }
-        let mut counted = done.counted;
-        if let Some(checkpoint) = done.flushed {
-            if done.exactly_once {
-                counted.committed_transactions = 1;
-                counted.committed_lsn = checkpoint.end_lsn.0;
-            }
+        let counted = done.counts(done.flushed);
+        if done.flushed.is_some() {
             // A unit handed over after this one is open at the destination.
             let open = u64::from(!self.handed.is_empty());
             port.counters(&mut |c| {
