@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import BOOTSTRAP, connect, consume, server_log, server_settings, wait_for
 from test_dropped_tables import GatedHook
+from test_shared_decoding import rows_until_shared
 
 
 def delivered(pg, sink, n):
@@ -245,13 +246,7 @@ def test_lag_events_estimates_the_events_a_held_sink_has_still_to_deliver(pg, si
                 # A sink that already reads the log: the webhook sink then finds the log's decoder
                 # running and reads the log from its first read.
                 first = sinks.add(f"lagev_k_{unique}", f"lagev-k-{unique}", tables=[t])
-                for i in range(1_000, 1_060):
-                    pg.execute(f"INSERT INTO {t} VALUES (%s, 'first')", (i,))
-                    if pg.execute("SELECT cdc_delivery_status(%s) -> 'decoding' ->> 'shared'", (first,)).fetchone()[0] == "true":
-                        break
-                    time.sleep(0.5)
-                else:
-                    raise AssertionError("the Kafka sink never read the shared log")
+                rows_until_shared(pg, [t], 1_000, [first])
             pg.execute("SELECT cdc_add_sink(%s, 'webhook', %s::jsonb)",
                        (name, json.dumps({"url": hook.url, "tables": [t], "snapshot_mode": "never"})))
             for i in range(200):

@@ -263,6 +263,7 @@ fn a_feed_from_a_position_skips_what_it_covers_and_knows_the_tables_described_be
     let own: Vec<RawFrame> = render_from(&units, Some(&carried), 251).into_iter().flat_map(|(_, f)| f).collect();
     assert_same(&pull_all(&mut f, end, count(&group), 50), &own, "after the trim");
 }
+
 #[test]
 fn a_feed_counts_the_wal_it_moved_over_whatever_its_tables() {
     // The rate behind lag_events is a member's events per WAL byte read: a member reading the log
