@@ -198,6 +198,7 @@ class Sizes:
     steady_idle: tuple      # idle sinks next to the busy one, one configuration each
     steady_repeats: int     # runs of each steady configuration (the report gives the median)
     steady_shared: tuple = (False, True)  # cdc.shared_decoding off and/or on: each configuration both ways
+    steady_only: tuple = ()  # steady section: only these configurations (their short names), all when empty
     steady_reset_caches: bool = True  # one more configuration: alone, catalog caches dropped at every read
     steady_members_poll: bool = True  # one more: the most idle sinks, sharing, members polling as before
     backlog_changes: int = 5_000_000  # backlog section: inserts written while the sinks are held
@@ -1457,6 +1458,8 @@ class Bench:
             n = max(sz.steady_idle)
             configs.append((e2e_report.steady_members_poll_label(n), f"{n}idle_poll", n, None, True,
                             ("cdc.test_members_poll_publishes",)))
+        if sz.steady_only:
+            configs = [c for c in configs if c[1] in sz.steady_only]
         runs = {label: [] for label, *_ in configs}
         failed = 0
         tables = steady_tables(self.conn, max(sz.steady_idle, default=0))
@@ -1789,6 +1792,9 @@ def main():
                         help="backlog section: inserts written while the sinks are held (default 5000000, quick 500000)")
     parser.add_argument("--steady-idle", help="steady section: the counts of idle sinks, comma-separated "
                         "(default 20,50)")
+    parser.add_argument("--steady-configs", help="steady section: only these configurations, comma-separated short "
+                        "names (alone, 20idle, 50idle, same, ex1, each with _sh when sharing one decoding, "
+                        "alone_rc, 50idle_poll; default: all)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where e2e.md/csv/png go")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
@@ -1806,6 +1812,8 @@ def main():
         sizes = Sizes(**{**vars(sizes), "steady_idle": idle})
     if args.shared_decoding != "both":
         sizes = Sizes(**{**vars(sizes), "steady_shared": (args.shared_decoding == "on",)})
+    if args.steady_configs:
+        sizes = Sizes(**{**vars(sizes), "steady_only": tuple(c for c in args.steady_configs.split(",") if c)})
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - set(SECTIONS)
     if unknown:
