@@ -6,8 +6,9 @@
 //!        the members whose tables changed are woken)
 //!        every CONFIRM_EVERY: the slowest member's own slot (members more than
 //!        cdc.shared_decoding_max_lag behind left out) ─▶ confirm _cdc_group there, trim the log
-//!        the members' heartbeat: when the slot is RESTART_POINT_BYTES behind the WAL, or behind it
-//!        at all for cdc.heartbeat_interval_ms (sinks reading the log write none of their own)
+//!        the members' heartbeat: when the slot is behind the WAL at all for
+//!        cdc.heartbeat_interval_ms, or far behind (fanout::members_heartbeat_due; sinks reading
+//!        the log write none of their own)
 //! ```
 //! Started by the launcher while `cdc.shared_decoding` is on and sinks exist; exits when it is
 //! turned off, or no sink is left (or the extension was dropped). A failure drops the session; the next one writes a new log (a new epoch) from the
@@ -15,7 +16,7 @@
 //! it cannot serve that, decodes its own slot).
 use std::time::{Duration, Instant};
 
-use cdc_core::driver::RESTART_POINT_BYTES;
+use cdc_core::fanout::members_heartbeat_due;
 use cdc_core::Lsn;
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
@@ -209,7 +210,7 @@ impl Decoder {
             // The members' heartbeat: their quiet tables' WAL is passed, their slots and this one
             // move (a sink reading the log writes none of its own).
             let behind = wal_flushed().saturating_sub(held_slot_confirmed().unwrap_or_default().0);
-            let due = behind >= RESTART_POINT_BYTES || (behind > 0 && quiet_for >= heartbeat_interval);
+            let due = members_heartbeat_due(behind, quiet_for, heartbeat_interval, max_lag.max(0) as u64);
             Ok(heartbeat_due && due && source::emit_heartbeat().is_some())
         });
         match result {

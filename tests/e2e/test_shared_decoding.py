@@ -180,6 +180,64 @@ def test_a_member_whose_tables_are_quiet_sleeps_through_the_other_tables_changes
         pg.execute("SELECT cdc_disable(%s)", (t,))
 
 
+def test_an_idle_exactly_once_member_commits_for_the_heartbeat_interval_not_every_few_mb(pg, sinks, unique):
+    """Regression: the decoder wrote the members' heartbeat whenever the group's slot was 2 MB behind
+    the WAL, and every idle exactly-once member committed a Kafka transaction for it (measured: one
+    every 3.3 s each, next to a sink busy at 2,000 tx/s). Now, far from the lag bound, the heartbeat
+    waits for cdc.heartbeat_interval_ms (10 minutes here): about 8 MB of WAL on the busy table bring the
+    idle member no Kafka transaction. Oracle: its own count of Kafka transactions
+    (transaction_status.committed_transactions). Control: with cdc.shared_decoding_max_lag at 8 MB the
+    heartbeat comes sooner, at a quarter of it (2 MB, the old bound), and the same WAL brings some."""
+    busy_t, idle_t = f"hbm_b_{unique}", f"hbm_i_{unique}"
+    for t in (busy_t, idle_t):
+        pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+        pg.execute("SELECT cdc_enable(%s)", (t,))
+    with server_settings({"cdc.shared_decoding": "on", "cdc.heartbeat_interval_ms": 600000}):
+        busy = sinks.add(f"hbm_b_{unique}", f"hbm-b-{unique}", tables=[busy_t], exactly_once=True)
+        idle = sinks.add(f"hbm_i_{unique}", f"hbm-i-{unique}", tables=[idle_t], exactly_once=True)
+        joined = rows_until_shared(pg, [busy_t, idle_t], 0, [busy, idle])
+        written = [joined]
+
+        def commits():
+            return delivery_status(pg, idle)["transaction_status"]["committed_transactions"]
+
+        def eight_mb_on_the_busy_table():
+            """About 8 MB of WAL in transactions of 500 rows, delivered by the busy sink; the idle
+            member's Kafka transactions meanwhile (its count once it stayed put for 2 s)."""
+            wait_for(lambda: delivery_status(pg, idle)["delivered"]["events"] >= joined, what="the idle sink delivered")
+            before = settled(commits)
+            start = written[0]
+            with connect() as c:
+                for i in range(start, start + 8_000, 500):
+                    c.execute(f"INSERT INTO {busy_t} SELECT g, repeat('x', 900) FROM generate_series(%s::int, %s::int) g",
+                              (i, i + 499))
+            written[0] += 8_000
+            wait_for(lambda: delivery_status(pg, busy)["delivered"]["events"] >= written[0], timeout=60,
+                     what="the busy sink delivered the rows")
+            time.sleep(1.5)  # the decoder's confirms after the last rows (every 200 ms) had their say
+            return settled(commits) - before
+
+        assert eight_mb_on_the_busy_table() == 0, "an idle member committed for WAL it does not capture"
+        assert shared(pg, idle) and shared(pg, busy)
+        with server_settings({"cdc.shared_decoding_max_lag": "8MB"}):
+            assert eight_mb_on_the_busy_table() >= 1, "control: a heartbeat at 2 MB behind brings a commit"
+    for t in (busy_t, idle_t):
+        pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def settled(read, quiet=2.0, timeout=30):
+    """`read()` once it gave the same value for `quiet` seconds."""
+    value, since, started = read(), time.monotonic(), time.monotonic()
+    while time.monotonic() - since < quiet:
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"still changing after {timeout} s: {value}")
+        time.sleep(0.25)
+        now = read()
+        if now != value:
+            value, since = now, time.monotonic()
+    return value
+
+
 @contextlib.contextmanager
 def webhook_sink(pg, name, table, **config):
     """A webhook sink on `table` (and `config`) whose server (a test_webhook_sink.Hook) the test

@@ -471,3 +471,23 @@ fn each_publish_says_whose_tables_it_touched_and_a_member_it_does_not_concern_ge
     }
     assert!(concerned > 100 && not_concerned > 100, "{concerned} concerned, {not_concerned} not");
 }
+
+#[test]
+fn the_members_heartbeat_waits_for_the_interval_unless_the_group_slot_is_far_behind() {
+    use super::{members_heartbeat_due, MEMBERS_HEARTBEAT_BYTES};
+    use std::time::Duration;
+    let interval = Duration::from_secs(10);
+    let soon = Duration::from_secs(3);
+    let default_lag = 1024 << 20;
+    // Caught up: never, however long since the last one.
+    assert!(!members_heartbeat_due(0, Duration::MAX, interval, default_lag));
+    // Behind by a steady load's few seconds of WAL (what the old 2 MB bound answered every 3 s).
+    assert!(!members_heartbeat_due(2 << 20, soon, interval, default_lag));
+    assert!(!members_heartbeat_due(MEMBERS_HEARTBEAT_BYTES - 1, soon, interval, default_lag));
+    assert!(members_heartbeat_due(1, interval, interval, default_lag));
+    assert!(members_heartbeat_due(MEMBERS_HEARTBEAT_BYTES, soon, interval, default_lag));
+    // A small lag bound brings it sooner: a quarter of it, long before a member would lose the log.
+    let small_lag = 1 << 20;
+    assert!(!members_heartbeat_due(small_lag / 4 - 1, soon, interval, small_lag));
+    assert!(members_heartbeat_due(small_lag / 4, soon, interval, small_lag));
+}
