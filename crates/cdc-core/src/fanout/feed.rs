@@ -55,7 +55,17 @@ pub struct Feed {
     furthest: Lsn,
     /// WAL the log frames it read since the last count moved it over (see [`Feed::take_wal_passed`]).
     passed: u64,
+    /// Buffers of frames it dropped, for the next frames it reads (see [`LogReader::read_into`]).
+    spare: Vec<Vec<u8>>,
 }
+
+/// Log frames a feed reads at a time: its spare buffers serve a read of this many whole.
+const READ_FRAMES: usize = 256;
+
+/// The most spare buffers a feed keeps, and the largest it keeps (a frame larger than that is
+/// rare: a row's change; its buffer is freed). At most 512 KiB per member.
+const SPARE_BUFFERS: usize = 2 * READ_FRAMES;
+const SPARE_BYTES: usize = 1024;
 
 /// What opening a feed found.
 #[derive(Debug)]
@@ -90,6 +100,7 @@ impl Feed {
                 skipped: 0,
                 furthest: confirmed,
                 passed: 0,
+                spare: Vec::new(),
             })),
             Start::Behind => Opened::Behind,
             Start::Missing => Opened::Missing,
@@ -140,14 +151,28 @@ impl Feed {
 
     fn pull_until(&mut self, end: LogEnd, max: usize, to_commit: bool) -> io::Result<Vec<RawFrame>> {
         let mut out = Vec::new();
-        if self.pending.is_empty() {
-            self.pending.extend(self.reader.read(end, max)?);
-        }
-        while let Some(frame) = self.pending.pop_front() {
+        // Read in chunks, each frame's buffer handed back before the next chunk is read.
+        let mut budget = max;
+        loop {
+            if self.pending.is_empty() {
+                if budget == 0 {
+                    break;
+                }
+                self.reader.read_into(end, budget.min(READ_FRAMES), &mut self.pending, &mut self.spare)?;
+                if self.pending.is_empty() {
+                    break;
+                }
+                budget = budget.saturating_sub(self.pending.len());
+            }
+            let Some(frame) = self.pending.pop_front() else { break };
             if let Some(coverage) = self.coverage.as_mut() {
                 if coverage.covers(&frame) {
                     // A description among the covered frames still holds for what follows.
-                    self.note_description(frame);
+                    if description_key(&frame).is_some() {
+                        self.note_description(frame);
+                    } else {
+                        self.recycle(frame);
+                    }
                     continue;
                 }
                 self.coverage = None;
@@ -208,7 +233,11 @@ impl Feed {
             }
             (Place::Holding, Some(b'C')) => {
                 // Nothing for the member: the transaction leaves nothing.
-                self.held.clear();
+                let mut held = std::mem::take(&mut self.held);
+                for f in held.drain(..).chain([frame]) {
+                    self.recycle(f);
+                }
+                self.held = held;
                 self.place = Place::Outside;
                 return;
             }
@@ -223,6 +252,7 @@ impl Feed {
         match change_tables(&frame.data) {
             Some(tables) if !tables.iter().any(|t| self.carries(t)) => {
                 self.skipped += 1;
+                self.recycle(frame);
                 return;
             }
             Some(tables) => {
@@ -236,6 +266,13 @@ impl Feed {
         match self.place {
             Place::Holding => self.held.push(frame),
             _ => out.push(frame),
+        }
+    }
+
+    /// Keeps the buffer of a frame the member does not get for a frame read later.
+    fn recycle(&mut self, frame: RawFrame) {
+        if self.spare.len() < SPARE_BUFFERS && frame.data.capacity() <= SPARE_BYTES {
+            self.spare.push(frame.data);
         }
     }
 

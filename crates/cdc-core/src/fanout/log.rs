@@ -422,8 +422,24 @@ impl LogReader {
 
     /// Up to `max` frames after the last one read, up to `end`.
     pub fn read(&mut self, end: LogEnd, max: usize) -> io::Result<Vec<RawFrame>> {
-        let mut out = Vec::new();
-        while out.len() < max {
+        let mut out = VecDeque::new();
+        self.read_into(end, max, &mut out, &mut Vec::new())?;
+        Ok(out.into())
+    }
+
+    /// [`LogReader::read`] onto the back of `out`, the frames' bytes copied into buffers taken from
+    /// `spare` (emptied first) while it has any: a reader that drops most frames it reads (a
+    /// member's feed, the changes of tables it does not carry) hands their buffers back instead of
+    /// allocating one per frame.
+    pub fn read_into(
+        &mut self,
+        end: LogEnd,
+        max: usize,
+        out: &mut VecDeque<RawFrame>,
+        spare: &mut Vec<Vec<u8>>,
+    ) -> io::Result<()> {
+        let mut read = 0;
+        while read < max {
             if self.segment > end.segment {
                 break;
             }
@@ -458,11 +474,14 @@ impl LogReader {
             if self.offset + FRAME_HEADER + len > limit {
                 return Err(invalid(format!("a frame of segment {:016x} goes past what was published", self.segment)));
             }
-            let data = self.bytes(self.offset + FRAME_HEADER, len as usize, limit)?.to_vec();
+            let mut data = spare.pop().unwrap_or_default();
+            data.clear();
+            data.extend_from_slice(self.bytes(self.offset + FRAME_HEADER, len as usize, limit)?);
             self.offset += FRAME_HEADER + len;
-            out.push(RawFrame { lsn, data });
+            out.push_back(RawFrame { lsn, data });
+            read += 1;
         }
-        Ok(out)
+        Ok(())
     }
 
     fn file(&mut self) -> io::Result<&File> {

@@ -215,18 +215,22 @@ fn a_reader_gets_every_frame_in_order_across_segments_and_only_what_was_publishe
     assert_eq!(read, all);
 }
 
+/// Pulls of a few frames, of more than one chunk of the feed's reads (each chunk's frames read into
+/// the buffers of frames dropped before, of other sizes), and of the whole log at once.
 #[test]
 fn a_feed_gives_a_member_what_its_own_session_would_emit() {
     for seed in 1..=20 {
         let units = model(seed, 200);
         let group = render(&units, None);
         for carried in [HashSet::from([1]), HashSet::from([2, 3])] {
-            let tmp = TempDir::new(&format!("equiv{seed}"));
-            let (_, end) = write_log(&tmp.0, &group, 4_000);
-            let mut f = feed(&tmp.0, Lsn(0), end, Some(carried.clone()));
-            let got = pull_all(&mut f, end, count(&group), 7);
-            let own: Vec<RawFrame> = render(&units, Some(&carried)).into_iter().flat_map(|(_, f)| f).collect();
-            assert_same(&got, &own, &format!("seed {seed}, tables {carried:?}"));
+            for step in [7, 300, 1 << 20] {
+                let tmp = TempDir::new(&format!("equiv{seed}"));
+                let (_, end) = write_log(&tmp.0, &group, 4_000);
+                let mut f = feed(&tmp.0, Lsn(0), end, Some(carried.clone()));
+                let got = pull_all(&mut f, end, count(&group), step);
+                let own: Vec<RawFrame> = render(&units, Some(&carried)).into_iter().flat_map(|(_, f)| f).collect();
+                assert_same(&got, &own, &format!("seed {seed}, tables {carried:?}, {step} at a time"));
+            }
         }
     }
 }
