@@ -145,6 +145,16 @@ pub fn emit_message(prefix: &str, content: &str) -> String {
         .unwrap_or_else(|| pgrx::error!("pg_cdc: cannot write the {prefix} message"))
 }
 
+/// The schema pg_cdc is installed in, quoted for SQL, and its installed version, by a query whose
+/// plan is kept (a worker asks at every read of its catalog); `None` when the extension is absent.
+pub fn installed() -> Option<(String, String)> {
+    let v = json_kept(
+        "SELECT jsonb_build_array(quote_ident(n.nspname::text), e.extversion) FROM pg_extension e \
+         JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'pg_cdc'",
+    )?;
+    Some((v.get(0)?.as_str()?.to_string(), v.get(1)?.as_str()?.to_string()))
+}
+
 /// The schema pg_cdc is installed in, quoted for SQL; `None` when the extension is absent.
 pub fn extension_schema() -> Option<String> {
     select_one::<String>(
