@@ -101,6 +101,9 @@ pub struct Spool {
     file: Option<SpillFile>,
     /// Spill files made so far (their names).
     files_made: u64,
+    /// What the position of a read begun on an empty spool covers, for the frames pushed next
+    /// (see [`Spool::begin_read`]); gone at the first frame it does not cover.
+    skip: Option<Coverage>,
 }
 
 /// A spill file: the frames after the spool's memory part, from `start`.
@@ -136,6 +139,7 @@ impl Spool {
             dir: dir.into(),
             file: None,
             files_made: 0,
+            skip: None,
         }
     }
 
@@ -166,6 +170,12 @@ impl Spool {
 
     /// Appends a frame (the decoding session's output).
     pub fn push(&mut self, frame: RawFrame) -> io::Result<()> {
+        if let Some(skip) = self.skip.as_mut() {
+            if skip.covers(&frame) {
+                return Ok(());
+            }
+            self.skip = None;
+        }
         if self.file.is_none() && self.mem_bytes + frame.data.len() <= self.limit {
             self.mem_bytes += frame.data.len();
             self.mem.push_back(frame);
@@ -186,6 +196,13 @@ impl Spool {
     /// commit record starts before `confirmed` (its Begin carries that position), and a message
     /// outside any transaction whose record ends at or before it (its frame's LSN). What the last
     /// read returned but did not confirm is returned again.
+    ///
+    /// When that leaves the spool empty, the frames pushed next are dropped as long as `confirmed`
+    /// covers them: a decoding session started anew (the sink left the shared decoding's log, or
+    /// gave its session up) starts at its slot's confirmed position, which may be behind what the
+    /// sink delivered and has not confirmed yet (`confirmed` is then that delivered position).
+    /// Until 2026-12-07 those frames were read again: an exactly-once sink skipped their events
+    /// as its destination held them already, and counted them a second time in `_cdc_offsets`.
     pub fn begin_read(&mut self, confirmed: Lsn) -> io::Result<()> {
         let mut coverage = Coverage::new(confirmed);
         while let Some(frame) = self.peek_front()? {
@@ -194,6 +211,7 @@ impl Spool {
             }
             self.pop_front()?;
         }
+        self.skip = self.is_empty().then_some(coverage);
         self.read_base = self.front;
         self.cursor = self.front;
         Ok(())
@@ -541,6 +559,38 @@ mod tests {
                 assert!(s.memory_bytes() > 0);
             }
         }
+    }
+
+    #[test]
+    fn a_read_begun_on_an_empty_spool_drops_the_covered_frames_a_new_session_pushes() {
+        let (a, b, c) = (txn(1000, 3, 10), txn(2000, 3, 10), txn(3000, 3, 10));
+        let hb = frame(b'M', 2500, 0, 5);
+        // A session started anew at the slot's position (0) emits a and b again, which the sink
+        // delivered up to 2010 and has not confirmed: only the heartbeat and c are read.
+        let mut s = Spool::new(usize::MAX, dir());
+        s.begin_read(Lsn(2010)).unwrap();
+        fill(&mut s, &a);
+        fill(&mut s, &b);
+        s.push(hb.clone()).unwrap();
+        fill(&mut s, &c);
+        let mut rest = vec![hb.clone()];
+        rest.extend(c.clone());
+        assert_eq!(all(&mut s), rest);
+        // Once a frame was not covered, a later one that would be is kept (it cannot come from a
+        // session reading on, and dropping it would lose it).
+        let mut s = Spool::new(usize::MAX, dir());
+        s.begin_read(Lsn(2010)).unwrap();
+        fill(&mut s, &c);
+        fill(&mut s, &a);
+        let mut both = c.clone();
+        both.extend(a.clone());
+        assert_eq!(all(&mut s), both);
+        // A spool holding frames after the position drops nothing pushed later.
+        let mut s = Spool::new(usize::MAX, dir());
+        fill(&mut s, &c);
+        s.begin_read(Lsn(2010)).unwrap();
+        fill(&mut s, &a);
+        assert_eq!(all(&mut s), both);
     }
 
     #[test]
