@@ -67,6 +67,16 @@ const READ_FRAMES: usize = 256;
 const SPARE_BUFFERS: usize = 2 * READ_FRAMES;
 const SPARE_BYTES: usize = 1024;
 
+/// A frame the member gets, in a buffer no larger than about twice its bytes: it may have been
+/// read into a spare buffer of a larger frame, and the member's spool counts frames by their
+/// bytes, not by what their buffers hold.
+fn fitted(mut frame: RawFrame) -> RawFrame {
+    if frame.data.capacity() > 2 * frame.data.len() + 64 {
+        frame.data.shrink_to_fit();
+    }
+    frame
+}
+
 /// What opening a feed found.
 #[derive(Debug)]
 pub enum Opened {
@@ -242,7 +252,7 @@ impl Feed {
                 return;
             }
             (Place::Passing, Some(b'C')) => {
-                out.push(frame);
+                out.push(fitted(frame));
                 self.place = Place::Outside;
                 return;
             }
@@ -265,7 +275,7 @@ impl Feed {
         }
         match self.place {
             Place::Holding => self.held.push(frame),
-            _ => out.push(frame),
+            _ => out.push(fitted(frame)),
         }
     }
 
@@ -288,7 +298,7 @@ impl Feed {
     /// The held transaction has something for the member: what was held goes out first.
     fn release(&mut self, out: &mut Vec<RawFrame>) {
         if self.place == Place::Holding {
-            out.append(&mut self.held);
+            out.extend(self.held.drain(..).map(fitted));
             self.place = Place::Passing;
         }
     }

@@ -495,3 +495,28 @@ fn the_members_heartbeat_waits_for_the_interval_unless_the_group_slot_is_far_beh
     assert!(!members_heartbeat_due(small_lag / 4 - 1, soon, interval, small_lag));
     assert!(members_heartbeat_due(small_lag / 4, soon, interval, small_lag));
 }
+
+/// The feed reads frames into the buffers of frames it dropped; a member's small frame read into a
+/// large dropped frame's buffer goes out in a buffer of its own size (the member's spool counts its
+/// memory by frame bytes).
+#[test]
+fn a_frame_read_into_a_larger_frames_spare_buffer_goes_out_fitted() {
+    let mut units = Vec::new();
+    for k in 0..200u32 {
+        let (c, table) = (1_000 + u64::from(k) * 100, if k % 2 == 0 { 2 } else { 1 });
+        let mut change = insert(table, k, c - 4);
+        if table == 2 {
+            change.data.resize(900, b'.');
+        }
+        units.push((Lsn(c), vec![begin(k, c), change, commit(c)]));
+    }
+    let tmp = TempDir::new("fitted");
+    let (_, end) = write_log(&tmp.0, &units, 1 << 20);
+    let mut f = feed(&tmp.0, Lsn(0), end, Some(HashSet::from([1])));
+    let got = pull_all(&mut f, end, count(&units), 1 << 20);
+    let own: Vec<RawFrame> =
+        units.iter().filter(|(_, fr)| fr[1].data.len() < 900).flat_map(|(_, fr)| fr.clone()).collect();
+    assert_same(&got, &own, "table 1's transactions");
+    let loose = got.iter().filter(|f| f.data.capacity() > 2 * f.data.len() + 64).count();
+    assert_eq!(loose, 0, "of {} frames, {loose} went out in oversized buffers", got.len());
+}
