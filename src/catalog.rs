@@ -269,12 +269,15 @@ pub fn qualified_name(oid: pg_sys::Oid) -> Option<String> {
 /// unregistering it at the query's end failed with "snapshot reference ... is not owned by
 /// resource owner TopTransaction" (XX000). Here nothing is registered around the call, and the
 /// caller's resource owner is put back after it, as `pg_logical_slot_get_changes` does.
+///
+/// PostgreSQL 17 added a fifth argument, `failover` (false here: a failover slot is issue 45's).
 pub fn create_logical_slot(slot: &str) {
-    let function = select_one::<pg_sys::Oid>(
-        "SELECT 'pg_catalog.pg_create_logical_replication_slot(name, name, boolean, boolean)'::regprocedure::oid",
-        &[],
-    )
-    .unwrap_or_else(|| pgrx::error!("pg_cdc: pg_create_logical_replication_slot is missing"));
+    #[cfg(any(feature = "pg15", feature = "pg16"))]
+    const SIGNATURE: &str = "pg_catalog.pg_create_logical_replication_slot(name, name, boolean, boolean)";
+    #[cfg(not(any(feature = "pg15", feature = "pg16")))]
+    const SIGNATURE: &str = "pg_catalog.pg_create_logical_replication_slot(name, name, boolean, boolean, boolean)";
+    let function = select_one::<pg_sys::Oid>(&format!("SELECT '{SIGNATURE}'::regprocedure::oid"), &[])
+        .unwrap_or_else(|| pgrx::error!("pg_cdc: pg_create_logical_replication_slot is missing"));
     let name = std::ffi::CString::new(slot).unwrap_or_else(|_| pgrx::error!("pg_cdc: invalid slot name {slot:?}"));
     // SAFETY: NameData is plain bytes, filled by namestrcpy; the function reads its arguments as
     // `Name` pointers, which live on this frame for the whole call. An ERROR inside the call
@@ -286,12 +289,21 @@ pub fn create_logical_slot(slot: &str) {
         pg_sys::namestrcpy(&mut slot_name, name.as_ptr());
         pg_sys::namestrcpy(&mut plugin, c"pgoutput".as_ptr());
         let owner = pg_sys::CurrentResourceOwner;
-        pg_sys::OidFunctionCall4Coll(
-            function,
-            pg_sys::InvalidOid,
+        let (name, plugin) = (
             pg_sys::Datum::from(&slot_name as *const pg_sys::NameData),
             pg_sys::Datum::from(&plugin as *const pg_sys::NameData),
-            pg_sys::Datum::from(false),
+        );
+        let (temporary, two_phase) = (pg_sys::Datum::from(false), pg_sys::Datum::from(false));
+        #[cfg(any(feature = "pg15", feature = "pg16"))]
+        pg_sys::OidFunctionCall4Coll(function, pg_sys::InvalidOid, name, plugin, temporary, two_phase);
+        #[cfg(not(any(feature = "pg15", feature = "pg16")))]
+        pg_sys::OidFunctionCall5Coll(
+            function,
+            pg_sys::InvalidOid,
+            name,
+            plugin,
+            temporary,
+            two_phase,
             pg_sys::Datum::from(false),
         );
         pg_sys::CurrentResourceOwner = owner;
