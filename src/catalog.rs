@@ -155,13 +155,10 @@ pub fn installed() -> Option<(String, String)> {
     Some((v.get(0)?.as_str()?.to_string(), v.get(1)?.as_str()?.to_string()))
 }
 
-/// The schema pg_cdc is installed in, quoted for SQL; `None` when the extension is absent.
+/// The schema pg_cdc is installed in, quoted for SQL; `None` when the extension is absent (see
+/// [`installed`]).
 pub fn extension_schema() -> Option<String> {
-    select_one::<String>(
-        "SELECT quote_ident(n.nspname::text) FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace \
-         WHERE e.extname = 'pg_cdc'",
-        &[],
-    )
+    installed().map(|(schema, _)| schema)
 }
 
 /// The publication of captured tables whose updates and deletes are captured.
