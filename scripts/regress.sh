@@ -16,7 +16,7 @@ dir="$(cd "$here/../pg_test" && pwd)"
 
 pg_regress="$("$PG_BIN/pg_config" --pkglibdir)/pgxs/src/test/regress/pg_regress"
 if [ ! -x "$pg_regress" ]; then
-  echo "regress: $pg_regress not found (install postgresql-server-dev-15)" >&2
+  echo "regress: $pg_regress not found (PostgreSQL 15: install postgresql-server-dev-15; 18: scripts/pg18.sh fetch)" >&2
   exit 1
 fi
 if ! "$PG_BIN/pg_isready" -q -h "$PGHOST" -p "$PGPORT"; then
@@ -46,10 +46,10 @@ LC_MESSAGES=C PGOPTIONS="${PGOPTIONS:-} -c lc_messages=C" \
   --host="$PGHOST" --port="$PGPORT" --user="$PGUSER" --bindir="$PG_BIN" \
   --inputdir="$dir" --outputdir="$dir" "${selection[@]}" 2>&1 | tee "$log" || status=$?
 
-# pg_regress 15 prints "test <name> ... ok" per passing test; a test it could not run or compare
-# counts as failed.
+# pg_regress 15 prints "test <name> ... ok" per passing test, 16 and later "ok <n> - <name>" (TAP); a test
+# it could not run or compare counts as failed.
 total="${#tests[@]}"
-passed="$(grep -c -E '\.\.\. ok( |$)' "$log" || true)"
+passed="$(grep -c -E '(\.\.\. ok( |$))|(^ok [0-9]+ +[-+] )' "$log" || true)"
 failed=$((total - passed))
 if [ "$status" -ne 0 ] || [ "$failed" -ne 0 ]; then
   if [ -s "$dir/regression.diffs" ]; then

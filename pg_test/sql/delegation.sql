@@ -86,7 +86,10 @@ SELECT cdc_add_sink('regress_refused', 'kafka', '{"bootstrap_servers": "127.0.0.
 SELECT cdc_add_sink('regress_refused', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "t", "tables": ["granted"],
     "properties": {"plugin.library.paths": "/tmp/evil.so"}}'); \echo SQLSTATE :SQLSTATE
 -- Files, while cdc.admin_file_dir is not set (a superuser's setting, hidden from the role): none.
+-- (PostgreSQL words this refusal differently from version 16 on: only its SQLSTATE is shown.)
+\set VERBOSITY sqlstate
 SHOW cdc.admin_file_dir; \echo SQLSTATE :SQLSTATE
+\set VERBOSITY default
 RESET ROLE;
 SHOW cdc.admin_file_dir;
 SET ROLE regress_cdc_admin;

@@ -114,9 +114,9 @@ SELECT cdc_enable('_cdc_sinks'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('public._cdc_publications'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('_cdc_offsets'); \echo SQLSTATE :SQLSTATE
 
--- Tables that do not exist: the regclass argument refuses them before pg_cdc runs.
+-- Tables that do not exist: the regclass argument refuses them before pg_cdc runs (a table in a
+-- schema that does not exist is in pg_versions: PostgreSQL's answer differs between versions).
 SELECT cdc_enable('no_such_table'); \echo SQLSTATE :SQLSTATE
-SELECT cdc_enable('no_such_schema.orders'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_enable('"Orders"'); \echo SQLSTATE :SQLSTATE
 
 -- Nothing refused above was recorded or published.

@@ -1,0 +1,9 @@
+-- What PostgreSQL itself answers differently between the versions pg_cdc runs on: expected/pg_versions.out
+-- is PostgreSQL 15's answer, expected/pg_versions_1.out 18's (pg_regress takes whichever matches). pg_cdc's
+-- own answers are the same on every version and are in the other tests.
+
+-- A table in a schema that does not exist: the regclass argument refuses it before pg_cdc runs, as a
+-- missing schema (15, SQLSTATE 3F000) or as a missing relation (18, 42P01).
+SELECT cdc_enable('no_such_schema.orders'); \echo SQLSTATE :SQLSTATE
+-- Nothing was recorded.
+SELECT count(*) AS recorded FROM _cdc_publications WHERE table_name = 'no_such_schema.orders';
