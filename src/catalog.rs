@@ -267,13 +267,10 @@ pub fn qualified_name(oid: pg_sys::Oid) -> Option<String> {
 /// resource owner TopTransaction" (XX000). Here nothing is registered around the call, and the
 /// caller's resource owner is put back after it, as `pg_logical_slot_get_changes` does.
 ///
-/// PostgreSQL 17 added a fifth argument, `failover` (false here: a failover slot is issue 45's).
+/// On PostgreSQL 17 and later the slot is a failover slot ([`crate::pg_compat::FAILOVER_SLOTS`]).
 pub fn create_logical_slot(slot: &str) {
-    #[cfg(any(feature = "pg15", feature = "pg16"))]
-    const SIGNATURE: &str = "pg_catalog.pg_create_logical_replication_slot(name, name, boolean, boolean)";
-    #[cfg(not(any(feature = "pg15", feature = "pg16")))]
-    const SIGNATURE: &str = "pg_catalog.pg_create_logical_replication_slot(name, name, boolean, boolean, boolean)";
-    let function = select_one::<pg_sys::Oid>(&format!("SELECT '{SIGNATURE}'::regprocedure::oid"), &[])
+    let signature = crate::pg_compat::CREATE_LOGICAL_SLOT;
+    let function = select_one::<pg_sys::Oid>(&format!("SELECT '{signature}'::regprocedure::oid"), &[])
         .unwrap_or_else(|| pgrx::error!("pg_cdc: pg_create_logical_replication_slot is missing"));
     let name = std::ffi::CString::new(slot).unwrap_or_else(|_| pgrx::error!("pg_cdc: invalid slot name {slot:?}"));
     // SAFETY: NameData is plain bytes, filled by namestrcpy; the function reads its arguments as
@@ -290,19 +287,7 @@ pub fn create_logical_slot(slot: &str) {
             pg_sys::Datum::from(&slot_name as *const pg_sys::NameData),
             pg_sys::Datum::from(&plugin as *const pg_sys::NameData),
         );
-        let (temporary, two_phase) = (pg_sys::Datum::from(false), pg_sys::Datum::from(false));
-        #[cfg(any(feature = "pg15", feature = "pg16"))]
-        pg_sys::OidFunctionCall4Coll(function, pg_sys::InvalidOid, name, plugin, temporary, two_phase);
-        #[cfg(not(any(feature = "pg15", feature = "pg16")))]
-        pg_sys::OidFunctionCall5Coll(
-            function,
-            pg_sys::InvalidOid,
-            name,
-            plugin,
-            temporary,
-            two_phase,
-            pg_sys::Datum::from(false),
-        );
+        crate::pg_compat::call_create_logical_slot(function, name, plugin);
         pg_sys::CurrentResourceOwner = owner;
     }
 }

@@ -133,6 +133,11 @@ pub static TEST_SKIP_DEDUP: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// snapshot holds, so the snapshot tests can prove their oracle sees stale and doubled rows.
 pub static TEST_SKIP_SNAPSHOT_WINDOW: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// `cdc.test_ignore_standby_slots`: test only; reads go to the flushed WAL whatever the standbys of
+/// `synchronized_standby_slots` confirmed, as decoding in the worker's own process did before, so
+/// the failover tests can prove their oracle sees rows delivered ahead of a standby.
+pub static TEST_IGNORE_STANDBY_SLOTS: GucSetting<bool> = GucSetting::<bool>::new(false);
+
 /// `cdc.test_reset_caches_each_read`: test only; a read drops the backend's catalog caches after
 /// decoding as well, as every read did before `catalog::present_catalog` (the benchmark's
 /// side-by-side figure of what keeping them saves).
@@ -221,6 +226,14 @@ pub fn init() {
         c"Test only: do not skip transactions already committed to Kafka.",
         c"",
         &TEST_SKIP_DEDUP,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_bool_guc(
+        c"cdc.test_ignore_standby_slots",
+        c"Test only: decode up to the flushed WAL whatever the standbys of synchronized_standby_slots confirmed.",
+        c"",
+        &TEST_IGNORE_STANDBY_SLOTS,
         GucContext::Sighup,
         GucFlags::SUPERUSER_ONLY,
     );

@@ -18,6 +18,7 @@ pub mod errors;
 pub mod gucs;
 pub mod keys;
 pub mod lookups;
+pub mod pg_compat;
 pub mod stats;
 pub mod worker;
 

@@ -713,47 +713,12 @@ fn cdc_create_version_topic(table_name: Option<pg_sys::Oid>, version: Option<i32
     JsonB(out)
 }
 
-/// PostgreSQL's `parseTypeString` with an unknown type giving InvalidOid (a malformed one raises
-/// PostgreSQL's syntax error, which is the answer).
-#[cfg(feature = "pg15")]
-fn parse_type_string(text: &std::ffi::CStr, oid: &mut pg_sys::Oid, typmod: &mut i32) {
-    // SAFETY: a NUL-terminated string and two out-parameters; missing_ok.
-    unsafe { pg_sys::parseTypeString(text.as_ptr(), oid, typmod, true) };
-}
-
-/// PostgreSQL's `parseTypeString` with an unknown type giving InvalidOid (a malformed one raises
-/// PostgreSQL's syntax error, which is the answer). From PostgreSQL 16 it reports its errors
-/// softly into a context instead of taking `missing_ok`: every error but "does not exist" is
-/// raised again.
-#[cfg(not(feature = "pg15"))]
-fn parse_type_string(text: &std::ffi::CStr, oid: &mut pg_sys::Oid, typmod: &mut i32) {
-    let mut context = pg_sys::ErrorSaveContext {
-        type_: pg_sys::NodeTag::T_ErrorSaveContext,
-        error_occurred: false,
-        details_wanted: true,
-        error_data: std::ptr::null_mut(),
-    };
-    // SAFETY: a NUL-terminated string, two out-parameters and an error context on this stack
-    // frame, which PostgreSQL fills (its ErrorData palloc'd in the current memory context).
-    unsafe {
-        let context_node = (&mut context as *mut pg_sys::ErrorSaveContext).cast::<pg_sys::Node>();
-        if !pg_sys::parseTypeString(text.as_ptr(), oid, typmod, context_node) {
-            *oid = pg_sys::InvalidOid;
-            let data = context.error_data;
-            let missing = pgrx::PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT as i32;
-            if !data.is_null() && (*data).sqlerrcode != missing {
-                pg_sys::ThrowErrorData(data);
-            }
-        }
-    }
-}
-
 /// Resolves a type as SQL writes it with PostgreSQL's own parser: (OID, typmod, format_type).
 fn resolve_type(text: &str) -> Option<(u32, i32, String)> {
     let c = std::ffi::CString::new(text).ok()?;
     let mut oid = pg_sys::InvalidOid;
     let mut typmod: i32 = -1;
-    parse_type_string(&c, &mut oid, &mut typmod);
+    crate::pg_compat::parse_type_string(&c, &mut oid, &mut typmod);
     if oid == pg_sys::InvalidOid {
         return None;
     }

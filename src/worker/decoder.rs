@@ -263,11 +263,14 @@ fn ensure_group_slot() {
              decode their own slots until they reach it"
         );
     }
-    catalog::json(
-        "SELECT to_jsonb(count(pg_create_logical_replication_slot($1, 'pgoutput'))) \
-           FROM (SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)) s",
+    let exists = catalog::json(
+        "SELECT to_jsonb(EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1))",
         &[GROUP_SLOT.into()],
     );
+    if exists != Some(Value::Bool(true)) {
+        // A failover slot on PostgreSQL 17+, as the sinks' own slots are.
+        catalog::create_logical_slot(GROUP_SLOT);
+    }
 }
 
 /// The least confirmed position of the members' own slots among those at most `max_lag` bytes

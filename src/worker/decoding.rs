@@ -58,8 +58,41 @@ extern "C-unwind" {
 }
 
 thread_local! {
-    /// Set by [`page_read`] when the page asked for is not flushed yet.
+    /// Set by [`page_read`] when the page asked for is not flushed yet (or past [`READ_BOUND`]).
     static END_OF_WAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// How far the read in progress may go besides the flushed WAL: what the standbys of
+    /// `synchronized_standby_slots` confirmed ([`crate::pg_compat::standby_bound`]); `u64::MAX`
+    /// for no bound.
+    static READ_BOUND: std::cell::Cell<u64> = const { std::cell::Cell::new(u64::MAX) };
+}
+
+/// Warns, at most once a minute per process, that a slot named in `synchronized_standby_slots` is
+/// missing, logical or invalidated: nothing is delivered until the setting or the slot is fixed
+/// (PostgreSQL's walsenders wait the same way, with the same kind of warning).
+fn warn_standby_slot_unusable() {
+    thread_local! {
+        static WARNED: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
+    }
+    if WARNED.get().is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(60)) {
+        return;
+    }
+    WARNED.set(Some(std::time::Instant::now()));
+    let setting = crate::pg_compat::standby_slots_setting().unwrap_or_default();
+    pgrx::warning!(
+        "pg_cdc: synchronized_standby_slots = '{}' names a slot that is not a valid physical replication \
+         slot: failover slots deliver nothing until it is fixed (create the standby's slot, or remove it \
+         from synchronized_standby_slots on the primary)",
+        setting
+    );
+}
+
+/// The end of the WAL a session may read now: the flushed WAL, or less while standbys named in
+/// `synchronized_standby_slots` have not confirmed it.
+///
+/// # Safety
+/// On the main thread (GetFlushRecPtr reads shared memory under its spinlock).
+unsafe fn readable_end() -> u64 {
+    pg_sys::GetFlushRecPtr(null_mut()).min(READ_BOUND.get())
 }
 
 /// The WAL reader's page callback: PostgreSQL's own local reader, except that it never waits for
@@ -76,7 +109,7 @@ extern "C-unwind" fn page_read(
     // SAFETY: called by the WAL reader on the worker's main thread with its own arguments, which
     // are handed on unchanged; GetFlushRecPtr reads shared memory under its spinlock.
     unsafe {
-        if !pg_sys::RecoveryInProgress() && target_page + req_len as u64 > pg_sys::GetFlushRecPtr(null_mut()) {
+        if !pg_sys::RecoveryInProgress() && target_page + req_len as u64 > readable_end() {
             END_OF_WAL.set(true);
             return -1;
         }
@@ -278,7 +311,7 @@ impl Session {
         // releases the slot).
         unsafe {
             pg_sys::CheckLogicalDecodingRequirements();
-            acquire_slot(&name);
+            crate::pg_compat::acquire_slot(&name);
             let memory = pg_sys::AllocSetContextCreateInternal(
                 pg_sys::TopMemoryContext,
                 c"pg_cdc decoding session".as_ptr(),
@@ -378,8 +411,14 @@ impl Session {
             // outlive the read's transaction. A walsender decodes in long-lived contexts too.
             let old = pg_sys::CurrentMemoryContext;
             let mut decoded = 0;
+            let bound =
+                if crate::gucs::TEST_IGNORE_STANDBY_SLOTS.get() { None } else { crate::pg_compat::standby_bound() };
+            READ_BOUND.set(bound.unwrap_or(u64::MAX));
+            if bound == Some(0) {
+                warn_standby_slot_unusable();
+            }
             while more(&self.out, (*reader).EndRecPtr, decoded) && !super::stop_requested() {
-                if (*reader).EndRecPtr >= pg_sys::GetFlushRecPtr(null_mut()) {
+                if (*reader).EndRecPtr >= readable_end() {
                     break;
                 }
                 crate::catalog::historic_catalog();
@@ -464,7 +503,7 @@ impl Drop for Session {
 ///
 /// # Safety
 /// `slot` points into PostgreSQL's array of replication slots.
-unsafe fn with_slot_lock<T>(
+pub(crate) unsafe fn with_slot_lock<T>(
     slot: *mut pg_sys::ReplicationSlot,
     f: impl FnOnce(&mut pg_sys::ReplicationSlot) -> T,
 ) -> T {
@@ -541,19 +580,6 @@ unsafe fn follow_group(lsn: Lsn) -> bool {
     pg_sys::ReplicationSlotsComputeRequiredXmin(false);
     pg_sys::ReplicationSlotsComputeRequiredLSN();
     true
-}
-
-/// Acquires replication slot `name` for this process without waiting for it; an invalidated slot
-/// is acquired too (PostgreSQL 18 can refuse it instead), and its decoding context says why it
-/// cannot be read, as on earlier versions.
-///
-/// # Safety
-/// In a transaction on the main thread, holding no slot.
-unsafe fn acquire_slot(name: &std::ffi::CStr) {
-    #[cfg(not(feature = "pg18"))]
-    pg_sys::ReplicationSlotAcquire(name.as_ptr(), true);
-    #[cfg(feature = "pg18")]
-    pg_sys::ReplicationSlotAcquire(name.as_ptr(), true, false);
 }
 
 /// Gives the slot this process holds back, if it holds one (after a session failed to open).

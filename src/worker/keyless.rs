@@ -198,7 +198,7 @@ fn with_slot_snapshot<R>(slot: &str, f: impl FnOnce() -> R) -> Result<(Lsn, R), 
         // installed as the transaction's; then the context freed and the slot released (dropped).
         let until = unsafe {
             pg_sys::CheckLogicalDecodingRequirements();
-            create_ephemeral_slot(&name);
+            crate::pg_compat::create_ephemeral_slot(&name);
             let mut routine = pg_sys::XLogReaderRoutine {
                 page_read: Some(waiting_page_read),
                 segment_open: Some(wal_segment_open),
@@ -357,19 +357,4 @@ pub fn step(
             Err(e) => Err(format!("cannot plan the snapshot of a keyless table: {e}")),
         }
     }
-}
-
-/// Creates an ephemeral logical slot `name` in this database for this process: not two-phase, not
-/// a failover slot (PostgreSQL 17's `failover`), not a synchronized one (PostgreSQL 18's `synced`).
-///
-/// # Safety
-/// In a transaction on the main thread, holding no slot; the slot goes when it is released.
-unsafe fn create_ephemeral_slot(name: &std::ffi::CStr) {
-    let ephemeral = pg_sys::ReplicationSlotPersistency::RS_EPHEMERAL;
-    #[cfg(any(feature = "pg15", feature = "pg16"))]
-    pg_sys::ReplicationSlotCreate(name.as_ptr(), true, ephemeral, false);
-    #[cfg(feature = "pg17")]
-    pg_sys::ReplicationSlotCreate(name.as_ptr(), true, ephemeral, false, false);
-    #[cfg(feature = "pg18")]
-    pg_sys::ReplicationSlotCreate(name.as_ptr(), true, ephemeral, false, false, false);
 }

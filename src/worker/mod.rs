@@ -29,7 +29,7 @@ mod chores;
 mod cleanup;
 mod configs;
 mod decoder;
-mod decoding;
+pub(crate) mod decoding;
 mod env;
 pub mod group;
 mod keyless;
