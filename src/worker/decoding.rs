@@ -67,8 +67,8 @@ thread_local! {
 }
 
 /// Warns, at most once a minute per process, that a slot named in `synchronized_standby_slots` is
-/// missing, logical or invalidated: nothing is delivered until the setting or the slot is fixed
-/// (PostgreSQL's walsenders wait the same way, with the same kind of warning).
+/// missing, logical, invalidated or has never held WAL: nothing is delivered until the setting or
+/// the slot is fixed (PostgreSQL's walsenders wait the same way, with the same kind of warning).
 fn warn_standby_slot_unusable() {
     thread_local! {
         static WARNED: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
@@ -79,9 +79,10 @@ fn warn_standby_slot_unusable() {
     WARNED.set(Some(std::time::Instant::now()));
     let setting = crate::pg_compat::standby_slots_setting().unwrap_or_default();
     pgrx::warning!(
-        "pg_cdc: synchronized_standby_slots = '{}' names a slot that is not a valid physical replication \
-         slot: failover slots deliver nothing until it is fixed (create the standby's slot, or remove it \
-         from synchronized_standby_slots on the primary)",
+        "pg_cdc: synchronized_standby_slots = '{}' names a slot that no standby confirms WAL through (missing, \
+         logical, invalidated or never used): failover slots deliver nothing until it is fixed (create the \
+         standby's physical slot and start the standby, or remove the slot from synchronized_standby_slots on \
+         the primary)",
         setting
     );
 }

@@ -115,7 +115,7 @@ def test_a_named_standby_slot_that_is_dropped_holds_every_failover_slot_back(pg,
         restart_worker(pg)
         pg.execute("SELECT pg_drop_replication_slot(%s)", (standby_slot,))
         insert_rows(pg, t, range(1, 6))
-        wait_for(lambda: "names a slot that is not a valid physical replication slot" in server_log(logged),
+        wait_for(lambda: "names a slot that no standby confirms WAL through" in server_log(logged),
                  what="the warning naming synchronized_standby_slots")
         assert ids_of_raw(read_messages(topic, 1, timeout=2)) == [0]
     # The setting removed (the DBA's fix): the worker re-reads it at its next tick and delivers.

@@ -50,8 +50,11 @@ pub fn slot_failure(missing_publication: Option<&str>, slot: &SlotView) -> Optio
         return Some(Failure::new(
             SinkState::Error,
             format!(
-                "replication slot {} does not exist (dropped outside pg_cdc?); pg_cdc does not recreate it silently \
-                 because changes would be lost: drop and re-add the sink",
+                "replication slot {} does not exist: it was dropped outside pg_cdc, or this server was promoted \
+                 from a standby that did not keep it (a standby keeps logical slots only from PostgreSQL 17 on, \
+                 with sync_replication_slots = on). pg_cdc does not recreate it silently because changes would be \
+                 lost: drop and re-add the sink (cdc_drop_sink, then cdc_add_sink with the same config; its \
+                 initial snapshot sends every row again)",
                 slot.name
             ),
         ));

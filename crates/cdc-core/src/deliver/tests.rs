@@ -261,6 +261,12 @@ fn a_sink_reads_only_from_a_healthy_slot_never_past_its_checkpoint() {
     let state = |f: Option<Failure>| f.map(|f| f.state);
     assert_eq!(state(slot_failure(Some("_cdc_publication"), &ok)), Some(SinkState::Error));
     assert_eq!(state(slot_failure(None, &SlotView { exists: false, ..ok.clone() })), Some(SinkState::Error));
+    // A missing slot names itself, a failover as a cause, and the steps.
+    let missing = slot_failure(None, &SlotView { exists: false, ..ok.clone() }).unwrap().message;
+    assert!(
+        missing.contains(&ok.name) && missing.contains("promoted") && missing.contains("cdc_add_sink"),
+        "{missing}"
+    );
     let lost = SlotView { wal_status: Some("lost".into()), ..ok.clone() };
     assert!(slot_failure(None, &lost).unwrap().message.contains("invalidated"));
     assert_eq!(state(slot_failure(None, &SlotView { active_pid: Some(7), ..ok.clone() })), Some(SinkState::Retrying));
