@@ -12,6 +12,7 @@ import time
 import pytest
 
 from conftest import consume, read_messages, restart_worker, server_log, server_log_size, server_settings, wait_for
+from test_exactly_once import setup as exactly_once_setup
 
 
 def version(pg):
@@ -41,10 +42,8 @@ def standby_slot(pg, unique):
 
 
 def setup(pg, sinks, unique, prefix):
-    t, topic, name = f"{prefix}_{unique}", f"{prefix}-{unique}", f"{prefix}_{unique}"
-    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
-    pg.execute("SELECT cdc_enable(%s)", (t,))
-    sinks.add(name, topic)
+    """The exactly-once tests' table and sink, with one warm-up row delivered."""
+    t, topic, name = exactly_once_setup(pg, sinks, unique, prefix)
     pg.execute(f"INSERT INTO {t} VALUES (0, 'warm-up')")
     consume(topic, 1)
     return t, topic, name

@@ -39,8 +39,10 @@ import uuid
 
 import psycopg
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "chaos"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", "chaos"), os.path.join(HERE, "..", "e2e")]
 import chaos  # noqa: E402 - the chaos run's Kafka reader
+from conftest import wait_for  # noqa: E402 - the end-to-end tests' polling wait
 
 PG_BIN = os.environ["PG_BIN"]
 RUN = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), "failover")
@@ -57,17 +59,6 @@ def log(msg):
 def as_pg(*args, check=True):
     return subprocess.run(["runuser", "-u", "postgres", "--", *args], check=check,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise SystemExit(f"failover: timed out waiting for {what} (last: {last!r})")
 
 
 class Server:
@@ -300,30 +291,45 @@ def oracle(values, source_rows, lost_ids):
             "lost_transactions_published": len(lost_published), "examples_wrong": wrong[:5], "examples_extra": extra[:5]}
 
 
-def slots_do_not_follow(a, version, run_id):
-    """PostgreSQL 15 and 16: a standby keeps no logical slot, so after a promotion every sink's slot is
-    missing. Each sink must stop in `error` naming its slot, the cause and the steps; the steps (drop the
-    sink, add it again with the same config) must then deliver every row of the promoted server."""
+def primary_and_standby(extra):
+    """Server a, a primary with the captured table, and server b, its physical standby streaming through
+    slot standby_b, which a names in synchronized_standby_slots where PostgreSQL has failover slots."""
     sa, sb = Server("a"), Server("b")
     sa.initdb()
-    sa.write_conf()
+    sa.write_conf(sync_standby="standby_b" if Server.failover_slots else None, extra=extra)
     sa.start()
-    topic = f"failover-old-{run_id}"
-    config = {"topic": topic, "tables": [TABLE]}
     with sa.connect() as c:
         c.execute("CREATE EXTENSION pg_cdc")
         c.execute(f"CREATE TABLE {TABLE} (id bigint PRIMARY KEY, writer int, seq int, touched int)")
         c.execute("SELECT cdc_enable(%s)", (TABLE,))
         c.execute("SELECT pg_create_physical_replication_slot('standby_b', true)")
-        c.execute("SELECT cdc_add_sink('fo_eo', 'kafka', %s::jsonb)", (json.dumps(config),))
     sb.base_backup(sa, "standby_b")
-    sb.write_conf(upstream=(sa, "standby_b"))
+    sb.write_conf(upstream=(sa, "standby_b"), extra=extra)
     sb.start()
     wait_for(lambda: streaming(sa, "b"), 60, "b streaming from a")
-    cluster, stop = Cluster(sa), threading.Event()
+    return sa, sb
+
+
+def start_writers(a, cluster):
+    """The writers, started against the cluster's primary; the event that stops them."""
+    stop = threading.Event()
     writers = [Writer(i + 1, cluster, stop, a.writers / a.rate, a.seed * 100 + i) for i in range(a.writers)]
     for w in writers:
         w.start()
+    return stop, writers
+
+
+def slots_do_not_follow(a, version, run_id):
+    """PostgreSQL 15 and 16: a standby keeps no logical slot, so after a promotion every sink's slot is
+    missing. Each sink must stop in `error` naming its slot, the cause and the steps; the steps (drop the
+    sink, add it again with the same config) must then deliver every row of the promoted server."""
+    sa, sb = primary_and_standby([])
+    topic = f"failover-old-{run_id}"
+    config = {"topic": topic, "tables": [TABLE]}
+    with sa.connect() as c:
+        c.execute("SELECT cdc_add_sink('fo_eo', 'kafka', %s::jsonb)", (json.dumps(config),))
+    cluster = Cluster(sa)
+    stop, writers = start_writers(a, cluster)
     time.sleep(a.seconds)
     slot = sa.query("SELECT slot_name FROM _cdc_sinks WHERE sink_name = 'fo_eo'")[0][0]
     log("switchover: a shut down (fast), b promoted")
@@ -394,19 +400,8 @@ def main():
     if not Server.failover_slots:
         return slots_do_not_follow(a, version, run_id)
 
-    sa, sb, sc = Server("a"), Server("b"), Server("c")
-    sa.initdb()
-    sa.write_conf(sync_standby="standby_b", extra=control)
-    sa.start()
-    with sa.connect() as c:
-        c.execute("CREATE EXTENSION pg_cdc")
-        c.execute(f"CREATE TABLE {TABLE} (id bigint PRIMARY KEY, writer int, seq int, touched int)")
-        c.execute("SELECT cdc_enable(%s)", (TABLE,))
-        c.execute("SELECT pg_create_physical_replication_slot('standby_b', true)")
-    sb.base_backup(sa, "standby_b")
-    sb.write_conf(upstream=(sa, "standby_b"), extra=control)
-    sb.start()
-    wait_for(lambda: streaming(sa, "b"), 60, "b streaming from a")
+    sa, sb = primary_and_standby(control)
+    sc = Server("c")
     topics = {"eo": f"failover-eo-{run_id}", "alo": f"failover-alo-{run_id}"}
     with sa.connect() as c:
         c.execute("SELECT cdc_add_sink('fo_eo', 'kafka', %s::jsonb)",
@@ -419,10 +414,7 @@ def main():
     slots = sink_slots(sa)
 
     cluster = Cluster(sa)
-    stop = threading.Event()
-    writers = [Writer(i + 1, cluster, stop, a.writers / a.rate, a.seed * 100 + i) for i in range(a.writers)]
-    for w in writers:
-        w.start()
+    stop, writers = start_writers(a, cluster)
     started = time.time()
 
     def phase(name):
