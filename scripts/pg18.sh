@@ -21,6 +21,8 @@ log() { echo "[pg18] $*"; }
 
 fetch() {
   if [ -x "$PG18_HOME/bin/pg_config" ]; then
+    # An install unpacked before pg_regress was made executable here.
+    chmod +x "$PG18_HOME/lib/pgxs/src/test/regress/pg_regress"
     return
   fi
   local tmp

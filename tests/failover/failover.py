@@ -450,7 +450,15 @@ def main():
              "c receiving what b acknowledged so far")
     log("c stopped: b's transactions now reach no standby")
     sc.stop("fast")
+    down_at = sb.query("SELECT pg_current_wal_flush_lsn()::text")[0][0]
     time.sleep(a.seconds / 2)
+    if a.control_no_standby_wait:
+        # The control's violation made certain, not left to timing: b's Kafka sinks have confirmed (so
+        # published) WAL written after c stopped, which c cannot have.
+        kafka_slots = [r[0] for r in sb.query("SELECT slot_name FROM _cdc_sinks WHERE sink_type = 'kafka'")]
+        wait_for(lambda: sb.query("SELECT bool_and(confirmed_flush_lsn > %s::pg_lsn) FROM pg_replication_slots "
+                                  "WHERE slot_name = ANY(%s)", (down_at, kafka_slots))[0][0], 30,
+                 "b's Kafka sinks publishing past what c received (the control)")
     log("b killed (immediate); c started and promoted")
     sb.stop("immediate")
     phase("during the failover")
