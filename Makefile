@@ -23,13 +23,14 @@ check-pg18: deps
 
 ## smoke-pg18: pg_cdc on PostgreSQL 18 (PG_VERSION=18: its own cluster, port 55418, next to 15's): build and
 ## install, a new empty cluster, the pg_regress suite, the exactly-once Kafka tests of a crash between the Kafka
-## commit and the slot's advance (and its control), and the failover slots' tests; stops the cluster after
+## commit and the slot's advance (and its control), the failover slots' tests, and pg_cdc in pg_upgrade's
+## binary-upgrade mode and loaded without preloading; stops the cluster after
 smoke-pg18:
 	@PG_VERSION=18 $(MAKE) --no-print-directory up test-cluster regress
 	@export PG_VERSION=18 && $(ENV) "$$PG_CDC_VENV/bin/python" -m pytest -q \
 		tests/e2e/test_exactly_once.py::test_crash_between_kafka_commit_and_slot_advance_is_deduplicated \
 		tests/e2e/test_exactly_once.py::test_control_without_dedup_the_same_crash_duplicates \
-		tests/e2e/test_failover_slots.py
+		tests/e2e/test_failover_slots.py tests/e2e/test_server_modes.py
 	@PG_VERSION=18 scripts/pg.sh stop
 
 ## failover: the failover run with real servers on PostgreSQL 15 (tests/failover/failover.py), where a standby

@@ -165,8 +165,9 @@ pub static TEST_APPLY_SHUFFLE: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// naming that keeps broker-side deduplication from dropping a new producer's first messages).
 pub static TEST_PULSAR_REUSE_PRODUCER_NAME: GucSetting<bool> = GucSetting::<bool>::new(false);
 
-/// Registers the settings (from `_PG_init`).
-pub fn init() {
+/// Registers the settings (from `_PG_init`; `preloading`: loaded by shared_preload_libraries, the
+/// only time a setting read at server start may be defined).
+pub fn init(preloading: bool) {
     GucRegistry::define_string_guc(
         c"cdc.tokenization_key_file",
         c"File holding the secret key of the tokenize redaction method.",
@@ -269,14 +270,19 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::SUPERUSER_ONLY,
     );
-    GucRegistry::define_string_guc(
-        c"cdc.database",
-        c"Database the pg_cdc worker connects to.",
-        c"Create the pg_cdc extension in this database. Changing it requires a restart.",
-        &DATABASE,
-        GucContext::Postmaster,
-        GucFlags::default(),
-    );
+    // A setting read at server start can only be defined then: a backend that loads pg_cdc
+    // without shared_preload_libraries (LOAD, CREATE EXTENSION, pg_upgrade's check that libraries
+    // load) leaves it out instead of failing; its SQL functions refuse to run there anyway.
+    if preloading {
+        GucRegistry::define_string_guc(
+            c"cdc.database",
+            c"Database the pg_cdc worker connects to.",
+            c"Create the pg_cdc extension in this database. Changing it requires a restart.",
+            &DATABASE,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+    }
     GucRegistry::define_string_guc(
         c"cdc.kafka_bootstrap_servers",
         c"Kafka bootstrap servers for sinks whose config names none.",

@@ -39,14 +39,22 @@ pub fn preloaded() -> bool {
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    gucs::init();
-    // SAFETY: a plain global the postmaster sets while it loads shared_preload_libraries.
-    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+    // SAFETY: plain globals the postmaster sets before it loads shared_preload_libraries (and that
+    // every backend forked from it inherits).
+    let (preloading, binary_upgrade) =
+        unsafe { (pg_sys::process_shared_preload_libraries_in_progress, pg_sys::IsBinaryUpgrade) };
+    gucs::init(preloading);
+    if preloading {
         PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
         stats::init();
         worker::launcher::init();
         worker::group::init();
-        worker::register();
+        // A server pg_upgrade runs (binary-upgrade mode, old or new) must not deliver, nor hold a
+        // connection to a database pg_upgrade restores (it would fail "being accessed by other
+        // users"): no worker there. The server started afterwards runs them.
+        if !binary_upgrade {
+            worker::register();
+        }
     }
 }
 
