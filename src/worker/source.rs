@@ -220,6 +220,9 @@ pub struct SlotRow {
     pub wal_status: Option<String>,
     /// PID of the process using it, if any.
     pub active_pid: Option<i32>,
+    /// Why PostgreSQL invalidated it (PostgreSQL 17+; absent before).
+    #[serde(default)]
+    pub invalidation_reason: Option<String>,
     /// WAL it retains: current WAL position - restart_lsn (bytes).
     #[serde(default)]
     pub retained: Option<i64>,
@@ -365,8 +368,9 @@ fn catalog_query(schema: &str) -> String {
 /// pg_cdc's slots in this database.
 const SLOTS_SQL: &str = r#"(SELECT coalesce(jsonb_agg(jsonb_build_object('name', slot_name, 'confirmed', confirmed_flush_lsn::text,
                 'wal_status', wal_status, 'active_pid', active_pid,
+                'invalidation_reason', to_jsonb(s) ->> 'invalidation_reason',
                 'retained', (pg_current_wal_lsn() - restart_lsn)::bigint)), '[]')
-              FROM pg_replication_slots WHERE database = current_database() AND slot_name LIKE '\_cdc\_%')"#;
+              FROM pg_replication_slots s WHERE database = current_database() AND slot_name LIKE '\_cdc\_%')"#;
 
 fn load(sql: &str) -> Catalog {
     let v = catalog::json_kept(sql).unwrap_or_default();
@@ -690,6 +694,7 @@ pub fn slot_view<'a>(cat: &'a Catalog, row: &SinkRow) -> (Option<&'a str>, SlotV
         name: row.slot.clone(),
         exists: found.is_some(),
         wal_status: found.and_then(|s| s.wal_status.clone()),
+        invalidation_reason: found.and_then(|s| s.invalidation_reason.clone()),
         // Its own session holds the slot between reads.
         // SAFETY: MyProcPid is this process's pid, set at its start.
         active_pid: found.and_then(|s| s.active_pid).filter(|&p| p != unsafe { pg_sys::MyProcPid }),

@@ -25,6 +25,8 @@ pub struct SlotView {
     pub exists: bool,
     /// `pg_replication_slots.wal_status` (`lost`: invalidated).
     pub wal_status: Option<String>,
+    /// `pg_replication_slots.invalidation_reason` (PostgreSQL 17+): why PostgreSQL invalidated it.
+    pub invalidation_reason: Option<String>,
     /// The process streaming from it, if any.
     pub active_pid: Option<i32>,
     /// `confirmed_flush_lsn`.
@@ -59,13 +61,14 @@ pub fn slot_failure(missing_publication: Option<&str>, slot: &SlotView) -> Optio
             ),
         ));
     }
-    if slot.wal_status.as_deref() == Some("lost") {
+    if slot.wal_status.as_deref() == Some("lost") || slot.invalidation_reason.is_some() {
         return Some(Failure::new(
             SinkState::Error,
             format!(
-                "replication slot {} was invalidated: the WAL it needed was removed (max_slot_wal_keep_size); drop and \
-                 re-add the sink",
-                slot.name
+                "replication slot {} was invalidated: {}; its changes since are lost to this sink, so drop and re-add \
+                 it (cdc_drop_sink, then cdc_add_sink with the same config; its snapshot sends every row again)",
+                slot.name,
+                invalidation_cause(slot.invalidation_reason.as_deref())
             ),
         ));
     }
@@ -76,6 +79,28 @@ pub fn slot_failure(missing_publication: Option<&str>, slot: &SlotView) -> Optio
         ));
     }
     None
+}
+
+/// What invalidated a slot, for a DBA, by PostgreSQL's `invalidation_reason` (none before 17,
+/// where only removed WAL invalidated a logical slot on a primary).
+fn invalidation_cause(reason: Option<&str>) -> String {
+    match reason {
+        None | Some("wal_removed") => {
+            "the WAL it needed was removed (it fell more than max_slot_wal_keep_size behind)".to_string()
+        }
+        Some("idle_timeout") => "no process held it for longer than idle_replication_slot_timeout (a sink's slot is \
+                                 idle while the sink retries or waits in error, and while pg_cdc's worker is not \
+                                 running: set idle_replication_slot_timeout = 0, or longer than any outage of a \
+                                 destination)"
+            .to_string(),
+        Some("rows_removed") => {
+            "catalog rows it needed were removed (on a standby: set hot_standby_feedback = on and use \
+             primary_slot_name)"
+                .to_string()
+        }
+        Some("wal_level_insufficient") => "wal_level was set below logical".to_string(),
+        Some(other) => format!("PostgreSQL gives the reason {other}"),
+    }
 }
 
 /// An exactly-once sink confirms its slot only after committing a checkpoint, so the slot never
