@@ -7,3 +7,10 @@
 SELECT cdc_enable('no_such_schema.orders'); \echo SQLSTATE :SQLSTATE
 -- Nothing was recorded.
 SELECT count(*) AS recorded FROM _cdc_publications WHERE table_name = 'no_such_schema.orders';
+
+-- Readiness for a failover on this primary (no sink, no standby named): on 15 only the version
+-- (its standbys keep no logical slot), on 18 the version, wal_level, and synchronized_standby_slots
+-- left empty. Each row that is not ok says what to change.
+SELECT item, ok, detail ~ 'ALTER SYSTEM SET synchronized_standby_slots' AS says_how,
+       detail ~ 'drop and re-add each sink' AS says_what_happens
+  FROM cdc_check_failover();

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import consume, read_messages, restart_worker, server_log, server_log_size, server_settings, wait_for
+from conftest import BOOTSTRAP, consume, read_messages, restart_worker, server_log, server_log_size, server_settings, wait_for
 from test_exactly_once import setup as exactly_once_setup
 
 
@@ -69,11 +69,25 @@ def slot_positions(pg, sink_slot, standby):
         (sink_slot, standby)).fetchone()
 
 
+def status(pg, name):
+    """cdc_status()'s failover columns of sink `name`."""
+    return pg.execute("SELECT slot_failover, standby_wait FROM cdc_status() WHERE sink_name = %s", (name,)).fetchone()
+
+
+def check(pg, item):
+    """cdc_check_failover()'s row `item`: (ok, detail)."""
+    return pg.execute("SELECT ok, detail FROM cdc_check_failover() WHERE item = %s", (item,)).fetchone()
+
+
 def test_a_sinks_slot_is_a_failover_slot(pg, sinks, unique, failover):
     _, _, name = setup(pg, sinks, unique, "fo_flag")
     row = pg.execute("SELECT r.failover, r.temporary FROM _cdc_sinks s JOIN pg_replication_slots r USING (slot_name) "
                      "WHERE s.sink_name = %s", (name,)).fetchone()
     assert row == (True, False)
+    # What a DBA reads: cdc_status shows it, and the readiness check counts the slot as ready.
+    assert status(pg, name) == (True, None)
+    slot = pg.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (name,)).fetchone()[0]
+    assert check(pg, f"slot {slot} (sink {name})") == (True, "a failover slot")
 
 
 def test_the_shared_decodings_slot_is_a_failover_slot(pg, sinks, unique, failover):
@@ -99,15 +113,24 @@ def test_nothing_is_delivered_that_the_named_standby_has_not_confirmed(pg, sinks
         assert ids_of_raw(held) == [0], "rows the standby had not confirmed reached Kafka"
         confirmed, standby = slot_positions(pg, sink_slot, standby_slot)
         assert confirmed <= standby, (confirmed, standby)
+        # cdc_status names the standby holding the sink back, and that none streams from its slot;
+        # the readiness check says the same of the slot.
+        _, wait = status(pg, name)
+        assert wait and wait.startswith(f"waiting for standby slot {standby_slot} (no standby streaming"), wait
+        ok, detail = check(pg, f"standby slot {standby_slot}")
+        assert not ok and "no standby streams from it" in detail, detail
         # The standby confirms everything written so far (what its feedback would do): the rows go out, once.
         pg.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (standby_slot,))
         msgs = consume(topic, 11, timeout=30)
         assert ids_of(msgs) == list(range(0, 11))
+        # Caught up with everything the standby confirmed and written since: nothing holds the sink.
+        pg.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (standby_slot,))
+        wait_for(lambda: status(pg, name)[1] is None, what="cdc_status no longer naming the standby")
 
 
 def test_a_named_standby_slot_that_is_dropped_holds_every_failover_slot_back(pg, sinks, unique, failover,
                                                                               standby_slot):
-    t, topic, _ = setup(pg, sinks, unique, "fo_gone")
+    t, topic, name = setup(pg, sinks, unique, "fo_gone")
     reserve(pg, standby_slot)
     logged = server_log_size()
     with server_settings({"synchronized_standby_slots": standby_slot}):
@@ -117,6 +140,10 @@ def test_a_named_standby_slot_that_is_dropped_holds_every_failover_slot_back(pg,
         wait_for(lambda: "names a slot that no standby confirms WAL through" in server_log(logged),
                  what="the warning naming synchronized_standby_slots")
         assert ids_of_raw(read_messages(topic, 1, timeout=2)) == [0]
+        _, wait = status(pg, name)
+        assert wait and wait.startswith(f"standby slot {standby_slot} does not exist"), wait
+        ok, detail = check(pg, f"standby slot {standby_slot}")
+        assert not ok and detail.startswith("does not exist"), detail
     # The setting removed (the DBA's fix): the worker re-reads it at its next tick and delivers.
     msgs = consume(topic, 6, timeout=30)
     assert ids_of(msgs) == list(range(0, 6))
@@ -124,10 +151,11 @@ def test_a_named_standby_slot_that_is_dropped_holds_every_failover_slot_back(pg,
 
 def test_control_without_the_setting_rows_go_out_at_once(pg, sinks, unique, failover, standby_slot):
     """A control of the two tests above: the same standby slot, not named, holds nothing back."""
-    t, topic, _ = setup(pg, sinks, unique, "fo_ctl")
+    t, topic, name = setup(pg, sinks, unique, "fo_ctl")
     reserve(pg, standby_slot)
     restart_worker(pg)
     insert_rows(pg, t, range(1, 11))
+    assert status(pg, name) == (True, None)
     msgs = consume(topic, 11, timeout=30)
     assert ids_of(msgs) == list(range(0, 11))
 
@@ -149,3 +177,42 @@ def test_control_reading_past_the_standby_delivers_what_it_has_not_confirmed(pg,
                                       what="the sink's slot confirmed past the standby's")
         assert confirmed > standby
 
+
+
+def test_an_unheld_slot_shows_when_the_idle_timeout_would_invalidate_it_then_the_error_names_it(pg, sinks, unique):
+    """PostgreSQL 18's idle_replication_slot_timeout invalidates a slot no process held that long (at a
+    checkpoint). A sink whose destination is unreachable retries without holding its slot: cdc_status
+    shows the deadline, and once the slot is invalidated the sink's error names the setting (it used to
+    blame max_slot_wal_keep_size)."""
+    if version(pg) < 180000:
+        pytest.skip("idle_replication_slot_timeout came with PostgreSQL 18")
+    t = f"fo_idle_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    name = sinks.add(f"fo_idle_{unique}", f"fo-idle-{unique}", bootstrap_servers="127.0.0.1:9", tables=[t])
+    wait_for(lambda: pg.execute("SELECT state FROM cdc_status() WHERE sink_name = %s", (name,)).fetchone()[0]
+             == "retrying", what="the sink retrying")
+    with server_settings({"idle_replication_slot_timeout": "1h"}):
+        deadline = wait_for(lambda: pg.execute(
+            "SELECT slot_idle_deadline - now() FROM cdc_status() WHERE sink_name = %s", (name,)).fetchone()[0],
+            what="an idle deadline")
+        assert 3000 < deadline.total_seconds() <= 3600, deadline
+    # Control: a running sink holds its slot, so it shows no deadline.
+    _, _, running = setup(pg, sinks, unique, "fo_idle_ok")
+    with server_settings({"idle_replication_slot_timeout": "1s"}):
+        assert pg.execute("SELECT slot_idle_deadline FROM cdc_status() WHERE sink_name = %s",
+                          (running,)).fetchone()[0] is None
+        time.sleep(2)
+        pg.execute("CHECKPOINT")
+        reason = pg.execute("SELECT slot_invalidation_reason FROM cdc_status() WHERE sink_name = %s",
+                            (name,)).fetchone()[0]
+        assert reason == "idle_timeout"
+        assert pg.execute("SELECT slot_invalidation_reason FROM cdc_status() WHERE sink_name = %s",
+                          (running,)).fetchone()[0] is None
+    # The destination comes back (the config points to the broker): the sink stops in error naming the cause.
+    pg.execute("UPDATE _cdc_sinks SET config = jsonb_set(config, '{bootstrap_servers}', to_jsonb(%s::text)) "
+               "WHERE sink_name = %s", (BOOTSTRAP, name))
+    err = wait_for(lambda: pg.execute("SELECT last_error FROM cdc_status() WHERE sink_name = %s AND state = 'error' "
+                                      "AND last_error LIKE '%%invalidated%%'", (name,)).fetchone(),
+                   timeout=60, what="the sink in error")[0]
+    assert "idle_replication_slot_timeout" in err and "max_slot_wal_keep_size" not in err, err

@@ -152,3 +152,41 @@ def test_update_from_0_6_0_keeps_the_sinks_superusers_added_working(pg, unique):
         if pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] != default:
             pg.execute("ALTER EXTENSION pg_cdc UPDATE")
         pg.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+def test_update_from_0_7_0_shows_the_new_status_columns_of_a_delivering_sink(pg, sinks, unique):
+    """0.8.0 replaces cdc_status (four columns more) and adds cdc_check_failover: a sink of 0.7.0 delivers
+    through the update, appears in the new cdc_status with its slot's columns, and monitoring roles keep
+    (and get) EXECUTE on both."""
+    t, topic, name = f"upg7_{unique}", f"upg7-{unique}", f"upg7_{unique}"
+    default = pg.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'pg_cdc'").fetchone()[0]
+    drop_extension(pg)
+    pg.execute("CREATE EXTENSION pg_cdc VERSION '0.7.0'")
+    try:
+        pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+        pg.execute("SELECT cdc_enable(%s)", (t,))
+        sinks.add(name, topic, tables=[t])
+        pg.execute(f"INSERT INTO {t} VALUES (1)")
+        consume(topic, 1)
+        pg.execute("ALTER EXTENSION pg_cdc UPDATE")
+        assert pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] == default
+        pg.execute(f"INSERT INTO {t} VALUES (2)")
+        msgs = consume(topic, 2)
+        assert sorted(m["value"]["after"]["id"] for m in msgs) == [1, 2]
+        version = int(pg.execute("SHOW server_version_num").fetchone()[0])
+        row = pg.execute("SELECT state, slot_failover, slot_invalidation_reason, standby_wait FROM cdc_status() "
+                         "WHERE sink_name = %s", (name,)).fetchone()
+        # A slot made by 0.7.0 on 17+ is already a failover slot; 15/16 have none.
+        assert row == ("running", True if version >= 170000 else None, None, None), row
+        assert pg.execute("SELECT count(*) > 0 FROM cdc_check_failover()").fetchone()[0]
+        grants = pg.execute(
+            "SELECT has_function_privilege('pg_monitor', 'cdc_status()', 'EXECUTE'), "
+            "has_function_privilege('pg_monitor', 'cdc_check_failover()', 'EXECUTE'), "
+            "has_function_privilege('cdc_admin', 'cdc_check_failover()', 'EXECUTE'), "
+            "has_function_privilege('public', 'cdc_check_failover()', 'EXECUTE')").fetchone()
+        assert grants == (True, True, True, False), grants
+    finally:
+        pg.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (name,))
+        pg.execute("SELECT cdc_disable(table_oid::regclass) FROM _cdc_publications WHERE table_oid = to_regclass(%s)", (t,))
+        if pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] != default:
+            pg.execute("ALTER EXTENSION pg_cdc UPDATE")

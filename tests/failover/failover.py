@@ -122,9 +122,20 @@ class Server:
         shutil.chown(os.path.join(self.data, "standby.signal"), "postgres", "postgres")
 
     def start(self):
-        r = as_pg(f"{PG_BIN}/pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", "start", check=False)
-        if r.returncode != 0:
-            raise SystemExit(f"failover: server {self.name} did not start: {r.stderr}\n{tail(self.log)}")
+        # The ports are in Linux's ephemeral range: a client connection (a Kafka consumer's) may hold one
+        # for a moment. The server then refuses to start; it is tried again for up to 30 s.
+        for attempt in range(16):
+            logged = os.path.getsize(self.log) if os.path.exists(self.log) else 0
+            r = as_pg(f"{PG_BIN}/pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", "start", check=False)
+            if r.returncode == 0:
+                return
+            with open(self.log) as f:
+                f.seek(logged)
+                busy = "Address already in use" in f.read()
+            if not busy or attempt == 15:
+                raise SystemExit(f"failover: server {self.name} did not start: {r.stderr}\n{tail(self.log)}")
+            log(f"port {self.port} is taken (a client connection's?): trying again")
+            time.sleep(2)
 
     def stop(self, mode="fast"):
         as_pg(f"{PG_BIN}/pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "60", "stop", check=False)
@@ -424,6 +435,11 @@ def main():
     # 1. Switchover.
     phase("before the switchover")
     wait_for(lambda: synced_on(sb, slots), 120, "b holding synced copies of the sinks' slots")
+    # The readiness check on real servers: every setting and slot as a failover needs, on both.
+    for server in (sa, sb):
+        bad = server.query("SELECT item, detail FROM cdc_check_failover() WHERE NOT ok")
+        if bad:
+            raise SystemExit(f"failover: cdc_check_failover() on {server.name} reports {bad}")
     time.sleep(max(0.0, a.seconds - (time.time() - started)))
     log("switchover: a shut down (fast), b promoted")
     phase("during the switchover")
@@ -451,7 +467,13 @@ def main():
     log("c stopped: b's transactions now reach no standby")
     sc.stop("fast")
     down_at = sb.query("SELECT pg_current_wal_flush_lsn()::text")[0][0]
-    time.sleep(a.seconds / 2)
+    down_started = time.time()
+    if not a.control_no_standby_wait:
+        # cdc_status names the standby that holds every sink back, and that it is not streaming.
+        wait_for(lambda: all((r[0] or "").startswith("waiting for standby slot standby_c (no standby streaming")
+                             for r in sb.query("SELECT standby_wait FROM cdc_status()")), 30,
+                 "cdc_status on b naming standby_c as holding every sink back")
+    time.sleep(max(0.0, a.seconds / 2 - (time.time() - down_started)))
     if a.control_no_standby_wait:
         # The control's violation made certain, not left to timing: b's Kafka sinks have confirmed (so
         # published) WAL written after c stopped, which c cannot have.
