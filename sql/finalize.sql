@@ -210,12 +210,15 @@ CREATE EVENT TRIGGER _cdc_schema_changes ON ddl_command_end WHEN TAG IN ('ALTER 
     EXECUTE FUNCTION _cdc_schema_changes();
 
 -- The physical slots `synchronized_standby_slots` (PostgreSQL 17+) names, in its order: what each
--- standby confirmed (its slot's restart position), whether a standby streams from it now, and what
--- makes it unusable (then failover slots deliver nothing: pg_cdc waits as walsenders do). No rows
--- before 17 or while the setting is empty.
-CREATE FUNCTION _cdc_standby_slots() RETURNS TABLE (slot_name text, confirmed_lsn pg_lsn, streaming boolean, problem text)
+-- standby confirmed (its slot's restart position), whether a standby streams from it now and how far
+-- behind in time its flushes are (pg_stat_replication.flush_lag), and what makes it unusable (then
+-- failover slots deliver nothing: pg_cdc waits as walsenders do). No rows before 17 or while the
+-- setting is empty.
+CREATE FUNCTION _cdc_standby_slots() RETURNS TABLE (slot_name text, confirmed_lsn pg_lsn, streaming boolean,
+                                                flush_lag interval, problem text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT n.name, r.restart_lsn, coalesce(r.active, false),
+           (SELECT w.flush_lag FROM pg_stat_replication w WHERE w.pid = r.active_pid),
            CASE WHEN r.slot_name IS NULL THEN 'does not exist'
                 WHEN r.slot_type <> 'physical' THEN 'is a logical slot, not a standby''s physical slot'
                 WHEN r.wal_status = 'lost' OR to_jsonb(r) ->> 'invalidation_reason' IS NOT NULL THEN 'was invalidated'
@@ -272,20 +275,27 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
                            FROM @extschema@._cdc_offsets WHERE sink_name = s.sink_name) o ON true
      CROSS JOIN LATERAL (SELECT @extschema@._cdc_sink_latency(s.sink_id::text) AS v) l
       -- A failover slot is read only as far as every standby synchronized_standby_slots names has
-      -- confirmed: a standby that is unusable, or that has not confirmed WAL the sink reached, holds it.
+      -- confirmed. Shown: a standby that is unusable; one behind the WAL that no standby streams from
+      -- (down: the sink stops at its position, if it has not yet); one streaming more than a second
+      -- behind (the sink goes at its pace), or behind WAL the sink has reached.
       LEFT JOIN LATERAL (
           SELECT string_agg(CASE WHEN x.problem IS NOT NULL
                                  THEN format('standby slot %s %s: nothing is delivered until it is fixed or '
                                              'synchronized_standby_slots no longer names it', x.slot_name, x.problem)
                                  ELSE format('waiting for standby slot %s (%s), which confirmed WAL up to %s, %s bytes '
                                              'behind', x.slot_name,
-                                             CASE WHEN x.streaming THEN 'streaming' ELSE 'no standby streaming: down?' END,
+                                             CASE WHEN NOT x.streaming THEN 'no standby streaming: down?'
+                                                  WHEN x.flush_lag IS NULL THEN 'streaming'
+                                                  ELSE format('streaming, flushes %s s behind',
+                                                              round(extract(epoch FROM x.flush_lag), 1)) END,
                                              x.confirmed_lsn, pg_current_wal_lsn() - x.confirmed_lsn) END,
                             '; ') AS standby_wait
             FROM @extschema@._cdc_standby_slots() x
            WHERE (j.slot ->> 'failover')::boolean
              AND (x.problem IS NOT NULL
-                  OR (x.confirmed_lsn < pg_current_wal_lsn() AND x.confirmed_lsn <= r.confirmed_flush_lsn))) w ON true
+                  OR (x.confirmed_lsn < pg_current_wal_lsn()
+                      AND (NOT x.streaming OR x.flush_lag > interval '1 second'
+                           OR x.confirmed_lsn <= r.confirmed_flush_lsn)))) w ON true
      ORDER BY s.sink_name
 $$;
 

@@ -20,7 +20,8 @@ from conftest import wait_for
 
 PG_BIN = os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin")
 RUN = os.path.join(os.environ.get("PG_CDC_RUN", "/var/tmp/pg_cdc"), "server-modes")
-PORT = 55460
+# Below Linux's ephemeral range (32768-60999), which a client connection may hold a port of.
+PORT = 25460
 
 
 def as_pg(*args, check=True):
