@@ -1,4 +1,5 @@
 """Operational behaviour: worker restarts, slot lifecycle, heartbeats, deferred slot creation."""
+import json
 import os
 import subprocess
 import sys
@@ -6,8 +7,9 @@ import time
 
 import psycopg
 import pytest
+from confluent_kafka import Consumer, Producer
 
-from conftest import (connect, consume, restart_worker, server_settings, sink_state, wait_for,
+from conftest import (BOOTSTRAP, connect, consume, restart_worker, server_settings, sink_state, wait_for,
                       with_slot_taken_from_worker)
 
 
@@ -218,6 +220,55 @@ def test_slot_moved_past_the_kafka_checkpoint_is_an_error(pg, sinks, unique):
     time.sleep(2.0)
     state = sink_state(pg, name)
     assert state[0] == "error" and "past the last checkpoint" in state[1], state
+    pg.execute("SELECT cdc_disable(%s)", (t,))
+
+
+def test_a_checkpoint_another_cluster_wrote_is_not_this_ones(pg, sinks, unique):
+    """After pg_upgrade from PostgreSQL 17+, a sink's slot is carried over, starting at the new cluster's
+    WAL position, while its progress topic's last checkpoint holds the old cluster's, lower: the
+    exactly-once sink stopped in error ("past the last checkpoint") though the upgrade had required
+    every change delivered. Checkpoints carry the system identifier of the cluster that wrote them; one
+    another cluster wrote is not this cluster's. Here the slot is moved by hand past the checkpoint (the
+    same check must stop the sink first: the control), then the topic gets the same checkpoint as
+    another cluster would have written it."""
+    t, topic, name = f"upgraded_{unique}", f"upgraded-{unique}", f"upgraded_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    sinks.add(name, topic)
+    pg.execute(f"INSERT INTO {t} VALUES (1)")
+    consume(topic, 1)
+    slot = slot_of(pg, name)
+    system = pg.execute("SELECT system_identifier::text FROM pg_control_system()").fetchone()[0]
+    pg.execute(f"CREATE TABLE other_{unique} AS SELECT 1 AS x")
+    target = pg.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    with_slot_taken_from_worker(pg, slot, "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, target))
+    state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, timeout=60, what="error state")
+    assert "past the last checkpoint its sink committed" in state[1], state[1]
+    # The last checkpoint record, this cluster's; then the same written by another cluster.
+    progress = "pg_cdc.progress." + slot.removeprefix("_cdc_")
+    c = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "e2e-" + unique, "auto.offset.reset": "earliest",
+                  "isolation.level": "read_committed", "enable.auto.commit": False})
+    c.subscribe([progress])
+    last, idle = None, time.time() + 5
+    while time.time() < idle:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            last, idle = m, time.time() + 2
+    c.close()
+    record = json.loads(last.value())
+    assert record["system"] == system, record
+    record["system"] = "1" + system
+    p = Producer({"bootstrap.servers": BOOTSTRAP})
+    p.produce(progress, key=last.key(), value=json.dumps(record).encode(), partition=0)
+    assert p.flush(15) == 0
+    restart_worker(pg)
+    wait_for(lambda: sink_state(pg, name)[0] == "running", timeout=60, what="the sink running")
+    pg.execute(f"INSERT INTO {t} VALUES (2)")
+    msgs = consume(topic, 2)
+    assert sorted(m["value"]["after"]["id"] for m in msgs) == [1, 2]
+    # Its next checkpoints are this cluster's again.
+    pg.execute(f"INSERT INTO {t} VALUES (3)")
+    consume(topic, 3)
     pg.execute("SELECT cdc_disable(%s)", (t,))
 
 

@@ -207,6 +207,7 @@ pub fn start_open(config: &SinkConfig, ctx: &OpenContext) -> Result<Opening, Sin
                 transactional_id: config.transactional_id.clone().unwrap_or_else(|| ctx.pipeline()),
                 progress_topic: crate::kafka::progress_topic(&ctx.slot),
                 progress_key: ctx.sink_id.clone(),
+                system: ctx.system_identifier.clone(),
             });
             let client_id = format!("pg_cdc-{}", ctx.sink_name);
             let (bootstrap, database) = (ctx.settings.kafka_bootstrap_servers.clone(), ctx.database.clone());

@@ -50,6 +50,31 @@ pub struct Transactional {
     pub progress_topic: String,
     /// Key of the checkpoint records (the sink id).
     pub progress_key: String,
+    /// This cluster's `system_identifier`, written with each checkpoint (see [`progress_record`]).
+    pub system: String,
+}
+
+/// A checkpoint as the progress topic holds it: the checkpoint's own fields and the system
+/// identifier of the cluster that wrote it.
+pub fn progress_record(checkpoint: &Checkpoint, system: &str) -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_slice(&checkpoint.encode()).unwrap_or_default();
+    v["system"] = serde_json::Value::String(system.to_string());
+    v.to_string().into_bytes()
+}
+
+/// The checkpoint of a progress record, if this cluster (`system`) wrote it. A record another
+/// cluster wrote comes from the cluster that `pg_upgrade` made this one from: pg_upgrade carries
+/// a logical slot over (from PostgreSQL 17 on) only once it has consumed all WAL, so every change
+/// was delivered, and the carried slot starts at the new cluster's WAL position, above every
+/// position of the old one. Its checkpoint neither bounds the slot nor skips anything here: the
+/// sink resumes with none. Records of pg_cdc before 0.8.0 name no cluster and count as this one's.
+pub fn own_checkpoint(record: &[u8], system: &str) -> Option<Checkpoint> {
+    let checkpoint = Checkpoint::decode(record)?;
+    let v: serde_json::Value = serde_json::from_slice(record).ok()?;
+    match v.get("system").and_then(|s| s.as_str()) {
+        Some(writer) if writer != system => None,
+        _ => Some(checkpoint),
+    }
 }
 
 fn kafka_err(what: &str, e: KafkaError) -> SinkError {
@@ -382,7 +407,10 @@ impl KafkaSink {
                 if let Some(m) = consumer.poll(Duration::from_millis(200)) {
                     let m = m.map_err(err)?;
                     if m.key() == Some(t.progress_key.as_bytes()) {
-                        last = m.payload().and_then(Checkpoint::decode).or(last);
+                        // The last record decides: one another cluster wrote clears what came before.
+                        if let Some(p) = m.payload().filter(|p| Checkpoint::decode(p).is_some()) {
+                            last = own_checkpoint(p, &t.system);
+                        }
                     }
                 }
                 let position = consumer
@@ -689,7 +717,8 @@ impl Sink for KafkaSink {
     fn flush(&mut self, checkpoint: Checkpoint) -> Result<(), SinkError> {
         if let Some(t) = self.transactional.clone() {
             self.begin()?;
-            self.enqueue(&t.progress_topic, Some(t.progress_key.as_bytes()), Some(&checkpoint.encode()), Some(0))?;
+            let record = progress_record(&checkpoint, &t.system);
+            self.enqueue(&t.progress_topic, Some(t.progress_key.as_bytes()), Some(&record), Some(0))?;
             self.drain()?;
             self.producer
                 .commit_transaction(TRANSACTION_TIMEOUT)
@@ -792,6 +821,19 @@ mod tests {
         assert_eq!(Checkpoint::decode(b"garbage"), None);
     }
 
+    #[test]
+    fn a_checkpoint_another_cluster_wrote_is_not_this_ones() {
+        let c = Checkpoint { end_lsn: Lsn(0x1A08FC8) };
+        let mine = progress_record(&c, "7312");
+        assert_eq!(Checkpoint::decode(&mine), Some(c), "pg_cdc before 0.8.0 reads it as before");
+        assert_eq!(own_checkpoint(&mine, "7312"), Some(c));
+        // Written by the cluster pg_upgrade made this one from: no checkpoint here.
+        assert_eq!(own_checkpoint(&mine, "9999"), None);
+        // A record of pg_cdc before 0.8.0 names no cluster: this cluster's, as before.
+        assert_eq!(own_checkpoint(&c.encode(), "9999"), Some(c));
+        assert_eq!(own_checkpoint(b"garbage", "7312"), None);
+    }
+
     fn config(topic: &str) -> KafkaSinkConfig {
         config::parse(&serde_json::json!({"topic": topic})).unwrap()
     }
@@ -829,6 +871,7 @@ mod tests {
             transactional_id: "pg_cdc-test-unreachable".into(),
             progress_topic: "pg_cdc.progress.test".into(),
             progress_key: "test".into(),
+            system: "7312".into(),
         })
     }
 
