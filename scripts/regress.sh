@@ -16,7 +16,7 @@ dir="$(cd "$here/../pg_test" && pwd)"
 
 pg_regress="$("$PG_BIN/pg_config" --pkglibdir)/pgxs/src/test/regress/pg_regress"
 if [ ! -x "$pg_regress" ]; then
-  echo "regress: $pg_regress not found (PostgreSQL 15: install postgresql-server-dev-15; 18: scripts/pg18.sh fetch)" >&2
+  echo "regress: $pg_regress not found (PostgreSQL 15: install postgresql-server-dev-15; 16 or 18: scripts/pgwheel.sh <version> fetch)" >&2
   exit 1
 fi
 if ! "$PG_BIN/pg_isready" -q -h "$PGHOST" -p "$PGPORT"; then

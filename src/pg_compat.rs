@@ -1,5 +1,5 @@
-//! What differs between the PostgreSQL major versions pg_cdc builds for (15 to 18; 15 and 18 are
-//! built and tested, see the README's support table): every `cfg(feature = "pgNN")` of the
+//! What differs between the PostgreSQL major versions pg_cdc builds for (15 to 18; 15, 16 and 18
+//! are built and tested, see the README's support table): every `cfg(feature = "pgNN")` of the
 //! extension is in this file, behind functions that mean the same on each version.
 //!
 //! - `parseTypeString` reports its errors into a context from 16 on (`missing_ok` before).
