@@ -431,6 +431,11 @@ def main():
         bad = server.query("SELECT item, detail FROM cdc_check_failover() WHERE NOT ok")
         if bad:
             raise SystemExit(f"failover: cdc_check_failover() on {server.name} reports {bad}")
+    # Nothing of pg_cdc runs on a standby (its launcher starts at the end of recovery); after b's promotion
+    # its sinks deliver (the oracle below).
+    running = sb.query("SELECT count(*) FROM pg_stat_activity WHERE backend_type LIKE 'pg_cdc%%'")[0][0]
+    if running:
+        raise SystemExit(f"failover: {running} pg_cdc processes run on the standby b")
     time.sleep(max(0.0, a.seconds - (time.time() - started)))
     log("switchover: a shut down (fast), b promoted")
     phase("during the switchover")
