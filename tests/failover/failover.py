@@ -352,8 +352,14 @@ def slots_do_not_follow(a, version, run_id):
         c.execute("SELECT cdc_drop_sink('fo_eo')")
         c.execute("SELECT cdc_add_sink('fo_eo', 'kafka', %s::jsonb)", (json.dumps(config),))
     source = {r[0]: r[1] for r in sb.query(f"SELECT id, to_jsonb(t) FROM {TABLE} t")}
-    wait_for(lambda: sb.query("SELECT state FROM cdc_status() WHERE sink_name = 'fo_eo'")[0][0] == "running", 120,
-             "the sink added again running")
+    # Delivered: its snapshot done, and its slot (confirmed only once Kafka committed) past the WAL of now.
+    # ('running' is no such sign: the sink reaches it while its delivery thread still commits the snapshot.)
+    wait_for(lambda: sb.query("SELECT bool_and(state = 'done') FROM cdc_snapshots WHERE sink_name = 'fo_eo'")[0][0],
+             120, "the snapshot of the sink added again done")
+    end = sb.query("SELECT pg_current_wal_lsn()::text")[0][0]
+    wait_for(lambda: sb.query("SELECT r.confirmed_flush_lsn >= %s::pg_lsn FROM _cdc_sinks s "
+                              "JOIN pg_replication_slots r USING (slot_name) WHERE s.sink_name = 'fo_eo'",
+                              (end,))[0][0], 120, "the sink added again confirmed past the WAL written so far")
     # The snapshot's rows come after what the first sink published: fold everything, the last image wins.
     values = read_topic(topic)
     folded = {}
