@@ -331,45 +331,7 @@ BEGIN
                     CASE WHEN standby THEN ' (a standby keeps logical slots only with it)' ELSE '' END) END;
     RETURN NEXT;
 
-    IF NOT standby THEN
-        -- pg_cdc makes every sink's slot a failover slot on 17+; one made on an older server is not.
-        FOR sink IN SELECT s.sink_name, s.slot_name::text AS slot, to_jsonb(r) AS r
-                      FROM @extschema@._cdc_sinks s LEFT JOIN pg_replication_slots r ON r.slot_name = s.slot_name
-                     WHERE s.state <> 'finished' ORDER BY s.sink_name LOOP
-            item := format('slot %s (sink %s)', sink.slot, sink.sink_name);
-            ok := (sink.r ->> 'failover')::boolean IS TRUE;
-            detail := CASE WHEN sink.r IS NULL THEN 'does not exist: cdc_status().last_error says what to do'
-                           WHEN ok THEN 'a failover slot'
-                           ELSE format('is not a failover slot: standbys do not keep it. Over a replication connection '
-                                       '(psql "dbname=%s replication=database"): ALTER_REPLICATION_SLOT %s (FAILOVER true)',
-                                       current_database(), sink.slot) END;
-            RETURN NEXT;
-        END LOOP;
-        setting := coalesce(current_setting('synchronized_standby_slots', true), '');
-        item := 'synchronized_standby_slots';
-        ok := btrim(setting) <> '';
-        detail := CASE WHEN ok THEN format('''%s'': sinks deliver only what these standbys confirmed', setting)
-            ELSE format('is empty: a promoted standby may lack changes the sinks already delivered. Name the physical '
-                        'slot of every standby that may be promoted: ALTER SYSTEM SET synchronized_standby_slots = '
-                        '''%s''; SELECT pg_reload_conf();',
-                        coalesce((SELECT string_agg(r.slot_name::text, ',' ORDER BY r.slot_name) FROM pg_replication_slots r
-                                   WHERE r.slot_type = 'physical'), '<standby slot>')) END;
-        RETURN NEXT;
-        FOR slot IN SELECT * FROM @extschema@._cdc_standby_slots() LOOP
-            item := format('standby slot %s', slot.slot_name);
-            ok := slot.problem IS NULL AND slot.streaming;
-            detail := CASE
-                WHEN slot.problem IS NOT NULL
-                THEN format('%s: failover sinks deliver nothing until it is fixed (create it and start its standby with '
-                            'primary_slot_name = ''%s'', or remove it from synchronized_standby_slots)',
-                            slot.problem, slot.slot_name)
-                WHEN NOT slot.streaming
-                THEN format('no standby streams from it (down?): failover sinks deliver nothing past %s until it is back '
-                            'or synchronized_standby_slots no longer names it', slot.confirmed_lsn)
-                ELSE format('streaming, confirmed up to %s', slot.confirmed_lsn) END;
-            RETURN NEXT;
-        END LOOP;
-    ELSE
+    IF standby THEN
         item := 'sync_replication_slots';
         ok := current_setting('sync_replication_slots') = 'on';
         detail := CASE WHEN ok THEN 'on'
@@ -398,10 +360,22 @@ BEGIN
                         '(ALTER SYSTEM SET primary_conninfo = ''<what it has> dbname=%s''; SELECT pg_reload_conf();)',
                         current_database(), current_database()) END;
         RETURN NEXT;
-        FOR sink IN SELECT s.sink_name, s.slot_name::text AS slot, to_jsonb(r) AS r
-                      FROM @extschema@._cdc_sinks s LEFT JOIN pg_replication_slots r ON r.slot_name = s.slot_name
-                     WHERE s.state <> 'finished' ORDER BY s.sink_name LOOP
-            item := format('slot %s (sink %s)', sink.slot, sink.sink_name);
+    END IF;
+
+    -- Each sink's slot: on a primary a failover slot (pg_cdc makes every sink's slot one on 17+; one made
+    -- on an older server is not), on a standby synchronized from the primary.
+    FOR sink IN SELECT s.sink_name, s.slot_name::text AS slot, to_jsonb(r) AS r
+                  FROM @extschema@._cdc_sinks s LEFT JOIN pg_replication_slots r ON r.slot_name = s.slot_name
+                 WHERE s.state <> 'finished' ORDER BY s.sink_name LOOP
+        item := format('slot %s (sink %s)', sink.slot, sink.sink_name);
+        IF NOT standby THEN
+            ok := (sink.r ->> 'failover')::boolean IS TRUE;
+            detail := CASE WHEN sink.r IS NULL THEN 'does not exist: cdc_status().last_error says what to do'
+                           WHEN ok THEN 'a failover slot'
+                           ELSE format('is not a failover slot: standbys do not keep it. Over a replication connection '
+                                       '(psql "dbname=%s replication=database"): ALTER_REPLICATION_SLOT %s (FAILOVER true)',
+                                       current_database(), sink.slot) END;
+        ELSE
             ok := (sink.r ->> 'synced')::boolean IS TRUE AND sink.r ->> 'invalidation_reason' IS NULL;
             detail := CASE
                 WHEN sink.r IS NULL
@@ -411,6 +385,33 @@ BEGIN
                             sink.r ->> 'invalidation_reason')
                 WHEN NOT ok THEN 'is here but not synchronized from the primary'
                 ELSE format('synchronized, confirmed up to %s', sink.r ->> 'confirmed_flush_lsn') END;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+
+    IF NOT standby THEN
+        setting := coalesce(current_setting('synchronized_standby_slots', true), '');
+        item := 'synchronized_standby_slots';
+        ok := btrim(setting) <> '';
+        detail := CASE WHEN ok THEN format('''%s'': sinks deliver only what these standbys confirmed', setting)
+            ELSE format('is empty: a promoted standby may lack changes the sinks already delivered. Name the physical '
+                        'slot of every standby that may be promoted: ALTER SYSTEM SET synchronized_standby_slots = '
+                        '''%s''; SELECT pg_reload_conf();',
+                        coalesce((SELECT string_agg(r.slot_name::text, ',' ORDER BY r.slot_name) FROM pg_replication_slots r
+                                   WHERE r.slot_type = 'physical'), '<standby slot>')) END;
+        RETURN NEXT;
+        FOR slot IN SELECT * FROM @extschema@._cdc_standby_slots() LOOP
+            item := format('standby slot %s', slot.slot_name);
+            ok := slot.problem IS NULL AND slot.streaming;
+            detail := CASE
+                WHEN slot.problem IS NOT NULL
+                THEN format('%s: failover sinks deliver nothing until it is fixed (create it and start its standby with '
+                            'primary_slot_name = ''%s'', or remove it from synchronized_standby_slots)',
+                            slot.problem, slot.slot_name)
+                WHEN NOT slot.streaming
+                THEN format('no standby streams from it (down?): failover sinks deliver nothing past %s until it is back '
+                            'or synchronized_standby_slots no longer names it', slot.confirmed_lsn)
+                ELSE format('streaming, confirmed up to %s', slot.confirmed_lsn) END;
             RETURN NEXT;
         END LOOP;
     END IF;

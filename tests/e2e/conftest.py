@@ -372,25 +372,31 @@ def hold_worker(pg):
         holder.execute("COMMIT")
 
 
-def progress_records(pg, sink):
-    """The checkpoint records (end LSNs, in order) committed to a sink's progress topic, read with
-    an independent read_committed consumer: one per Kafka transaction the sink committed."""
+def progress_messages(pg, sink):
+    """The messages committed to a sink's progress topic (its name, and the messages in order), read
+    with an independent read_committed consumer: one per Kafka transaction the sink committed."""
     slot = pg.execute("SELECT slot_name FROM _cdc_sinks WHERE sink_name = %s", (sink,)).fetchone()[0]
+    topic = "pg_cdc.progress." + slot.removeprefix("_cdc_")
     c = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "e2e-" + uuid.uuid4().hex,
                   "auto.offset.reset": "earliest", "isolation.level": "read_committed",
                   "enable.auto.commit": False})
-    c.subscribe(["pg_cdc.progress." + slot.removeprefix("_cdc_")])
+    c.subscribe([topic])
     out, idle = [], time.time() + 5
     try:
         while time.time() < idle:
             m = c.poll(0.5)
             if m is None or m.error():
                 continue
-            out.append(json.loads(m.value())["end_lsn"])
+            out.append(m)
             idle = time.time() + 2
     finally:
         c.close()
-    return out
+    return topic, out
+
+
+def progress_records(pg, sink):
+    """The checkpoint records' end LSNs, in order, of a sink's progress topic (`progress_messages`)."""
+    return [json.loads(m.value())["end_lsn"] for m in progress_messages(pg, sink)[1]]
 
 
 def wal_lsn(pg):

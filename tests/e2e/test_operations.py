@@ -7,10 +7,10 @@ import time
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 
-from conftest import (BOOTSTRAP, connect, consume, restart_worker, server_settings, sink_state, wait_for,
-                      with_slot_taken_from_worker)
+from conftest import (BOOTSTRAP, connect, consume, progress_messages, restart_worker, server_settings, sink_state,
+                      wait_for, with_slot_taken_from_worker)
 
 
 def slot_of(pg, sink):
@@ -245,16 +245,8 @@ def test_a_checkpoint_another_cluster_wrote_is_not_this_ones(pg, sinks, unique):
     state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, timeout=60, what="error state")
     assert "past the last checkpoint its sink committed" in state[1], state[1]
     # The last checkpoint record, this cluster's; then the same written by another cluster.
-    progress = "pg_cdc.progress." + slot.removeprefix("_cdc_")
-    c = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "e2e-" + unique, "auto.offset.reset": "earliest",
-                  "isolation.level": "read_committed", "enable.auto.commit": False})
-    c.subscribe([progress])
-    last, idle = None, time.time() + 5
-    while time.time() < idle:
-        m = c.poll(0.5)
-        if m is not None and not m.error():
-            last, idle = m, time.time() + 2
-    c.close()
+    progress, messages = progress_messages(pg, name)
+    last = messages[-1]
     record = json.loads(last.value())
     assert record["system"] == system, record
     record["system"] = "1" + system

@@ -57,7 +57,18 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// The record stored in a progress topic.
     pub fn encode(&self) -> Vec<u8> {
-        format!("{{\"end_lsn\":{}}}", self.end_lsn.0).into_bytes()
+        self.encode_with(&[])
+    }
+
+    /// The record with string fields of the sink's own beside the checkpoint's (a Kafka sink's:
+    /// the system identifier of the cluster that wrote it); [`Checkpoint::decode`] ignores them.
+    pub fn encode_with(&self, extra: &[(&str, &str)]) -> Vec<u8> {
+        let mut out = format!("{{\"end_lsn\":{}", self.end_lsn.0);
+        for (k, v) in extra {
+            out.push_str(&format!(",{}:{}", serde_json::Value::from(*k), serde_json::Value::from(*v)));
+        }
+        out.push('}');
+        out.into_bytes()
     }
 
     /// Parses a progress record.

@@ -57,9 +57,7 @@ pub struct Transactional {
 /// A checkpoint as the progress topic holds it: the checkpoint's own fields and the system
 /// identifier of the cluster that wrote it.
 pub fn progress_record(checkpoint: &Checkpoint, system: &str) -> Vec<u8> {
-    let mut v: serde_json::Value = serde_json::from_slice(&checkpoint.encode()).unwrap_or_default();
-    v["system"] = serde_json::Value::String(system.to_string());
-    v.to_string().into_bytes()
+    checkpoint.encode_with(&[("system", system)])
 }
 
 /// The checkpoint of a progress record, if this cluster (`system`) wrote it. A record another
