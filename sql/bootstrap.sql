@@ -41,13 +41,13 @@ CREATE TABLE _cdc_sinks (
     added_by         oid,
     -- The labels of cdc_core::state::SinkState, the only strings ever stored here (a unit test
     -- compares the two lists).
-    CONSTRAINT _cdc_sinks_state_check CHECK (state IN ('creating_slot', 'starting', 'snapshotting', 'running', 'retrying', 'error', 'finished'))
+    CONSTRAINT _cdc_sinks_state_check CHECK (state IN ('creating_slot', 'starting', 'snapshotting', 'running', 'retrying', 'error', 'finished', 'paused'))
 );
 COMMENT ON TABLE _cdc_sinks IS 'pg_cdc: one row per destination (cdc_add_sink / cdc_drop_sink); each has its own logical slot';
 COMMENT ON COLUMN _cdc_sinks.slot_name IS 'the logical replication slot this sink reads (pgoutput over the _cdc_publication publication)';
 COMMENT ON COLUMN _cdc_sinks.table_oids IS 'tables this sink is limited to (config.tables); NULL means every captured table; 0 stands for a dropped table (its name is in table_names) until cdc_enable of that name binds a new one';
 COMMENT ON COLUMN _cdc_sinks.table_names IS 'the tables of table_oids, schema-qualified, as cdc_add_sink resolved config.tables (a rename does not change them; cdc_status lists those whose table was dropped in missing_tables)';
-COMMENT ON COLUMN _cdc_sinks.state IS 'creating_slot | starting | snapshotting | running | retrying | error | finished, set by the worker (docs/sql-reference.md)';
+COMMENT ON COLUMN _cdc_sinks.state IS 'creating_slot | starting | snapshotting | running | retrying | error | finished (set by the worker) | paused (cdc_pause_sink) (docs/sql-reference.md)';
 COMMENT ON COLUMN _cdc_sinks.last_error IS 'the last error the worker met for this sink (no secrets)';
 COMMENT ON COLUMN _cdc_sinks.added_by IS 'the role that added the sink (NULL: added before 0.7.0, by a superuser); while it is not a superuser, a postgres sink''s connection must use a password and not be a superuser''s on this server';
 

@@ -4,6 +4,8 @@ REVOKE EXECUTE ON FUNCTION cdc_enable(regclass, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_disable(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_add_sink(text, text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_drop_sink(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_pause_sink(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_resume_sink(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_delivery_status(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_filter_metrics(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_preview(regclass, jsonb, integer) FROM PUBLIC;
@@ -423,6 +425,64 @@ REVOKE EXECUTE ON FUNCTION cdc_metrics(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_prometheus_metrics() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION cdc_status(), cdc_check_failover(), cdc_metrics(regclass), cdc_prometheus_metrics() TO pg_monitor;
 
+-- Whether each sink is ready: running and at most max_lag_bytes behind the WAL, or paused or
+-- finished (on purpose); otherwise why not. For cdc_ready and pg_cdc_sink_ready.
+CREATE FUNCTION _cdc_sink_readiness(max_lag_bytes bigint) RETURNS TABLE (sink_name text, reason text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT s.sink_name,
+           CASE WHEN s.state IN ('paused', 'finished') THEN NULL
+                WHEN s.state <> 'running'
+                THEN format('sink %s is %s', s.sink_name, s.state) || coalesce(': ' || s.last_error, '')
+                WHEN r.slot_name IS NULL THEN format('sink %s: its slot %s does not exist', s.sink_name, s.slot_name)
+                WHEN pg_current_wal_lsn() - r.confirmed_flush_lsn > max_lag_bytes
+                THEN format('sink %s is %s bytes behind the WAL (more than %s)', s.sink_name,
+                            (pg_current_wal_lsn() - r.confirmed_flush_lsn)::bigint, max_lag_bytes) END
+      FROM @extschema@._cdc_sinks s
+      LEFT JOIN pg_replication_slots r ON r.slot_name = s.slot_name
+     ORDER BY s.sink_name
+$$;
+REVOKE EXECUTE ON FUNCTION _cdc_sink_readiness(bigint) FROM PUBLIC;
+
+-- Whether every sink is ready (see _cdc_sink_readiness), with the reasons of those that are not:
+-- a probe for a load balancer or an orchestrator. max_lag_bytes NULL: cdc.ready_max_lag.
+CREATE FUNCTION cdc_ready(max_lag_bytes bigint DEFAULT NULL) RETURNS TABLE (ready boolean, reasons text[])
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    bound bigint := coalesce(max_lag_bytes, pg_size_bytes(coalesce(current_setting('cdc.ready_max_lag', true), '16MB')));
+BEGIN
+    IF bound < 0 THEN
+        RAISE EXCEPTION 'max_lag_bytes must not be negative, not %', bound USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+        SELECT count(x.reason) = 0, coalesce(array_agg(x.reason ORDER BY x.sink_name) FILTER (WHERE x.reason IS NOT NULL), '{}')
+          FROM @extschema@._cdc_sink_readiness(bound) x;
+END $$;
+REVOKE EXECUTE ON FUNCTION cdc_ready(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION cdc_ready(bigint) TO pg_monitor;
+
+-- Announces each change of a sink's state on channel cdc_sink_state (LISTEN cdc_sink_state), when
+-- the transaction that made it commits: {"sink", "old_state", "new_state", "reason"} (reason: its
+-- last_error; old_state null for a sink added, new_state null for one dropped).
+CREATE FUNCTION _cdc_sink_state_notify() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM pg_notify('cdc_sink_state', jsonb_build_object('sink', NEW.sink_name, 'old_state', NULL,
+                          'new_state', NEW.state, 'reason', NULL)::text);
+    ELSIF TG_OP = 'DELETE' THEN
+        PERFORM pg_notify('cdc_sink_state', jsonb_build_object('sink', OLD.sink_name, 'old_state', OLD.state,
+                          'new_state', NULL, 'reason', 'dropped')::text);
+    ELSIF NEW.state IS DISTINCT FROM OLD.state THEN
+        -- A notification's payload is at most 8000 bytes.
+        PERFORM pg_notify('cdc_sink_state', jsonb_build_object('sink', NEW.sink_name, 'old_state', OLD.state,
+                          'new_state', NEW.state, 'reason', left(NEW.last_error, 4000))::text);
+    END IF;
+    RETURN NULL;
+END $$;
+REVOKE EXECUTE ON FUNCTION _cdc_sink_state_notify() FROM PUBLIC;
+CREATE TRIGGER _cdc_sink_state_notify AFTER INSERT OR DELETE OR UPDATE OF state ON _cdc_sinks
+    FOR EACH ROW EXECUTE FUNCTION _cdc_sink_state_notify();
+
 -- Progress of every snapshot: the table by its current schema and name (as it was when dropped, for a
 -- dropped one), rows delivered of the table's estimated rows, the rate since it started,
 -- and when it should end at that rate. Monitoring roles may read it (no config in it).
@@ -452,6 +512,8 @@ COMMENT ON FUNCTION cdc_multicloud_status(regclass) IS 'pg_cdc: per routed table
 COMMENT ON FUNCTION cdc_disable(regclass) IS 'pg_cdc: stops capturing a table and forgets its capture config and progress';
 COMMENT ON FUNCTION cdc_add_sink(text, text, jsonb) IS 'pg_cdc: adds a destination (kafka, kinesis, eventhub, pubsub, pulsar, webhook, postgres, table) with its own slot; it starts with a snapshot of its tables';
 COMMENT ON FUNCTION cdc_drop_sink(text) IS 'pg_cdc: drops a destination, its slot and its progress';
+COMMENT ON FUNCTION cdc_pause_sink(text) IS 'pg_cdc: pauses a sink: its worker stops, its slot keeps its position (and the WAL after it) until cdc_resume_sink';
+COMMENT ON FUNCTION cdc_resume_sink(text) IS 'pg_cdc: resumes a paused sink from its slot''s position, with its delivery guarantee';
 COMMENT ON FUNCTION cdc_snapshot(regclass, text, boolean) IS 'pg_cdc: asks for a new snapshot of a captured table (READ events of its rows) for one sink or every sink carrying it';
 COMMENT ON FUNCTION cdc_cancel_snapshot(regclass, text) IS 'pg_cdc: cancels the pending or running snapshots of a table';
 COMMENT ON FUNCTION cdc_schema_history(regclass) IS 'pg_cdc: the schema versions of a captured table, their changes and the registry ids they got';
@@ -465,6 +527,9 @@ COMMENT ON FUNCTION cdc_filter_metrics(regclass) IS 'pg_cdc: what a captured tab
 COMMENT ON FUNCTION cdc_preview(regclass, jsonb, integer) IS 'pg_cdc: the events rows of a captured table (or a sample row) would produce under its config, as the worker sends them; publishes nothing';
 COMMENT ON FUNCTION cdc_metrics(regclass) IS 'pg_cdc: how capture of one table is doing: events, latencies and lag per sink';
 COMMENT ON FUNCTION cdc_status() IS 'pg_cdc: one row per sink: its state, lag, events delivered, latencies, last error, missing tables, and its slot''s failover, idle timeout and standby wait';
+COMMENT ON FUNCTION cdc_ready(bigint) IS 'pg_cdc: whether every sink is running and caught up (or paused or finished), and why not: a readiness probe';
+COMMENT ON FUNCTION _cdc_sink_readiness(bigint) IS 'pg_cdc internal: per sink, why it is not ready (NULL: ready), for cdc_ready and cdc_prometheus_metrics';
+COMMENT ON FUNCTION _cdc_sink_state_notify() IS 'pg_cdc internal: trigger that announces each sink state change on channel cdc_sink_state';
 COMMENT ON FUNCTION cdc_check_failover() IS 'pg_cdc: whether this server (primary or standby) is ready for a failover, setting by setting, with what to change';
 COMMENT ON FUNCTION _cdc_standby_slots() IS 'pg_cdc internal: the standbys'' slots synchronized_standby_slots names, what each confirmed and whether it is usable';
 COMMENT ON FUNCTION cdc_prometheus_metrics() IS 'pg_cdc: every figure in the Prometheus text exposition format';
@@ -491,12 +556,13 @@ BEGIN
     END IF;
 END $$;
 GRANT EXECUTE ON FUNCTION cdc_enable(regclass, jsonb), cdc_enable_multicloud(regclass, jsonb), cdc_disable(regclass),
-    cdc_add_sink(text, text, jsonb), cdc_drop_sink(text), cdc_snapshot(regclass, text, boolean),
+    cdc_add_sink(text, text, jsonb), cdc_drop_sink(text), cdc_pause_sink(text), cdc_resume_sink(text),
+    cdc_snapshot(regclass, text, boolean),
     cdc_cancel_snapshot(regclass, text), cdc_schema_history(regclass), cdc_force_schema_break(regclass),
     cdc_create_version_topic(regclass, integer), cdc_check_compatibility(regclass, text),
     cdc_preview(regclass, jsonb, integer), cdc_delivery_status(text), cdc_filter_metrics(regclass),
-    cdc_multicloud_status(regclass), cdc_status(), cdc_check_failover(), cdc_metrics(regclass), cdc_prometheus_metrics()
-    TO cdc_admin;
+    cdc_multicloud_status(regclass), cdc_status(), cdc_check_failover(), cdc_ready(bigint), cdc_metrics(regclass),
+    cdc_prometheus_metrics() TO cdc_admin;
 GRANT SELECT ON cdc_snapshots TO cdc_admin;
 -- Monitoring roles read every status function (none shows a sink config).
 GRANT EXECUTE ON FUNCTION cdc_delivery_status(text), cdc_filter_metrics(regclass), cdc_multicloud_status(regclass)

@@ -40,6 +40,10 @@ pub static BATCH_CHANGES: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 pub static MAX_CONCURRENT_READS: GucSetting<i32> = GucSetting::<i32>::new(1);
 /// `cdc.wal_warning_bytes` (0: off).
 pub static WAL_WARNING_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024);
+/// `cdc.paused_max_wal_size`: WAL (MB) a paused sink's slot may hold before the sink resumes by itself (-1: no bound).
+pub static PAUSED_MAX_WAL_SIZE: GucSetting<i32> = GucSetting::<i32>::new(-1);
+/// `cdc.ready_max_lag`: how far (MB) behind the WAL a sink may be for `cdc_ready()`.
+pub static READY_MAX_LAG: GucSetting<i32> = GucSetting::<i32>::new(16);
 /// `cdc.enrich_cache_rows`.
 pub static ENRICH_CACHE_ROWS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 /// `cdc.heartbeat_interval_ms`.
@@ -361,6 +365,26 @@ pub fn init(preloading: bool) {
         0,
         i32::MAX,
         GucContext::Sighup,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"cdc.paused_max_wal_size",
+        c"WAL (MB) a paused sink's slot may hold; past it the sink resumes by itself. -1: no bound of pg_cdc's own.",
+        c"A paused sink's slot keeps the WAL written while it is paused. Past this bound the launcher resumes the sink (a WARNING, and last_error says why): it delivers and its slot moves on once its destination takes events. PostgreSQL's max_slot_wal_keep_size is the hard bound: past it PostgreSQL invalidates the slot and the sink stops in error.",
+        &PAUSED_MAX_WAL_SIZE,
+        -1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"cdc.ready_max_lag",
+        c"How far (MB) behind the WAL a running sink may be for cdc_ready() to call it ready.",
+        c"cdc_ready(max_lag_bytes) overrides it for one call; cdc_prometheus_metrics() reports pg_cdc_ready with it.",
+        &READY_MAX_LAG,
+        0,
+        i32::MAX,
+        GucContext::Userset,
         GucFlags::UNIT_MB,
     );
     GucRegistry::define_int_guc(

@@ -89,7 +89,7 @@ SELECT cdc_drop_sink('regress_first'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_first', 'kafka', '{"bootstrap_servers": "127.0.0.1:1", "topic": "again"}') IS NOT NULL AS added;
 -- The state is typed: only the worker's labels can be stored (a CHECK constraint, 23514).
 \set VERBOSITY terse
-UPDATE _cdc_sinks SET state = 'paused' WHERE sink_name = 'regress_first'; \echo SQLSTATE :SQLSTATE
+UPDATE _cdc_sinks SET state = 'stopped' WHERE sink_name = 'regress_first'; \echo SQLSTATE :SQLSTATE
 \set VERBOSITY default
 SELECT state IN ('creating_slot', 'starting', 'running', 'retrying', 'error') AS known_state
   FROM _cdc_sinks WHERE sink_name = 'regress_first';

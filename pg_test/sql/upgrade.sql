@@ -116,7 +116,7 @@ ORDER BY 1, 2;
 
 -- What 0.2.0 added works on the updated catalog: the sink state is typed.
 \set VERBOSITY terse
-UPDATE _cdc_sinks SET state = 'paused'; \echo SQLSTATE :SQLSTATE
+UPDATE _cdc_sinks SET state = 'stopped'; \echo SQLSTATE :SQLSTATE
 \set VERBOSITY default
 
 -- What 0.3.0 and 0.4.0 added works on the updated catalog: an in-database sink, consumed with

@@ -5,6 +5,7 @@ pub mod capture;
 pub mod context;
 pub mod monitor;
 pub mod multicloud;
+pub mod pause;
 pub mod preview;
 pub mod rebind;
 pub mod schema;

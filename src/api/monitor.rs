@@ -219,6 +219,36 @@ fn cdc_prometheus_metrics() -> String {
             x.sample("pg_cdc_sink_state", &[("sink", &name), ("state", st)], f64::from(u8::from(state == st)));
         }
     }
+    // Readiness as cdc_ready() answers it with cdc.ready_max_lag (from catalog 0.9.0 on).
+    let readiness = catalog::select_one::<bool>(
+        "SELECT to_regprocedure($1) IS NOT NULL",
+        &[format!("{schema}._cdc_sink_readiness(bigint)").as_str().into()],
+    )
+    .unwrap_or(false)
+    .then(|| {
+        catalog::json(
+            &format!(
+                "SELECT coalesce(jsonb_object_agg(sink_name, reason IS NULL), '{{}}')
+                   FROM {schema}._cdc_sink_readiness($1)"
+            ),
+            &[(i64::from(crate::gucs::READY_MAX_LAG.get()) << 20).into()],
+        )
+    })
+    .flatten();
+    if let Some(ready) = readiness.as_ref().and_then(Value::as_object) {
+        x.family(
+            "pg_cdc_ready",
+            Kind::Gauge,
+            "1 when every sink is ready as cdc_ready() says (running within cdc.ready_max_lag, paused or finished).",
+        );
+        x.sample("pg_cdc_ready", &[], f64::from(u8::from(ready.values().all(|r| r == &Value::Bool(true)))));
+        x.family("pg_cdc_sink_ready", Kind::Gauge, "1 when the sink is ready as cdc_ready() says.");
+        for s in &sinks {
+            let name = text(s, "name");
+            let r = ready.get(&name).and_then(Value::as_bool).unwrap_or(false);
+            x.sample("pg_cdc_sink_ready", &[("sink", &name)], f64::from(u8::from(r)));
+        }
+    }
     x.family("pg_cdc_sink_info", Kind::Gauge, "1 for each sink, with its type and delivery mode.");
     for s in &sinks {
         let labels = [("sink", text(s, "name")), ("type", text(s, "type")), ("delivery_mode", text(s, "mode"))];

@@ -75,13 +75,16 @@ impl Chores {
         // Counters and latencies of dropped sinks and tables free their shared-memory entries.
         crate::stats::retain(&cat.sinks.iter().map(|s| s.id.as_str()).collect::<Vec<_>>());
         crate::stats::retain_tables(&cat.tables.iter().map(|t| t.oid).collect::<Vec<_>>());
-        // A finished (initial_only) sink has no worker.
+        // A finished (initial_only) sink has no worker, nor has a paused one.
         let sinks: Vec<(String, String)> =
-            cat.sinks.iter().filter(|s| !s.finished()).map(|s| (s.id.clone(), s.name.clone())).collect();
+            cat.sinks.iter().filter(|s| s.has_worker()).map(|s| (s.id.clone(), s.name.clone())).collect();
         self.had_sinks = !cat.sinks.is_empty();
         self.starter.ensure(&sinks);
         self.ensure_decoder(sinks.len());
         self.warn_retained_wal(cat);
+        if let Some(schema) = schema {
+            resume_paused_past_bound(cat, schema);
+        }
         self.mark_restart_point(cat);
         self.drop_orphan_slots(cat, schema);
         if let Some(schema) = schema {
@@ -197,7 +200,7 @@ impl Chores {
     fn drop_orphan_slots(&mut self, cat: &Catalog, schema: Option<&str>) {
         let mut still = OrphanSightings::new();
         // The shared decoding's slot while it is wanted (else an orphan like any other).
-        let group_wanted = gucs::shared_decoding_wanted(cat.sinks.iter().filter(|s| !s.finished()).count());
+        let group_wanted = gucs::shared_decoding_wanted(cat.sinks.iter().filter(|s| s.has_worker()).count());
         for slot in &cat.slots {
             if slot.name == group::GROUP_SLOT && group_wanted {
                 continue;
@@ -241,5 +244,34 @@ impl Chores {
             }
         }
         self.orphans = still;
+    }
+}
+
+/// Resumes each paused sink whose slot holds more WAL than `cdc.paused_max_wal_size` (a WARNING
+/// each); its worker starts at the next pass.
+fn resume_paused_past_bound(cat: &Catalog, schema: &str) {
+    let limit = gucs::PAUSED_MAX_WAL_SIZE.get();
+    if limit < 0 || !cat.sinks.iter().any(|s| s.paused()) {
+        return;
+    }
+    let limit = i64::from(limit) << 20;
+    match run_tx(|| {
+        let resumed = crate::api::pause::resume_past(schema, limit);
+        if !resumed.is_empty() {
+            super::launcher::catalog_changed();
+        }
+        resumed
+    }) {
+        Ok(resumed) => {
+            for (name, bytes) in resumed {
+                pgrx::warning!(
+                    "pg_cdc sink \"{name}\": resumed by itself: its slot held {} MB of WAL while paused, over \
+                     cdc.paused_max_wal_size ({} MB)",
+                    bytes >> 20,
+                    limit >> 20
+                );
+            }
+        }
+        Err(e) => pgrx::warning!("{LAUNCHER}: cannot resume the paused sinks past cdc.paused_max_wal_size: {e}"),
     }
 }

@@ -221,14 +221,21 @@ impl Decoder {
     }
 }
 
-/// The sinks that have a worker (every one but the finished `initial_only` sinks); 0 when the
+/// The sinks that have a worker (every one but the finished `initial_only` sinks and the paused); 0 when the
 /// extension is not installed.
 fn sinks_with_workers() -> usize {
     let Some(schema) = catalog::extension_schema() else { return 0 };
-    let finished = cdc_core::state::SinkState::Finished.label();
-    catalog::json(&format!("SELECT to_jsonb(count(*)) FROM {schema}._cdc_sinks WHERE state <> $1"), &[finished.into()])
-        .and_then(|v| v.as_u64())
-        .map_or(0, |n| n as usize)
+    let idle: Vec<String> = cdc_core::state::SinkState::ALL
+        .into_iter()
+        .filter(|s| !s.has_worker())
+        .map(|s| s.label().to_string())
+        .collect();
+    catalog::json(
+        &format!("SELECT to_jsonb(count(*)) FROM {schema}._cdc_sinks WHERE state <> ALL ($1::text[])"),
+        &[idle.into()],
+    )
+    .and_then(|v| v.as_u64())
+    .map_or(0, |n| n as usize)
 }
 
 /// How far behind the WAL a member's slot may be and still hold the group's slot and log:

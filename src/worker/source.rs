@@ -187,6 +187,16 @@ impl SinkRow {
     pub fn finished(&self) -> bool {
         self.state == cdc_core::state::SinkState::Finished.label()
     }
+
+    /// Whether a worker delivers it: not when finished, nor while paused (`cdc_pause_sink`).
+    pub fn has_worker(&self) -> bool {
+        cdc_core::state::SinkState::parse(&self.state).is_none_or(|s| s.has_worker())
+    }
+
+    /// Paused by `cdc_pause_sink`: no worker; its slot keeps its position.
+    pub fn paused(&self) -> bool {
+        self.state == cdc_core::state::SinkState::Paused.label()
+    }
 }
 
 /// A captured table as the catalog has it.
@@ -628,9 +638,13 @@ pub fn recorded_offsets(schema: &str, sink_name: &str) -> HashMap<u32, u64> {
 
 /// Records a sink's state (only called when it changed).
 pub fn set_state(schema: &str, sink_id: &str, state: &str, error: Option<&str>) {
+    // Never over a pause: cdc_pause_sink may commit while this worker is still in a pass (its
+    // UPDATE then finds the paused row and skips it), and the worker exits at its next catalog read.
+    let paused = cdc_core::state::SinkState::Paused.label();
     catalog::run(
         &format!(
-            "UPDATE {schema}._cdc_sinks SET state = $2, last_error = $3, state_since = now() WHERE sink_id = $1::uuid"
+            "UPDATE {schema}._cdc_sinks SET state = $2, last_error = $3, state_since = now()
+              WHERE sink_id = $1::uuid AND state <> '{paused}'"
         ),
         &[sink_id.into(), state.into(), error.into()],
     );

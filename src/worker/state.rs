@@ -173,8 +173,9 @@ impl Worker {
             }
             Role::Sink(id) => id.clone(),
         };
-        // A finished (initial_only) sink reads nothing more: its worker exits.
-        cat.sinks.retain(|s| s.id == id && !s.finished());
+        // A finished (initial_only) sink reads nothing more, a paused one nothing until it is
+        // resumed: its worker exits (confirming what it delivered first).
+        cat.sinks.retain(|s| s.id == id && s.has_worker());
         if cat.sinks.is_empty() {
             self.finished = true;
             return false;

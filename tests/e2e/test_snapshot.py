@@ -272,6 +272,9 @@ def test_an_initial_only_sink_delivers_its_snapshot_then_finishes_and_holds_no_w
     assert "finished" in e.value.diag.message_primary and "Drop it" in e.value.diag.message_hint
     with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="no sink carries"):
         pg.execute("SELECT cdc_snapshot(%s)", (t,))
+    # Nor is there anything to pause.
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="is finished"):
+        pg.execute("SELECT cdc_pause_sink(%s)", (name,))
     pg.execute("SELECT cdc_disable(%s)", (t,))
     pg.execute("SELECT cdc_enable(%s)", (t,))  # its capture starts again: no snapshot for a finished sink
     assert len(snapshot_rows(pg, name)) == 1

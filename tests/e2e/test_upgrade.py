@@ -190,3 +190,43 @@ def test_update_from_0_7_0_shows_the_new_status_columns_of_a_delivering_sink(pg,
         pg.execute("SELECT cdc_disable(table_oid::regclass) FROM _cdc_publications WHERE table_oid = to_regclass(%s)", (t,))
         if pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] != default:
             pg.execute("ALTER EXTENSION pg_cdc UPDATE")
+
+
+def test_update_from_0_8_0_lets_a_delivering_sink_pause_and_resume(pg, sinks, unique):
+    """0.9.0 adds the paused state (the CHECK constraint), cdc_pause_sink, cdc_resume_sink, cdc_ready and the
+    state announcements: a sink of 0.8.0 delivers through the update, is paused and resumed, and its rows
+    arrive once each."""
+    t, topic, name = f"upg8_{unique}", f"upg8-{unique}", f"upg8_{unique}"
+    default = pg.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'pg_cdc'").fetchone()[0]
+    drop_extension(pg)
+    pg.execute("CREATE EXTENSION pg_cdc VERSION '0.8.0'")
+    try:
+        pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+        pg.execute("SELECT cdc_enable(%s)", (t,))
+        sinks.add(name, topic, tables=[t])
+        pg.execute(f"INSERT INTO {t} VALUES (1)")
+        consume(topic, 1)
+        pg.execute("ALTER EXTENSION pg_cdc UPDATE")
+        assert pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] == default
+        with connect() as listener:
+            listener.execute("LISTEN cdc_sink_state")
+            assert pg.execute("SELECT cdc_pause_sink(%s)", (name,)).fetchone()[0] is True
+            wait_for(lambda: pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                                        (f"pg_cdc worker: {name}",)).fetchone()[0] == 0, what="its worker gone")
+            pg.execute(f"INSERT INTO {t} VALUES (2)")
+            assert pg.execute("SELECT ready FROM cdc_ready()").fetchone()[0] is not None
+            pg.execute("SELECT cdc_resume_sink(%s)", (name,))
+            msgs = consume(topic, 2)
+            assert sorted(m["value"]["after"]["id"] for m in msgs) == [1, 2]
+            got = [json.loads(n.payload) for n in listener.notifies(timeout=2)]
+            assert {"sink": name, "old_state": "running", "new_state": "paused", "reason": None} in got, got
+        grants = pg.execute(
+            "SELECT has_function_privilege('cdc_admin', 'cdc_pause_sink(text)', 'EXECUTE'), "
+            "has_function_privilege('pg_monitor', 'cdc_ready(bigint)', 'EXECUTE'), "
+            "has_function_privilege('public', 'cdc_resume_sink(text)', 'EXECUTE')").fetchone()
+        assert grants == (True, True, False), grants
+    finally:
+        pg.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (name,))
+        pg.execute("SELECT cdc_disable(table_oid::regclass) FROM _cdc_publications WHERE table_oid = to_regclass(%s)", (t,))
+        if pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] != default:
+            pg.execute("ALTER EXTENSION pg_cdc UPDATE")

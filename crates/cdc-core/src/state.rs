@@ -11,9 +11,14 @@
 //!       │ (slot made   │ (worker made the slot)       ├─ broker away, timeout ─▶ retrying
 //!       ▼  after COMMIT)                              └─ needs an operator ────▶ error
 //!  creating_slot ──────┘
+//!
+//!  any state but creating_slot and finished ──cdc_pause_sink──▶ paused ──cdc_resume_sink──▶ starting
+//!                                       (or by itself, past cdc.paused_max_wal_size) ──┘
 //! ```
 //! `retrying` and `error` both keep the slot and try again with a backoff; `error` says that
-//! retrying alone will not fix it (a dropped slot, an invalid config, a missing key).
+//! retrying alone will not fix it (a dropped slot, an invalid config, a missing key). `paused` is
+//! the only state a person sets: the worker exits, the slot keeps its position (and the WAL after
+//! it), and the worker never writes over it.
 use std::fmt;
 
 /// Where a sink is in its lifecycle.
@@ -36,11 +41,14 @@ pub enum SinkState {
     /// A `snapshot_mode` `initial_only` sink that delivered its snapshot (and the changes committed
     /// while it ran): its slot is dropped, so it holds no WAL, and it reads nothing more.
     Finished,
+    /// Paused by `cdc_pause_sink`: no worker, its slot kept at its position (holding the WAL
+    /// after it), outside any shared decoding; `cdc_resume_sink` starts it again from there.
+    Paused,
 }
 
 impl SinkState {
     /// Every state, in lifecycle order.
-    pub const ALL: [SinkState; 7] = [
+    pub const ALL: [SinkState; 8] = [
         SinkState::CreatingSlot,
         SinkState::Starting,
         SinkState::Snapshotting,
@@ -48,6 +56,7 @@ impl SinkState {
         SinkState::Retrying,
         SinkState::Error,
         SinkState::Finished,
+        SinkState::Paused,
     ];
 
     /// The label stored in `_cdc_sinks.state` and shown by every monitoring function.
@@ -60,12 +69,18 @@ impl SinkState {
             SinkState::Retrying => "retrying",
             SinkState::Error => "error",
             SinkState::Finished => "finished",
+            SinkState::Paused => "paused",
         }
     }
 
     /// The state a stored label names.
     pub fn parse(label: &str) -> Option<SinkState> {
         SinkState::ALL.into_iter().find(|s| s.label() == label)
+    }
+
+    /// Whether a worker delivers the sink in this state (every state but `finished` and `paused`).
+    pub fn has_worker(self) -> bool {
+        !matches!(self, SinkState::Finished | SinkState::Paused)
     }
 }
 
@@ -159,7 +174,9 @@ mod tests {
         for s in SinkState::ALL {
             assert_eq!(SinkState::parse(s.label()), Some(s));
         }
-        assert_eq!(SinkState::parse("paused"), None);
+        assert_eq!(SinkState::parse("stopped"), None);
+        let idle: Vec<SinkState> = SinkState::ALL.into_iter().filter(|s| !s.has_worker()).collect();
+        assert_eq!(idle, [SinkState::Finished, SinkState::Paused]);
     }
 
     /// The labels a CHECK constraint `CHECK (state IN ('a', 'b', ...))` named `name` allows in `sql`.
