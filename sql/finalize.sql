@@ -4,6 +4,7 @@ REVOKE EXECUTE ON FUNCTION cdc_enable(regclass, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_disable(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_add_sink(text, text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_drop_sink(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_alter_sink(text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_pause_sink(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_resume_sink(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_delivery_status(text) FROM PUBLIC;
@@ -512,6 +513,7 @@ COMMENT ON FUNCTION cdc_multicloud_status(regclass) IS 'pg_cdc: per routed table
 COMMENT ON FUNCTION cdc_disable(regclass) IS 'pg_cdc: stops capturing a table and forgets its capture config and progress';
 COMMENT ON FUNCTION cdc_add_sink(text, text, jsonb) IS 'pg_cdc: adds a destination (kafka, kinesis, eventhub, pubsub, pulsar, webhook, postgres, table) with its own slot; it starts with a snapshot of its tables';
 COMMENT ON FUNCTION cdc_drop_sink(text) IS 'pg_cdc: drops a destination, its slot and its progress';
+COMMENT ON FUNCTION cdc_alter_sink(text, jsonb) IS 'pg_cdc: changes a sink''s config in place (the keys given; null removes one), keeping its position and guarantee; tables added are back-filled';
 COMMENT ON FUNCTION cdc_pause_sink(text) IS 'pg_cdc: pauses a sink: its worker stops, its slot keeps its position (and the WAL after it) until cdc_resume_sink';
 COMMENT ON FUNCTION cdc_resume_sink(text) IS 'pg_cdc: resumes a paused sink from its slot''s position, with its delivery guarantee';
 COMMENT ON FUNCTION cdc_snapshot(regclass, text, boolean) IS 'pg_cdc: asks for a new snapshot of a captured table (READ events of its rows) for one sink or every sink carrying it';
@@ -556,8 +558,8 @@ BEGIN
     END IF;
 END $$;
 GRANT EXECUTE ON FUNCTION cdc_enable(regclass, jsonb), cdc_enable_multicloud(regclass, jsonb), cdc_disable(regclass),
-    cdc_add_sink(text, text, jsonb), cdc_drop_sink(text), cdc_pause_sink(text), cdc_resume_sink(text),
-    cdc_snapshot(regclass, text, boolean),
+    cdc_add_sink(text, text, jsonb), cdc_alter_sink(text, jsonb), cdc_drop_sink(text), cdc_pause_sink(text),
+    cdc_resume_sink(text), cdc_snapshot(regclass, text, boolean),
     cdc_cancel_snapshot(regclass, text), cdc_schema_history(regclass), cdc_force_schema_break(regclass),
     cdc_create_version_topic(regclass, integer), cdc_check_compatibility(regclass, text),
     cdc_preview(regclass, jsonb, integer), cdc_delivery_status(text), cdc_filter_metrics(regclass),

@@ -9,6 +9,12 @@ ALTER TABLE @extschema@._cdc_sinks DROP CONSTRAINT _cdc_sinks_state_check,
         CHECK (state IN ('creating_slot', 'starting', 'snapshotting', 'running', 'retrying', 'error', 'finished', 'paused'));
 COMMENT ON COLUMN @extschema@._cdc_sinks.state IS 'creating_slot | starting | snapshotting | running | retrying | error | finished (set by the worker) | paused (cdc_pause_sink) (docs/sql-reference.md)';
 
+-- A sink's config changes in place (cdc_alter_sink); a sink may be paused and resumed.
+CREATE FUNCTION @extschema@.cdc_alter_sink(sink_name text, config jsonb) RETURNS jsonb
+VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_alter_sink_wrapper';
+REVOKE EXECUTE ON FUNCTION @extschema@.cdc_alter_sink(text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.cdc_alter_sink(text, jsonb) TO cdc_admin;
+COMMENT ON FUNCTION @extschema@.cdc_alter_sink(text, jsonb) IS 'pg_cdc: changes a sink''s config in place (the keys given; null removes one), keeping its position and guarantee; tables added are back-filled';
 CREATE FUNCTION @extschema@.cdc_pause_sink(sink_name text) RETURNS boolean
 VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'cdc_pause_sink_wrapper';
 CREATE FUNCTION @extschema@.cdc_resume_sink(sink_name text) RETURNS boolean

@@ -102,6 +102,14 @@ SELECT cdc_add_sink('regress_refused', 'postgres', '{"connection": "host=127.0.0
     "tables": ["granted"]}'); \echo SQLSTATE :SQLSTATE
 SELECT cdc_add_sink('regress_refused', 'postgres', '{"connection": "service=analytics passfile=/x/pgpass",
     "tables": ["granted"]}'); \echo SQLSTATE :SQLSTATE
+-- cdc_alter_sink checks the new config as cdc_add_sink checks one: a table it may not read, every
+-- table (no "tables"), a property that runs code are refused, and change nothing; a topic changes.
+SELECT cdc_alter_sink('regress_admin_sink', '{"tables": ["granted", "secret"]}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_alter_sink('regress_admin_sink', '{"tables": null}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_alter_sink('regress_admin_sink', '{"properties": {"plugin.library.paths": "/tmp/evil.so"}}'); \echo SQLSTATE :SQLSTATE
+SELECT cdc_alter_sink('regress_admin_sink', '{"topic": "t2"}') -> 'changed' AS changed;
+-- It pauses and resumes its sink.
+SELECT cdc_pause_sink('regress_admin_sink') AS paused, cdc_resume_sink('regress_admin_sink') AS resumed;
 -- What stays with superusers.
 SELECT cdc_create_tokenization_key(); \echo SQLSTATE :SQLSTATE
 SELECT * FROM cdc_consume('regress_admin_sink'); \echo SQLSTATE :SQLSTATE

@@ -1,6 +1,7 @@
 //! The SQL surface. Every function validates its whole input before it changes anything, and
 //! answers a mistake with a SQLSTATE, the JSON path and a HINT (see `errors`).
 pub mod access;
+pub mod alter;
 pub mod capture;
 pub mod context;
 pub mod monitor;

@@ -77,18 +77,6 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         raise(CdcError::new(ErrorKind::InvalidParameter, "sink_name must be 1 to 200 characters long"));
     }
     let cfg = parse_config(sink_type, &config.0).or_raise();
-    // A role that is not a superuser: its sink carries only tables it names and may read, and
-    // its config names no file outside cdc.admin_file_dir and no setting that runs code.
-    if cfg.common().tables.is_none() && !super::access::caller_is_superuser() {
-        raise(
-            CdcError::new(
-                ErrorKind::InsufficientPrivilege,
-                "config.tables is required when the sink is not added by a superuser: a sink without it carries every captured table",
-            )
-            .hint("List the tables the sink carries, e.g. \"tables\": [\"orders\"]."),
-        );
-    }
-    super::access::check_sink_config(&cfg);
     let _entry = super::access::enter();
     let exists = crate::catalog::select_one::<bool>(
         &format!("SELECT EXISTS (SELECT 1 FROM {schema}._cdc_sinks WHERE sink_name = $1)"),
@@ -101,39 +89,7 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
                 .hint("Choose another name, or cdc_drop_sink it first."),
         );
     }
-    // Resolve config.tables to OIDs now, so a typo fails here rather than in the worker.
-    // With their schema-qualified names, kept to bind a table of that name created again after a DROP.
-    let (table_oids, table_names): (Option<Vec<pg_sys::Oid>>, Option<Vec<String>>) = match &cfg.common().tables {
-        Some(names) => {
-            let (oids, qualified): (Vec<pg_sys::Oid>, Vec<String>) = names
-                .iter()
-                .enumerate()
-                .map(|(i, n)| super::access::as_caller(|| resolve_table(&format!("config.tables[{i}]"), n)))
-                .unzip();
-            for oid in &oids {
-                super::access::require_select(*oid, "carry");
-            }
-            (Some(oids), Some(qualified))
-        }
-        None => (None, None),
-    };
-    // A table it carries that tokenizes needs the key, or the new sink would stop at once.
-    let carried = super::capture::captured_configs(&schema, table_oids.as_deref());
-    if let Some((table, _)) = carried.iter().find(|(_, c)| c.tokenizes()) {
-        crate::keys::require_token_key(&format!("sink \"{sink_name}\" carries {table}, whose capture config"));
-    }
-    let exactly_once = cfg.delivery_mode() == DeliveryMode::ExactlyOnce;
-    if let Some(oids) = &table_oids {
-        for (oid, name) in oids.iter().zip(cfg.common().tables.iter().flatten()) {
-            refuse_event_table(&schema, *oid, name);
-        }
-    }
-    if let Err(e) = cdc_sinks::secrets::check_files(&cfg) {
-        raise(CdcError::new(ErrorKind::PrerequisiteState, format!("config.{}: {}", e.key, e.error)).hint(format!(
-            "Write {} to a file in (or relative to) the data directory, owned by the server's user, mode 0600.",
-            e.what
-        )));
-    }
+    let (table_oids, table_names) = check_sink(&schema, sink_name, &cfg);
     if let SinkConfig::Table(t) = &cfg {
         if !has_table_sinks(&schema) {
             raise(
@@ -151,16 +107,6 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
                     format!("config.table: relation \"{}\" already exists", t.table),
                 )
                 .hint("A table sink creates its own event table: name one that does not exist."),
-            );
-        }
-    }
-    if !exactly_once {
-        let wanting: Vec<&str> =
-            carried.iter().filter(|(_, c)| c.exactly_once_required).map(|(t, _)| t.as_str()).collect();
-        if !wanting.is_empty() {
-            pgrx::warning!(
-                "sink \"{sink_name}\" delivers at least once, but the capture configs of these tables ask for exactly-once: {}",
-                wanting.join(", ")
             );
         }
     }
@@ -271,6 +217,72 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         pgrx::notice!("{}", carried_tables_notice(&schema, sink_name, table_oids.as_deref(), snapshot));
     }
     id
+}
+
+/// Checks a sink config as `cdc_add_sink` and `cdc_alter_sink` do, for the calling role: a role
+/// that is not a superuser names the tables its sink carries and may read them, and its config
+/// names no file outside `cdc.admin_file_dir` and no setting that runs code; `tables` resolve (a
+/// typo fails here, not in the worker), none is a table sink's event table; a carried table that
+/// tokenizes has its key; the secret files the config names are readable. Returns `tables` as
+/// OIDs and schema-qualified names (`None`: every captured table). Warns when the sink delivers at
+/// least once while a table it carries asks for exactly-once.
+pub(crate) fn check_sink(
+    schema: &str,
+    sink_name: &str,
+    cfg: &SinkConfig,
+) -> (Option<Vec<pg_sys::Oid>>, Option<Vec<String>>) {
+    if cfg.common().tables.is_none() && !super::access::caller_is_superuser() {
+        raise(
+            CdcError::new(
+                ErrorKind::InsufficientPrivilege,
+                "config.tables is required when the sink is not added by a superuser: a sink without it carries every captured table",
+            )
+            .hint("List the tables the sink carries, e.g. \"tables\": [\"orders\"]."),
+        );
+    }
+    super::access::check_sink_config(cfg);
+    // With their schema-qualified names, kept to bind a table of that name created again after a DROP.
+    let (table_oids, table_names): (Option<Vec<pg_sys::Oid>>, Option<Vec<String>>) = match &cfg.common().tables {
+        Some(names) => {
+            let (oids, qualified): (Vec<pg_sys::Oid>, Vec<String>) = names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| super::access::as_caller(|| resolve_table(&format!("config.tables[{i}]"), n)))
+                .unzip();
+            for oid in &oids {
+                super::access::require_select(*oid, "carry");
+            }
+            (Some(oids), Some(qualified))
+        }
+        None => (None, None),
+    };
+    // A table it carries that tokenizes needs the key, or the sink would stop at once.
+    let carried = super::capture::captured_configs(schema, table_oids.as_deref());
+    if let Some((table, _)) = carried.iter().find(|(_, c)| c.tokenizes()) {
+        crate::keys::require_token_key(&format!("sink \"{sink_name}\" carries {table}, whose capture config"));
+    }
+    if let Some(oids) = &table_oids {
+        for (oid, name) in oids.iter().zip(cfg.common().tables.iter().flatten()) {
+            refuse_event_table(schema, *oid, name);
+        }
+    }
+    if let Err(e) = cdc_sinks::secrets::check_files(cfg) {
+        raise(CdcError::new(ErrorKind::PrerequisiteState, format!("config.{}: {}", e.key, e.error)).hint(format!(
+            "Write {} to a file in (or relative to) the data directory, owned by the server's user, mode 0600.",
+            e.what
+        )));
+    }
+    if cfg.delivery_mode() != DeliveryMode::ExactlyOnce {
+        let wanting: Vec<&str> =
+            carried.iter().filter(|(_, c)| c.exactly_once_required).map(|(t, _)| t.as_str()).collect();
+        if !wanting.is_empty() {
+            pgrx::warning!(
+                "sink \"{sink_name}\" delivers at least once, but the capture configs of these tables ask for exactly-once: {}",
+                wanting.join(", ")
+            );
+        }
+    }
+    (table_oids, table_names)
 }
 
 /// Tables up to this size are counted for the NOTICE of `cdc_add_sink`; larger ones are estimated.

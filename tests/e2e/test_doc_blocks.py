@@ -91,6 +91,8 @@ KNOWN = {
     ("docs/sql-reference.md", "SELECT sink_name, state, lag_bytes, retained_wal_bytes, end_to_end_p99_ms FROM cdc_status();"): {},
     ("docs/sql-reference.md", "SELECT sink_name, events_published, last_timestamp, NOW() - last_timestamp AS lag"): {},
     ("docs/sql-reference.md", "SELECT * FROM cdc_check_failover() WHERE NOT ok;"): {},
+    ("docs/sql-reference.md", "SELECT cdc_alter_sink('kafka_orders', '{\"topic\": \"orders-v2\", \"linger_ms\": 20}');"):
+        {"sinks": {"kafka_orders": '{"topic": "orders-cdc", "tables": ["orders"]}'}},
     ("docs/sql-reference.md", "SELECT cdc_pause_sink('kafka_orders');"):
         {"sinks": {"kafka_orders": '{"topic": "orders-cdc", "tables": ["orders"]}'}},
     ("docs/sql-reference.md", "SELECT ready, reasons FROM cdc_ready();"): {},

@@ -12,6 +12,7 @@
 //! in-database sink writes through a port the worker implements with SPI.
 #![warn(missing_docs)]
 
+pub mod alter;
 pub mod delegation;
 pub mod eventhub;
 pub mod format;
