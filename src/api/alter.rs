@@ -8,6 +8,7 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::{json, Value};
 
+use super::sinks::Tables;
 use super::{check_prerequisites, required, schema};
 use crate::catalog;
 use crate::errors::{raise, OrRaise};
@@ -60,19 +61,32 @@ fn cdc_alter_sink(sink_name: Option<&str>, config: Option<JsonB>) -> JsonB {
         pgrx::notice!("sink \"{sink_name}\": nothing to change");
         return JsonB(json!({"sink": sink_name, "changed": {}, "snapshots": [], "no_longer_carried": []}));
     }
-    let (table_oids, table_names) = super::sinks::check_sink(&schema, sink_name, &plan.parsed);
     let old: Option<Vec<u32>> =
         row["oids"].as_array().map(|a| a.iter().filter_map(|o| o.as_u64()).map(|o| o as u32).collect());
+    // Unchanged `tables` stay as the sink has them (a table dropped since stays listed, waiting).
+    let tables_changed = plan.changed.iter().any(|k| k == "tables");
+    let tables = if tables_changed {
+        Tables::Resolve
+    } else {
+        Tables::Kept(old.as_ref().map(|v| v.iter().map(|o| pg_sys::Oid::from(*o)).collect()))
+    };
+    let (table_oids, table_names) = super::sinks::check_sink(&schema, sink_name, &plan.parsed, tables);
     let new: Option<Vec<u32>> = table_oids.as_ref().map(|v| v.iter().map(|o| o.to_u32()).collect());
     let sink_id = catalog::str_field(&row, "id").to_string();
 
     crate::worker::launcher::catalog_changed();
-    let names_column =
-        if catalog::has_column(&schema, "_cdc_sinks", "table_names") { ", table_names = $4" } else { "" };
     catalog::run(
-        &format!("UPDATE {schema}._cdc_sinks SET config = $2, table_oids = $3{names_column} WHERE sink_id = $1::uuid"),
-        &[sink_id.as_str().into(), JsonB(plan.config.clone()).into(), table_oids.clone().into(), table_names.into()],
+        &format!("UPDATE {schema}._cdc_sinks SET config = $2 WHERE sink_id = $1::uuid"),
+        &[sink_id.as_str().into(), JsonB(plan.config.clone()).into()],
     );
+    if tables_changed {
+        let names_column =
+            if catalog::has_column(&schema, "_cdc_sinks", "table_names") { ", table_names = $3" } else { "" };
+        catalog::run(
+            &format!("UPDATE {schema}._cdc_sinks SET table_oids = $2{names_column} WHERE sink_id = $1::uuid"),
+            &[sink_id.as_str().into(), table_oids.clone().into(), table_names.into()],
+        );
+    }
     if !super::access::caller_is_superuser() && catalog::has_column(&schema, "_cdc_sinks", "added_by") {
         // Its config is now the caller's: the worker checks a postgres sink's connection as its.
         catalog::run(

@@ -89,7 +89,7 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
                 .hint("Choose another name, or cdc_drop_sink it first."),
         );
     }
-    let (table_oids, table_names) = check_sink(&schema, sink_name, &cfg);
+    let (table_oids, table_names) = check_sink(&schema, sink_name, &cfg, Tables::Resolve);
     if let SinkConfig::Table(t) = &cfg {
         if !has_table_sinks(&schema) {
             raise(
@@ -219,6 +219,15 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
     id
 }
 
+/// Which tables [`check_sink`] checks a sink config with.
+pub(crate) enum Tables {
+    /// Its `tables`, resolved now (a new sink, or a changed `tables`).
+    Resolve,
+    /// The ones the sink carries already (`_cdc_sinks.table_oids`, 0 for a dropped one; `None`:
+    /// every captured table): `tables` did not change, and a table dropped since stays listed.
+    Kept(Option<Vec<pg_sys::Oid>>),
+}
+
 /// Checks a sink config as `cdc_add_sink` and `cdc_alter_sink` do, for the calling role: a role
 /// that is not a superuser names the tables its sink carries and may read them, and its config
 /// names no file outside `cdc.admin_file_dir` and no setting that runs code; `tables` resolve (a
@@ -230,6 +239,7 @@ pub(crate) fn check_sink(
     schema: &str,
     sink_name: &str,
     cfg: &SinkConfig,
+    tables: Tables,
 ) -> (Option<Vec<pg_sys::Oid>>, Option<Vec<String>>) {
     if cfg.common().tables.is_none() && !super::access::caller_is_superuser() {
         raise(
@@ -242,26 +252,29 @@ pub(crate) fn check_sink(
     }
     super::access::check_sink_config(cfg);
     // With their schema-qualified names, kept to bind a table of that name created again after a DROP.
-    let (table_oids, table_names): (Option<Vec<pg_sys::Oid>>, Option<Vec<String>>) = match &cfg.common().tables {
-        Some(names) => {
-            let (oids, qualified): (Vec<pg_sys::Oid>, Vec<String>) = names
-                .iter()
-                .enumerate()
-                .map(|(i, n)| super::access::as_caller(|| resolve_table(&format!("config.tables[{i}]"), n)))
-                .unzip();
-            for oid in &oids {
-                super::access::require_select(*oid, "carry");
+    let resolve = matches!(tables, Tables::Resolve);
+    let (table_oids, table_names): (Option<Vec<pg_sys::Oid>>, Option<Vec<String>>) =
+        match (tables, &cfg.common().tables) {
+            (Tables::Kept(oids), _) => (oids, None),
+            (Tables::Resolve, Some(names)) => {
+                let (oids, qualified): (Vec<pg_sys::Oid>, Vec<String>) = names
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| super::access::as_caller(|| resolve_table(&format!("config.tables[{i}]"), n)))
+                    .unzip();
+                for oid in &oids {
+                    super::access::require_select(*oid, "carry");
+                }
+                (Some(oids), Some(qualified))
             }
-            (Some(oids), Some(qualified))
-        }
-        None => (None, None),
-    };
+            (Tables::Resolve, None) => (None, None),
+        };
     // A table it carries that tokenizes needs the key, or the sink would stop at once.
     let carried = super::capture::captured_configs(schema, table_oids.as_deref());
     if let Some((table, _)) = carried.iter().find(|(_, c)| c.tokenizes()) {
         crate::keys::require_token_key(&format!("sink \"{sink_name}\" carries {table}, whose capture config"));
     }
-    if let Some(oids) = &table_oids {
+    if let Some(oids) = table_oids.as_ref().filter(|_| resolve) {
         for (oid, name) in oids.iter().zip(cfg.common().tables.iter().flatten()) {
             refuse_event_table(schema, *oid, name);
         }

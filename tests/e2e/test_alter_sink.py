@@ -102,3 +102,25 @@ def test_alter_refuses_what_would_break_the_guarantee_and_never_shows_secrets(pg
     out = alter(pg, name, {"properties": {"client.id": "two"}})
     assert out["changed"] == {"properties": {"from": "(secret)", "to": "(secret)"}}, out
     assert "two" not in json.dumps(out)
+
+
+def test_a_sink_whose_table_was_dropped_can_still_be_altered_and_keeps_waiting_for_it(pg, sinks, unique):
+    """Unchanged `tables` are not resolved again: a dropped table stays listed (missing_tables) and the
+    other keys change."""
+    t1, t2 = captured(pg, unique, "alter_kept1"), captured(pg, unique, "alter_kept2")
+    name, old, new = f"alter_kept_{unique}", f"alter-kept-a-{unique}", f"alter-kept-b-{unique}"
+    sinks.add(name, old, tables=[t1, t2])
+    sinks.topics.append(new)
+    pg.execute(f"DROP TABLE {t2}")
+    out = alter(pg, name, {"topic": new})
+    assert out["changed"] == {"topic": {"from": old, "to": new}}, out
+    assert pg.execute("SELECT missing_tables FROM cdc_status() WHERE sink_name = %s", (name,)).fetchone()[0] == \
+        [f"public.{t2}"]
+    time.sleep(2)
+    pg.execute(f"INSERT INTO {t1} VALUES (1, 'a')")
+    assert ids_of(consume(new, 1, timeout=60)) == [1]
+    # Changing `tables` resolves them again: the dropped one must go (or exist again).
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        alter(pg, name, {"tables": [t2, t1]})
+    assert alter(pg, name, {"tables": [t1]})["changed"] == {"tables": {"from": [t1, t2], "to": [t1]}}
+    assert pg.execute("SELECT missing_tables FROM cdc_status() WHERE sink_name = %s", (name,)).fetchone()[0] == []
