@@ -91,7 +91,7 @@ SELECT cdc_add_sink('regress_first', 'kafka', '{"bootstrap_servers": "127.0.0.1:
 \set VERBOSITY terse
 UPDATE _cdc_sinks SET state = 'stopped' WHERE sink_name = 'regress_first'; \echo SQLSTATE :SQLSTATE
 \set VERBOSITY default
-SELECT state IN ('creating_slot', 'starting', 'running', 'retrying', 'error') AS known_state
+SELECT state IN ('creating_slot', 'starting', 'snapshotting', 'running', 'retrying', 'error') AS known_state
   FROM _cdc_sinks WHERE sink_name = 'regress_first';
 SELECT cdc_drop_sink('regress_first');
 

@@ -93,7 +93,7 @@ impl DriverPort for Host<'_> {
     }
 
     fn committed_at_destination(&mut self) {
-        if self.failpoint.fires(Failpoint::AfterSinkCommit, &self.row.name) {
+        if self.failpoint.fires(Failpoint::AfterSinkCommit, &self.row.name) && still_armed(&self.row.name) {
             pgrx::log!(
                 "pg_cdc worker: failpoint after_sink_commit of sink \"{}\": exiting before the slot is confirmed",
                 self.row.name
@@ -139,6 +139,20 @@ fn record_latencies(sink_id: &str, sent: &[Sent], acked: i64) {
 /// Reads `cdc.test_failpoint` again when it changed from `current` (its text, and what it arms):
 /// a refused value arms nothing and is logged once. Arming is logged, so a test knows when the
 /// worker has it.
+/// Whether `after_sink_commit` of `sink` is still armed now: a reload the postmaster signalled since
+/// the worker last read its settings (it reads them at the top of its loop) may have disarmed it.
+/// The settings are read again first, so a test that saw the reload reach new sessions knows no
+/// worker fires after it.
+fn still_armed(sink: &str) -> bool {
+    if pgrx::bgworkers::BackgroundWorker::sighup_received() {
+        // SAFETY: the documented way for a background worker to reload postgresql.conf (on its
+        // main thread, between transactions of the delivery); a sink worker's loop does nothing
+        // else on a reload.
+        unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+    }
+    Armed::parse(&gucs::string(&gucs::TEST_FAILPOINT)).is_ok_and(|a| a.fires(Failpoint::AfterSinkCommit, sink))
+}
+
 pub fn refresh_failpoint(current: &mut (String, Armed), who: &str) {
     let text = gucs::string(&gucs::TEST_FAILPOINT);
     if text == current.0 {

@@ -380,7 +380,10 @@ impl Worker {
             let slot = row.slot.clone();
             match run_tx(|| source::create_slot(&slot)) {
                 Ok(()) => self.set_state(id, SinkState::Starting, None),
-                Err(e) => self.fail(id, SinkState::Error, format!("cannot create replication slot {slot}: {e}")),
+                // It stays creating_slot (with the reason) and is tried again after the backoff: a
+                // sink marked error here was never given its slot (only creating_slot makes one),
+                // and every later pass reported the slot as dropped.
+                Err(e) => self.fail(id, SinkState::CreatingSlot, format!("cannot create replication slot {slot}: {e}")),
             }
             return None;
         }

@@ -355,6 +355,12 @@ def crash_at_failpoint(pg, sink, write):
         # armed, each replacement living only milliseconds.
         wait_for(lambda: f'failpoint after_sink_commit of sink "{sink}": exiting' in server_log(logged),
                  timeout=30, what="worker exited at the failpoint")
+    # Disarmed once a new session sees it: the postmaster has reloaded and signalled every worker,
+    # and a worker reads its settings again before it fires (one forked before the reload, or in a
+    # pass when the signal came, fired again after a later commit: a flake in CI).
+    with connect() as c:
+        wait_for(lambda: c.execute("SELECT current_setting('cdc.test_failpoint')").fetchone()[0] == "",
+                 timeout=10, what="the failpoint disarmed")
     wait_for(lambda: worker_pid(pg, sink) not in (None, old), timeout=30, what="a new worker for the sink")
 
 

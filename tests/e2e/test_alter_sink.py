@@ -124,3 +124,20 @@ def test_a_sink_whose_table_was_dropped_can_still_be_altered_and_keeps_waiting_f
         alter(pg, name, {"tables": [t2, t1]})
     assert alter(pg, name, {"tables": [t1]})["changed"] == {"tables": {"from": [t1, t2], "to": [t1]}}
     assert pg.execute("SELECT missing_tables FROM cdc_status() WHERE sink_name = %s", (name,)).fetchone()[0] == []
+
+
+def test_a_sink_in_error_for_its_config_is_fixed_in_place_and_loses_nothing(pg, sinks, unique):
+    """A Kafka property the client refuses puts the sink in error (an operator's fix); cdc_alter_sink
+    removes it, the sink runs from its slot's position, and the rows written meanwhile arrive once."""
+    t = captured(pg, unique, "alter_fix")
+    name, topic = f"alter_fix_{unique}", f"alter-fix-{unique}"
+    sinks.add(name, topic, tables=[t], properties={"message.max.bytes": "not-a-number"})
+    pg.execute(f"INSERT INTO {t} SELECT g, 'v' FROM generate_series(1, 10) g")
+    state = wait_for(lambda: (s := sink_state(pg, name)) and s[0] == "error" and s, timeout=60,
+                     what="the sink in error")
+    assert "message.max.bytes" in state[1], state
+    out = alter(pg, name, {"properties": None})
+    assert out["changed"] == {"properties": {"from": "(secret)", "to": None}}, out
+    pg.execute(f"INSERT INTO {t} SELECT g, 'v' FROM generate_series(11, 20) g")
+    assert_exactly_once(consume(topic, 20, timeout=90), range(1, 21))
+    wait_for(lambda: sink_state(pg, name) == ("running", None), what="the sink running, its error gone")

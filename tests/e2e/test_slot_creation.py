@@ -11,10 +11,11 @@ creation is blocked where it must be, so they do not depend on chance. The contr
 call through a query (PL/pgSQL's PERFORM) in the same order: it must fail."""
 import json
 import threading
+import time
 
 import psycopg
 
-from conftest import connect, wait_for
+from conftest import BOOTSTRAP, connect, consume, sink_state, wait_for
 from test_table_sink import TableSinks
 
 
@@ -97,3 +98,51 @@ def test_control_the_same_order_fails_a_slot_created_through_a_query(pg, unique)
         pg.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
                    (slot,))
         pg.execute(f"DROP TABLE {t}")
+
+
+def test_a_slot_the_worker_cannot_make_yet_is_made_once_it_can(pg, sinks, unique):
+    """A sink added in a transaction that had written gets its slot from the worker after COMMIT. With
+    every replication slot in use the worker cannot make it: the sink stays creating_slot with the
+    reason and is tried again, and once a slot is free it is made and every row arrives (its snapshot:
+    the rows committed before the slot, as READ events). Regression: the failure marked the sink error,
+    and since only creating_slot makes a slot, every later pass reported the slot as dropped."""
+    t = f"slotlater_{unique}"
+    pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+    pg.execute("SELECT cdc_enable(%s)", (t,))
+    name, topic = f"slotlater_{unique}", f"slotlater-{unique}"
+    fill = []
+    try:
+        # Slots of sinks dropped by the tests before go first (the launcher drops them shortly after),
+        # or one would free up under the fill.
+        wait_for(lambda: pg.execute(
+            "SELECT count(*) = 0 FROM pg_replication_slots WHERE slot_name LIKE '\\_cdc\\_%' "
+            "AND slot_name <> '_cdc_group' AND slot_name NOT IN (SELECT slot_name FROM _cdc_sinks)").fetchone()[0],
+            timeout=60, what="no slot of a dropped sink left")
+        while True:
+            try:
+                fill.append(f"e2e_fill_{unique}_{len(fill)}")
+                pg.execute("SELECT pg_create_physical_replication_slot(%s)", (fill[-1],))
+            except psycopg.errors.ConfigurationLimitExceeded:
+                fill.pop()
+                break
+        with connect() as c:
+            c.execute("BEGIN")
+            c.execute(f"INSERT INTO {t} VALUES (1, 'before')")
+            c.execute("SELECT cdc_add_sink(%s, 'kafka', %s::jsonb)",
+                      (name, json.dumps({"bootstrap_servers": BOOTSTRAP, "topic": topic, "tables": [t]})))
+            c.execute("COMMIT")
+        sinks.names.append(name)
+        sinks.topics.append(topic)
+        state = wait_for(lambda: (s := sink_state(pg, name)) and s[1] and s, what="the failure recorded")
+        assert state[0] == "creating_slot" and "cannot create replication slot" in state[1], state
+        time.sleep(2)
+        assert sink_state(pg, name)[0] == "creating_slot", "still waiting for a slot, not given up"
+        pg.execute("SELECT pg_drop_replication_slot(%s)", (fill.pop(),))
+        wait_for(lambda: sink_state(pg, name)[0] == "running", timeout=90, what="the slot made and the sink running")
+    finally:
+        for slot in fill:
+            pg.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    pg.execute(f"INSERT INTO {t} VALUES (2, 'after')")
+    got = consume(topic, 2, timeout=60)
+    assert sorted(m["value"]["after"]["id"] for m in got) == [1, 2], got
+    assert sink_state(pg, name) == ("running", None)

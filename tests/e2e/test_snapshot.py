@@ -275,6 +275,8 @@ def test_an_initial_only_sink_delivers_its_snapshot_then_finishes_and_holds_no_w
     # Nor is there anything to pause.
     with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="is finished"):
         pg.execute("SELECT cdc_pause_sink(%s)", (name,))
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="is finished"):
+        pg.execute("SELECT cdc_alter_sink(%s, '{\"retention_hours\": 24}')", (name,))
     pg.execute("SELECT cdc_disable(%s)", (t,))
     pg.execute("SELECT cdc_enable(%s)", (t,))  # its capture starts again: no snapshot for a finished sink
     assert len(snapshot_rows(pg, name)) == 1

@@ -10,7 +10,7 @@
 //!       │              ▲                              │                           │
 //!       │ (slot made   │ (worker made the slot)       ├─ broker away, timeout ─▶ retrying
 //!       ▼  after COMMIT)                              └─ needs an operator ────▶ error
-//!  creating_slot ──────┘
+//!  creating_slot ──────┘        (starting fails as running does: retrying or error)
 //!
 //!  any state but creating_slot and finished ──cdc_pause_sink──▶ paused ──cdc_resume_sink──▶ starting
 //!                                       (or by itself, past cdc.paused_max_wal_size) ──┘
@@ -25,9 +25,11 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SinkState {
     /// Added inside a transaction that had already written: the worker creates its slot after
-    /// the commit.
+    /// the commit (and, when it cannot yet, stays here with the reason and tries again).
     CreatingSlot,
-    /// The slot exists; nothing delivered since the worker (re)started the sink.
+    /// The slot exists (made by `cdc_add_sink`, or by the worker after the adding transaction
+    /// committed), or the sink was resumed: nothing delivered yet since. A worker that restarts
+    /// does not write it: the state stays what it was until the next change.
     Starting,
     /// Delivering its snapshot (the rows its tables held when it was added, as READ events),
     /// and the changes since.
