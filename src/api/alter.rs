@@ -61,17 +61,13 @@ fn cdc_alter_sink(sink_name: Option<&str>, config: Option<JsonB>) -> JsonB {
         pgrx::notice!("sink \"{sink_name}\": nothing to change");
         return JsonB(json!({"sink": sink_name, "changed": {}, "snapshots": [], "no_longer_carried": []}));
     }
-    let old: Option<Vec<u32>> =
-        row["oids"].as_array().map(|a| a.iter().filter_map(|o| o.as_u64()).map(|o| o as u32).collect());
+    let old: Option<Vec<pg_sys::Oid>> = row["oids"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|o| o.as_u64()).map(|o| pg_sys::Oid::from(o as u32)).collect());
     // Unchanged `tables` stay as the sink has them (a table dropped since stays listed, waiting).
     let tables_changed = plan.changed.iter().any(|k| k == "tables");
-    let tables = if tables_changed {
-        Tables::Resolve
-    } else {
-        Tables::Kept(old.as_ref().map(|v| v.iter().map(|o| pg_sys::Oid::from(*o)).collect()))
-    };
+    let tables = if tables_changed { Tables::Resolve } else { Tables::Kept(old.clone()) };
     let (table_oids, table_names) = super::sinks::check_sink(&schema, sink_name, &plan.parsed, tables);
-    let new: Option<Vec<u32>> = table_oids.as_ref().map(|v| v.iter().map(|o| o.to_u32()).collect());
     let sink_id = catalog::str_field(&row, "id").to_string();
 
     crate::worker::launcher::catalog_changed();
@@ -95,10 +91,9 @@ fn cdc_alter_sink(sink_name: Option<&str>, config: Option<JsonB>) -> JsonB {
         );
     }
     let (mut snapshots, mut dropped) = (Value::Array(vec![]), Value::Array(vec![]));
-    if old != new && catalog::has_snapshots(&schema) {
+    if old != table_oids && catalog::has_snapshots(&schema) {
         let (open, cancelled) = (SnapshotState::open_sql(), SnapshotState::Cancelled.sql());
-        let oids = |v: &Option<Vec<u32>>| v.clone().map(|v| v.into_iter().map(pg_sys::Oid::from).collect::<Vec<_>>());
-        let args = || [sink_id.as_str().into(), oids(&old).into(), oids(&new).into()];
+        let args = || [sink_id.as_str().into(), old.clone().into(), table_oids.clone().into()];
         // No longer carried: the captured tables it stops carrying, and their open snapshots for it end.
         dropped = catalog::json(
             &format!(

@@ -252,7 +252,6 @@ pub(crate) fn check_sink(
     }
     super::access::check_sink_config(cfg);
     // With their schema-qualified names, kept to bind a table of that name created again after a DROP.
-    let resolve = matches!(tables, Tables::Resolve);
     let (table_oids, table_names): (Option<Vec<pg_sys::Oid>>, Option<Vec<String>>) =
         match (tables, &cfg.common().tables) {
             (Tables::Kept(oids), _) => (oids, None),
@@ -262,8 +261,9 @@ pub(crate) fn check_sink(
                     .enumerate()
                     .map(|(i, n)| super::access::as_caller(|| resolve_table(&format!("config.tables[{i}]"), n)))
                     .unzip();
-                for oid in &oids {
+                for (oid, name) in oids.iter().zip(names) {
                     super::access::require_select(*oid, "carry");
+                    refuse_event_table(schema, *oid, name);
                 }
                 (Some(oids), Some(qualified))
             }
@@ -273,11 +273,6 @@ pub(crate) fn check_sink(
     let carried = super::capture::captured_configs(schema, table_oids.as_deref());
     if let Some((table, _)) = carried.iter().find(|(_, c)| c.tokenizes()) {
         crate::keys::require_token_key(&format!("sink \"{sink_name}\" carries {table}, whose capture config"));
-    }
-    if let Some(oids) = table_oids.as_ref().filter(|_| resolve) {
-        for (oid, name) in oids.iter().zip(cfg.common().tables.iter().flatten()) {
-            refuse_event_table(schema, *oid, name);
-        }
     }
     if let Err(e) = cdc_sinks::secrets::check_files(cfg) {
         raise(CdcError::new(ErrorKind::PrerequisiteState, format!("config.{}: {}", e.key, e.error)).hint(format!(
