@@ -5,6 +5,8 @@ REVOKE EXECUTE ON FUNCTION cdc_disable(regclass) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_add_sink(text, text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_drop_sink(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_alter_sink(text, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_reconcile(jsonb, boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_export_spec() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_pause_sink(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_resume_sink(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_delivery_status(text) FROM PUBLIC;
@@ -514,6 +516,8 @@ COMMENT ON FUNCTION cdc_disable(regclass) IS 'pg_cdc: stops capturing a table an
 COMMENT ON FUNCTION cdc_add_sink(text, text, jsonb) IS 'pg_cdc: adds a destination (kafka, kinesis, eventhub, pubsub, pulsar, webhook, postgres, table) with its own slot; it starts with a snapshot of its tables';
 COMMENT ON FUNCTION cdc_drop_sink(text) IS 'pg_cdc: drops a destination, its slot and its progress';
 COMMENT ON FUNCTION cdc_alter_sink(text, jsonb) IS 'pg_cdc: changes a sink''s config in place (the keys given; null removes one), keeping its position and guarantee; tables added are back-filled';
+COMMENT ON FUNCTION cdc_reconcile(jsonb, boolean) IS 'pg_cdc: brings capture and sinks to a declared spec (dry run by default: returns the plan); drops are guarded, force_drop lifts the guard';
+COMMENT ON FUNCTION cdc_export_spec() IS 'pg_cdc: the captured tables and sinks as a spec for cdc_reconcile, secrets as "(unchanged)"';
 COMMENT ON FUNCTION cdc_pause_sink(text) IS 'pg_cdc: pauses a sink: its worker stops, its slot keeps its position (and the WAL after it) until cdc_resume_sink';
 COMMENT ON FUNCTION cdc_resume_sink(text) IS 'pg_cdc: resumes a paused sink from its slot''s position, with its delivery guarantee';
 COMMENT ON FUNCTION cdc_snapshot(regclass, text, boolean) IS 'pg_cdc: asks for a new snapshot of a captured table (READ events of its rows) for one sink or every sink carrying it';

@@ -28,7 +28,7 @@ use crate::errors::{raise, OrRaise};
 /// SELECT cdc_alter_sink('kafka_orders', '{"topic": "orders-v2", "linger_ms": 20}');
 /// ```
 #[pg_extern(volatile)]
-fn cdc_alter_sink(sink_name: Option<&str>, config: Option<JsonB>) -> JsonB {
+pub(crate) fn cdc_alter_sink(sink_name: Option<&str>, config: Option<JsonB>) -> JsonB {
     let _quiet = super::quiet_statement();
     let sink_name = required(sink_name, "sink_name");
     let patch = required(config, "config");

@@ -10,7 +10,7 @@ use crate::catalog::{self, str_field, strings_field, PUBLICATION, PUBLICATION_IN
 use crate::errors::{raise, OrRaise};
 
 /// Reads the shape of a table and refuses relations that cannot be captured.
-fn table_shape(oid: pg_sys::Oid) -> (Value, TableShape) {
+pub(crate) fn table_shape(oid: pg_sys::Oid) -> (Value, TableShape) {
     let v = catalog::json(catalog::TABLE_SHAPE_SQL, &[oid.into()]).unwrap_or_else(|| {
         raise(CdcError::new(ErrorKind::UndefinedTable, format!("relation with OID {} does not exist", oid.to_u32())))
     });
@@ -513,7 +513,7 @@ fn restore_replica_identity(qualified: &str, prev: Option<&str>, prev_index: Opt
 CREATE FUNCTION cdc_disable(table_name regclass) RETURNS void
 VOLATILE LANGUAGE c AS '@MODULE_PATHNAME@', '@FUNCTION_NAME@';
 "#)]
-fn cdc_disable(table_name: Option<pg_sys::Oid>) {
+pub(crate) fn cdc_disable(table_name: Option<pg_sys::Oid>) {
     let oid = required(table_name, "table_name");
     super::access::require_select(oid, "stop capturing");
     let _entry = super::access::enter();

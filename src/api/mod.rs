@@ -9,6 +9,7 @@ pub mod multicloud;
 pub mod pause;
 pub mod preview;
 pub mod rebind;
+pub mod reconcile;
 pub mod schema;
 pub mod sinks;
 pub mod snapshots;

@@ -18,7 +18,7 @@ pub fn slot_name(id: &Uuid) -> String {
 
 /// Resolves one name of `config.tables` to an ordinary table's OID and its schema-qualified name (as
 /// `catalog::qualified_name` writes it), or raises an error naming the path.
-fn resolve_table(path: &str, name: &str) -> (pg_sys::Oid, String) {
+pub(crate) fn resolve_table(path: &str, name: &str) -> (pg_sys::Oid, String) {
     if !cdc_core::config::is_qualified_name(name) {
         raise(
             CdcError::new(ErrorKind::InvalidName, format!("{path}: \"{name}\" is not a valid table name"))
@@ -71,6 +71,13 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
     let sink_name = required(sink_name, "sink_name");
     let sink_type = required(sink_type, "sink_type");
     let config = required(config, "config");
+    add_sink(sink_name, sink_type, config, None)
+}
+
+/// What `cdc_add_sink` does, for it and `cdc_reconcile`: `slot_made` is the id of a sink whose slot
+/// `_cdc_<id>` the caller made already (before its transaction wrote), else the slot is made here
+/// when the transaction has not written yet, or by the worker after COMMIT.
+pub(crate) fn add_sink(sink_name: &str, sink_type: &str, config: JsonB, slot_made: Option<Uuid>) -> Uuid {
     check_prerequisites();
     let schema = schema();
     if sink_name.is_empty() || sink_name.len() > 200 {
@@ -111,8 +118,7 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         }
     }
 
-    let id = crate::catalog::select_one::<Uuid>("SELECT gen_random_uuid()", &[])
-        .unwrap_or_else(|| pgrx::error!("gen_random_uuid failed"));
+    let id = slot_made.unwrap_or_else(new_sink_id);
     let slot = slot_name(&id);
     // SAFETY: reads the current transaction's top-level xid, set once it has written.
     let wrote = unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId;
@@ -124,7 +130,9 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
              run ALTER EXTENSION pg_cdc UPDATE for snapshot_mode initial"
         );
     }
-    let slot_created = if wrote && !snapshot {
+    let slot_created = if slot_made.is_some() {
+        true
+    } else if wrote && !snapshot {
         // Without a snapshot, the changes committed between this COMMIT and the slot the worker
         // would make after it would never be delivered: no silent gap.
         raise(
@@ -217,6 +225,12 @@ fn cdc_add_sink(sink_name: Option<&str>, sink_type: Option<&str>, config: Option
         pgrx::notice!("{}", carried_tables_notice(&schema, sink_name, table_oids.as_deref(), snapshot));
     }
     id
+}
+
+/// A new sink's id (its slot is `_cdc_<id>`).
+pub(crate) fn new_sink_id() -> Uuid {
+    crate::catalog::select_one::<Uuid>("SELECT gen_random_uuid()", &[])
+        .unwrap_or_else(|| pgrx::error!("gen_random_uuid failed"))
 }
 
 /// Which tables [`check_sink`] checks a sink config with.
@@ -406,7 +420,7 @@ pub fn refuse_event_table(schema: &str, oid: pg_sys::Oid, display: &str) {
 /// SELECT cdc_drop_sink('kafka_orders');
 /// ```
 #[pg_extern(volatile)]
-fn cdc_drop_sink(sink_name: Option<&str>) {
+pub(crate) fn cdc_drop_sink(sink_name: Option<&str>) {
     let sink_name = required(sink_name, "sink_name");
     let _entry = super::access::enter();
     let schema = schema();

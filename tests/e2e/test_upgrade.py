@@ -230,3 +230,39 @@ def test_update_from_0_8_0_lets_a_delivering_sink_pause_and_resume(pg, sinks, un
         pg.execute("SELECT cdc_disable(table_oid::regclass) FROM _cdc_publications WHERE table_oid = to_regclass(%s)", (t,))
         if pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] != default:
             pg.execute("ALTER EXTENSION pg_cdc UPDATE")
+
+
+def test_update_from_0_9_0_reconciles_the_sinks_of_the_older_catalog(pg, sinks, unique):
+    """0.10.0 adds cdc_reconcile and cdc_export_spec: a sink of 0.9.0 that delivers through the update is in
+    the export (its secrets hidden), the export reconciles as a no-op, and a changed spec alters it in place."""
+    t, topic, name = f"upg9_{unique}", f"upg9-{unique}", f"upg9_{unique}"
+    default = pg.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'pg_cdc'").fetchone()[0]
+    drop_extension(pg)
+    pg.execute("CREATE EXTENSION pg_cdc VERSION '0.9.0'")
+    try:
+        pg.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+        pg.execute("SELECT cdc_enable(%s)", (t,))
+        sinks.add(name, topic, tables=[t], properties={"client.id": "upg9"})
+        pg.execute(f"INSERT INTO {t} VALUES (1)")
+        consume(topic, 1)
+        pg.execute("ALTER EXTENSION pg_cdc UPDATE")
+        assert pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] == default
+        spec = pg.execute("SELECT cdc_export_spec()").fetchone()[0]
+        mine = next(s for s in spec["sinks"] if s["name"] == name)
+        assert mine["config"]["properties"] == "(unchanged)", mine
+        out = pg.execute("SELECT cdc_reconcile(%s::jsonb, false)", (json.dumps(spec),)).fetchone()[0]
+        assert out["changes"] == 0, out
+        mine["config"]["linger_ms"] = 3
+        out = pg.execute("SELECT cdc_reconcile(%s::jsonb, false)", (json.dumps(spec),)).fetchone()[0]
+        assert [s["action"] for s in out["sinks"] if s["sink"] == name] == ["alter"], out
+        pg.execute(f"INSERT INTO {t} VALUES (2)")
+        assert sorted(m["value"]["after"]["id"] for m in consume(topic, 2)) == [1, 2]
+        grants = pg.execute(
+            "SELECT has_function_privilege('cdc_admin', 'cdc_reconcile(jsonb, boolean)', 'EXECUTE'), "
+            "has_function_privilege('public', 'cdc_export_spec()', 'EXECUTE')").fetchone()
+        assert grants == (False, False), grants
+    finally:
+        pg.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (name,))
+        pg.execute("SELECT cdc_disable(table_oid::regclass) FROM _cdc_publications WHERE table_oid = to_regclass(%s)", (t,))
+        if pg.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_cdc'").fetchone()[0] != default:
+            pg.execute("ALTER EXTENSION pg_cdc UPDATE")

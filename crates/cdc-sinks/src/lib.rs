@@ -24,6 +24,7 @@ pub mod pubsub;
 pub mod pulsar;
 pub mod registry;
 pub mod secrets;
+pub mod spec;
 pub mod table;
 #[cfg(test)]
 mod testutil;
