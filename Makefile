@@ -196,6 +196,11 @@ bench-sinks: up
 bench-read-path: up
 	@$(ENV) "$$PG_CDC_VENV/bin/python" bench/read_path.py $(READ_PATH_ARGS)
 
+## bench-reconcile: cdc_reconcile at the seed's scale, 250 table sinks over 50 tables, on a cluster of its own
+## (port 25433; about 5-10 minutes); writes bench/results/reconcile.md. Extra options: RECONCILE_ARGS='--sinks 100'
+bench-reconcile: install
+	@$(ENV) "$$PG_CDC_VENV/bin/python" bench/reconcile_scale.py $(RECONCILE_ARGS)
+
 ## golden: re-capture the pgoutput golden files from the running PostgreSQL
 golden:
 	@$(ENV) scripts/capture-golden.sh

@@ -7,6 +7,7 @@ REVOKE EXECUTE ON FUNCTION cdc_drop_sink(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_alter_sink(text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_reconcile(jsonb, boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_export_spec() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION cdc_verify(text, regclass, integer, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_pause_sink(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_resume_sink(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION cdc_delivery_status(text) FROM PUBLIC;
@@ -518,6 +519,7 @@ COMMENT ON FUNCTION cdc_drop_sink(text) IS 'pg_cdc: drops a destination, its slo
 COMMENT ON FUNCTION cdc_alter_sink(text, jsonb) IS 'pg_cdc: changes a sink''s config in place (the keys given; null removes one), keeping its position and guarantee; tables added are back-filled';
 COMMENT ON FUNCTION cdc_reconcile(jsonb, boolean) IS 'pg_cdc: brings capture and sinks to a declared spec (dry run by default: returns the plan); drops are guarded, force_drop lifts the guard';
 COMMENT ON FUNCTION cdc_export_spec() IS 'pg_cdc: the captured tables and sinks as a spec for cdc_reconcile, secrets as "(unchanged)"';
+COMMENT ON FUNCTION cdc_verify(text, regclass, integer, integer) IS 'pg_cdc: compares a captured table, encoded as the sink writes it, with what the sink''s destination holds once it delivered past the read: counts, checksums, the rows that differ';
 COMMENT ON FUNCTION cdc_pause_sink(text) IS 'pg_cdc: pauses a sink: its worker stops, its slot keeps its position (and the WAL after it) until cdc_resume_sink';
 COMMENT ON FUNCTION cdc_resume_sink(text) IS 'pg_cdc: resumes a paused sink from its slot''s position, with its delivery guarantee';
 COMMENT ON FUNCTION cdc_snapshot(regclass, text, boolean) IS 'pg_cdc: asks for a new snapshot of a captured table (READ events of its rows) for one sink or every sink carrying it';
@@ -566,7 +568,7 @@ GRANT EXECUTE ON FUNCTION cdc_enable(regclass, jsonb), cdc_enable_multicloud(reg
     cdc_resume_sink(text), cdc_snapshot(regclass, text, boolean),
     cdc_cancel_snapshot(regclass, text), cdc_schema_history(regclass), cdc_force_schema_break(regclass),
     cdc_create_version_topic(regclass, integer), cdc_check_compatibility(regclass, text),
-    cdc_preview(regclass, jsonb, integer), cdc_delivery_status(text), cdc_filter_metrics(regclass),
+    cdc_preview(regclass, jsonb, integer), cdc_verify(text, regclass, integer, integer), cdc_delivery_status(text), cdc_filter_metrics(regclass),
     cdc_multicloud_status(regclass), cdc_status(), cdc_check_failover(), cdc_ready(bigint), cdc_metrics(regclass),
     cdc_prometheus_metrics() TO cdc_admin;
 GRANT SELECT ON cdc_snapshots TO cdc_admin;

@@ -292,6 +292,29 @@ pub fn create_logical_slot(slot: &str) {
     }
 }
 
+/// Whether logical slot `slot` holds a change it has not confirmed (committed before `upto`, an LSN
+/// as text, when given), looked at through a temporary copy of it (a sink's worker may hold the slot
+/// itself): its WAL past the confirmed position decoded until the first transaction that publishes
+/// a change of a captured table, whichever sink it is for. WAL that is not such a change (a
+/// checkpoint, a running-transactions record) does not count, which the slot's lag in bytes cannot
+/// tell apart. Read-only statements only, so the caller's transaction gets no xid (after which
+/// PostgreSQL would make no slot in it, this copy included): call it before the transaction writes.
+pub fn slot_holds_change(slot: &str, upto: Option<&str>) -> bool {
+    // SAFETY: reads the backend's own process id.
+    let copy = format!("pg_cdc_look_{}", unsafe { pg_sys::MyProcPid });
+    let changes = select_one::<i64>(
+        &format!(
+            "SELECT count(*) FROM pg_copy_logical_replication_slot($1, $2, true),
+                    LATERAL pg_logical_slot_peek_binary_changes($2, $3::pg_lsn, 1, 'proto_version', '1',
+                                                                'publication_names', '{PUBLICATION_NAMES}')"
+        ),
+        &[slot.into(), copy.as_str().into(), upto.into()],
+    )
+    .unwrap_or(0);
+    select_one::<bool>("SELECT pg_drop_replication_slot($1) IS NULL", &[copy.as_str().into()]);
+    changes > 0
+}
+
 /// Whether the catalog has the snapshots' table: not before `ALTER EXTENSION pg_cdc UPDATE` brought
 /// it to 0.4.0.
 pub fn has_snapshots(schema: &str) -> bool {

@@ -14,6 +14,7 @@ pub mod schema;
 pub mod sinks;
 pub mod snapshots;
 pub mod status;
+pub mod verify;
 
 use cdc_core::{CdcError, ErrorKind};
 
@@ -149,4 +150,16 @@ pub(crate) fn schema() -> String {
     crate::catalog::extension_schema().unwrap_or_else(|| {
         raise(CdcError::new(ErrorKind::PrerequisiteState, "extension pg_cdc is not installed in this database"))
     })
+}
+
+/// Runs `f` (read-only SPI) under a new snapshot: in READ COMMITTED it sees what other
+/// transactions committed up to now, where the statement's own snapshot is frozen at its start.
+pub(crate) fn fresh<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: pushes a snapshot the read-only SPI calls in `f` use and pops it after them; on an
+    // ERROR inside `f` the transaction's abort clears the active-snapshot stack.
+    unsafe { pgrx::pg_sys::PushActiveSnapshot(pgrx::pg_sys::GetTransactionSnapshot()) };
+    let r = f();
+    // SAFETY: the snapshot pushed above is still the active one.
+    unsafe { pgrx::pg_sys::PopActiveSnapshot() };
+    r
 }

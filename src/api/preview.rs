@@ -43,143 +43,175 @@ fn cdc_preview(table_name: Option<pg_sys::Oid>, sample: Option<JsonB>, max_rows:
     }
     super::access::require_select(oid, "preview");
     let _entry = super::access::enter();
-    let schema = schema();
-    let captured = catalog::json(
-        &format!(
-            "SELECT jsonb_build_object('config', config, 'key_columns', to_jsonb(key_columns), 'name', table_name, \
-             'lookup_oids', lookup_oids::bigint[], \
-             'schema', n.nspname::text, 'relname', c.relname::text, 'replident', c.relreplident::text, \
-             'qualified', quote_ident(n.nspname::text) || '.' || quote_ident(c.relname::text), \
-             'columns', (SELECT jsonb_agg(jsonb_build_object('name', a.attname::text, 'type', a.atttypid::bigint, \
-                                          'typmod', a.atttypmod) ORDER BY a.attnum) \
-                           FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
-                            AND a.attgenerated = '')) \
-             FROM {schema}._cdc_publications p JOIN pg_class c ON c.oid = p.table_oid \
-             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.table_oid = $1"
-        ),
-        &[oid.into()],
-    )
-    .unwrap_or_else(|| super::not_captured(oid, "cdc_preview shows events of captured tables; cdc_enable it first."));
-    let keys: Vec<String> = serde_json::from_value(captured["key_columns"].clone()).unwrap_or_default();
-    let cfg = Arc::new(parse_stored_capture_config(&captured["config"], keys.clone()).or_raise());
-    let columns: Vec<RelationColumn> = captured["columns"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|c| {
-                    let name = str_field(c, "name").to_string();
-                    RelationColumn {
-                        is_key: keys.contains(&name),
-                        name,
-                        type_oid: c["type"].as_u64().unwrap_or(0) as u32,
-                        type_mod: c["typmod"].as_i64().unwrap_or(-1) as i32,
-                    }
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut types = TypeRegistry::new();
-    learn_type_oids(&columns.iter().map(|c| c.type_oid).collect::<Vec<_>>(), &mut types);
-    let relation = Relation {
-        oid: oid.to_u32(),
-        namespace: str_field(&captured, "schema").to_string(),
-        name: str_field(&captured, "relname").to_string(),
-        replica_identity: str_field(&captured, "replident").bytes().next().unwrap_or(b'd'),
-        columns,
-    };
-    let lookup_oids: Vec<u32> = serde_json::from_value(captured["lookup_oids"].clone()).unwrap_or_default();
-    for l in lookup_oids.iter().filter(|&&l| l != 0) {
-        super::access::require_select(pg_sys::Oid::from(*l), "preview the enrichment from");
-    }
-    let mut lookups = live_lookups(oid.to_u32(), &captured["config"], &lookup_oids);
-    for b in
-        (0..cfg.enrich.len()).filter_map(|i| lookups.binding(LookupId { table_oid: oid.to_u32(), position: i as u32 }))
-    {
-        learn_type_oids(&b.add_types, &mut types);
-    }
-    let mut plan = RelationPlan::new(relation, cfg, &types, true).unwrap_or_else(|e| {
-        raise(CdcError::new(e.kind, format!("the capture config no longer fits the table: {}", e.message)))
-    });
-    plan.bind_lookups(&lookups).or_raise();
-    let rows = row_texts(str_field(&captured, "qualified"), &plan.relation.columns, sample, limit);
+    let mut table = TableEncoder::new(oid, "cdc_preview shows events of captured tables; cdc_enable it first.");
+    let rows = row_texts(&table.qualified, &table.plan.relation.columns, sample, Some(limit));
+    let previews: Vec<Preview> = rows.iter().map(|texts| table.preview(texts)).collect();
+    let doc = Document { table: table.name.clone(), operation: "INSERT", previews };
+    JsonbText(serde_json::to_string(&doc).unwrap_or_else(|e| raise(CdcError::new(ErrorKind::Internal, e.to_string()))))
+}
 
-    let mut encoder =
-        Encoder::new(&catalog::select_one::<String>("SELECT current_database()::text", &[]).unwrap_or_default());
-    let mut key_error = None;
-    if plan.needs_token_key() {
-        match crate::keys::load(&crate::keys::settings()) {
-            Ok(Some(k)) => encoder.token_key = Some(k),
-            Ok(None) => key_error = Some(cdc_core::redact::MissingKey.to_string()),
-            Err(e) => key_error = Some(e),
+/// A captured table's events as the worker would encode them now: its capture config, relation,
+/// types, lookups (answered from the lookup tables as they are) and the tokenization key. For
+/// `cdc_preview` and `cdc_verify`.
+pub(crate) struct TableEncoder {
+    /// The table as SQL writes it, schema-qualified and quoted.
+    pub qualified: String,
+    /// Its name as the catalog records it.
+    pub name: String,
+    /// Its relation and capture config.
+    pub plan: RelationPlan,
+    types: TypeRegistry,
+    lookups: Lookups,
+    encoder: Encoder,
+    key_error: Option<String>,
+    txn: TxnInfo,
+}
+
+impl TableEncoder {
+    /// The encoder of a captured table (`not_captured_hint`: the HINT when it is not captured).
+    pub(crate) fn new(oid: pg_sys::Oid, not_captured_hint: &str) -> Self {
+        let schema = schema();
+        let captured = catalog::json(
+            &format!(
+                "SELECT jsonb_build_object('config', config, 'key_columns', to_jsonb(key_columns), 'name', table_name, \
+                 'lookup_oids', lookup_oids::bigint[], \
+                 'schema', n.nspname::text, 'relname', c.relname::text, 'replident', c.relreplident::text, \
+                 'qualified', quote_ident(n.nspname::text) || '.' || quote_ident(c.relname::text), \
+                 'columns', (SELECT jsonb_agg(jsonb_build_object('name', a.attname::text, 'type', a.atttypid::bigint, \
+                                              'typmod', a.atttypmod) ORDER BY a.attnum) \
+                               FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
+                                AND a.attgenerated = '')) \
+                 FROM {schema}._cdc_publications p JOIN pg_class c ON c.oid = p.table_oid \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.table_oid = $1"
+            ),
+            &[oid.into()],
+        )
+        .unwrap_or_else(|| super::not_captured(oid, not_captured_hint));
+        let keys: Vec<String> = serde_json::from_value(captured["key_columns"].clone()).unwrap_or_default();
+        let cfg = Arc::new(parse_stored_capture_config(&captured["config"], keys.clone()).or_raise());
+        let columns: Vec<RelationColumn> = captured["columns"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|c| {
+                        let name = str_field(c, "name").to_string();
+                        RelationColumn {
+                            is_key: keys.contains(&name),
+                            name,
+                            type_oid: c["type"].as_u64().unwrap_or(0) as u32,
+                            type_mod: c["typmod"].as_i64().unwrap_or(-1) as i32,
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut types = TypeRegistry::new();
+        learn_type_oids(&columns.iter().map(|c| c.type_oid).collect::<Vec<_>>(), &mut types);
+        let relation = Relation {
+            oid: oid.to_u32(),
+            namespace: str_field(&captured, "schema").to_string(),
+            name: str_field(&captured, "relname").to_string(),
+            replica_identity: str_field(&captured, "replident").bytes().next().unwrap_or(b'd'),
+            columns,
+        };
+        let lookup_oids: Vec<u32> = serde_json::from_value(captured["lookup_oids"].clone()).unwrap_or_default();
+        for l in lookup_oids.iter().filter(|&&l| l != 0) {
+            super::access::require_select(pg_sys::Oid::from(*l), "preview the enrichment from");
+        }
+        let lookups = live_lookups(oid.to_u32(), &captured["config"], &lookup_oids);
+        for b in (0..cfg.enrich.len())
+            .filter_map(|i| lookups.binding(LookupId { table_oid: oid.to_u32(), position: i as u32 }))
+        {
+            learn_type_oids(&b.add_types, &mut types);
+        }
+        let mut plan = RelationPlan::new(relation, cfg, &types, true).unwrap_or_else(|e| {
+            raise(CdcError::new(e.kind, format!("the capture config no longer fits the table: {}", e.message)))
+        });
+        plan.bind_lookups(&lookups).or_raise();
+        let mut encoder =
+            Encoder::new(&catalog::select_one::<String>("SELECT current_database()::text", &[]).unwrap_or_default());
+        let mut key_error = None;
+        if plan.needs_token_key() {
+            match crate::keys::load(&crate::keys::settings()) {
+                Ok(Some(k)) => encoder.token_key = Some(k),
+                Ok(None) => key_error = Some(cdc_core::redact::MissingKey.to_string()),
+                Err(e) => key_error = Some(e),
+            }
+        }
+        let now = catalog::select_one::<i64>("SELECT ((extract(epoch FROM now()) - 946684800) * 1000000)::int8", &[])
+            .unwrap_or(0);
+        let txn = TxnInfo { xid: 0, commit_lsn: Lsn(0), commit_time: now, event_count: 1 };
+        TableEncoder {
+            qualified: str_field(&captured, "qualified").to_string(),
+            name: str_field(&captured, "name").to_string(),
+            plan,
+            types,
+            lookups,
+            encoder,
+            key_error,
+            txn,
         }
     }
-    let now = catalog::select_one::<i64>("SELECT ((extract(epoch FROM now()) - 946684800) * 1000000)::int8", &[])
-        .unwrap_or(0);
-    let txn = TxnInfo { xid: 0, commit_lsn: Lsn(0), commit_time: now, event_count: 1 };
-    let previews: Vec<Preview> = rows
-        .iter()
-        .map(|texts| {
-            let tuple: Vec<TupleValue<'_>> = texts
-                .iter()
-                .map(|t| t.as_deref().map_or(TupleValue::Null, |s| TupleValue::Text(s.as_bytes())))
-                .collect();
-            let row: Value = plan
-                .relation
-                .columns
-                .iter()
-                .zip(texts)
-                .map(|(c, t)| (c.name.clone(), t.clone().map_or(Value::Null, Value::String)))
-                .collect::<serde_json::Map<_, _>>()
-                .into();
-            let mark = match &plan.filter {
-                None => Some(FilterMark::None),
-                Some(_) => plan.matched_branch(&tuple).map(FilterMark::Matched),
-            };
-            let Some(mark) = mark else {
-                let reason = format!(
-                    "the filter is not true for this row: {}",
-                    plan.config.filter.as_deref().unwrap_or_default()
-                );
-                return Preview::refused(row, reason);
-            };
-            if let Some(e) = &key_error {
-                return Preview::refused(row, e.clone());
-            }
-            let enriched: Vec<Option<LookupRow>> = (0..plan.enrich.len())
-                .map(|i| {
-                    let key = plan.lookup_key(i, &tuple)?;
-                    let key = std::str::from_utf8(key).ok()?;
-                    lookups.lookup(plan.enrich[i].id, key).ok().and_then(|(row, _)| row)
-                })
-                .collect();
-            let ch = RowChange {
-                plan: &plan,
-                op: Op::Insert,
-                lsn: Lsn(0),
-                old: None,
-                new: Some(&tuple),
-                ctx: None,
-                mark: &mark,
-                enriched: &enriched,
-            };
-            let ev = encoder.encode_row(&types, &ch, &txn, 1);
-            let text = String::from_utf8_lossy(&ev.payload).into_owned();
-            Preview {
-                row,
-                published: true,
-                reason: None,
-                filter_matched: Some(match &mark {
-                    FilterMark::Matched(b) => Value::String(b.to_string()),
-                    _ => Value::Null,
-                }),
-                key: ev.key.as_deref().and_then(raw_json),
-                event: raw_json(text.as_bytes()),
-                event_text: Some(text),
-            }
-        })
-        .collect();
-    let doc = Document { table: str_field(&captured, "name").to_string(), operation: "INSERT", previews };
-    JsonbText(serde_json::to_string(&doc).unwrap_or_else(|e| raise(CdcError::new(ErrorKind::Internal, e.to_string()))))
+
+    /// What an INSERT of the row with these column texts (the worker's text format) would publish.
+    pub(crate) fn preview(&mut self, texts: &[Option<String>]) -> Preview {
+        let tuple: Vec<TupleValue<'_>> =
+            texts.iter().map(|t| t.as_deref().map_or(TupleValue::Null, |s| TupleValue::Text(s.as_bytes()))).collect();
+        let row: Value = self
+            .plan
+            .relation
+            .columns
+            .iter()
+            .zip(texts)
+            .map(|(c, t)| (c.name.clone(), t.clone().map_or(Value::Null, Value::String)))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+        let mark = match &self.plan.filter {
+            None => Some(FilterMark::None),
+            Some(_) => self.plan.matched_branch(&tuple).map(FilterMark::Matched),
+        };
+        let Some(mark) = mark else {
+            let reason = format!(
+                "the filter is not true for this row: {}",
+                self.plan.config.filter.as_deref().unwrap_or_default()
+            );
+            return Preview::refused(row, reason);
+        };
+        if let Some(e) = &self.key_error {
+            return Preview::refused(row, e.clone());
+        }
+        let enriched: Vec<Option<LookupRow>> = (0..self.plan.enrich.len())
+            .map(|i| {
+                let key = self.plan.lookup_key(i, &tuple)?;
+                let key = std::str::from_utf8(key).ok()?;
+                self.lookups.lookup(self.plan.enrich[i].id, key).ok().and_then(|(row, _)| row)
+            })
+            .collect();
+        let ch = RowChange {
+            plan: &self.plan,
+            op: Op::Insert,
+            lsn: Lsn(0),
+            old: None,
+            new: Some(&tuple),
+            ctx: None,
+            mark: &mark,
+            enriched: &enriched,
+        };
+        let ev = self.encoder.encode_row(&self.types, &ch, &self.txn, 1);
+        let text = String::from_utf8_lossy(&ev.payload).into_owned();
+        Preview {
+            row,
+            published: true,
+            reason: None,
+            filter_matched: Some(match &mark {
+                FilterMark::Matched(b) => Value::String(b.to_string()),
+                _ => Value::Null,
+            }),
+            key: ev.key.as_deref().and_then(raw_json),
+            event: raw_json(text.as_bytes()),
+            event_text: Some(text),
+        }
+    }
 }
 
 /// `cdc_preview`'s result. Events and keys are the worker's JSON text as is (`RawValue`), so a
@@ -193,19 +225,19 @@ struct Document {
 
 /// One row's preview: published with its key, event and the event's text, or not, with the reason.
 #[derive(Serialize)]
-struct Preview {
+pub(crate) struct Preview {
     row: Value,
-    published: bool,
+    pub published: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    reason: Option<String>,
+    pub reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     filter_matched: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    key: Option<Box<RawValue>>,
+    pub key: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     event: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    event_text: Option<String>,
+    pub event_text: Option<String>,
 }
 
 impl Preview {
@@ -258,11 +290,18 @@ pgrx::impl_sql_translatable!(JsonbText, "jsonb");
 
 /// The text output of each column, under the worker's text format, for the given row or the
 /// table's first rows.
-fn row_texts(qualified: &str, columns: &[RelationColumn], row: Option<JsonB>, limit: i32) -> Vec<Vec<Option<String>>> {
+/// (`limit` None: every row.)
+pub(crate) fn row_texts(
+    qualified: &str,
+    columns: &[RelationColumn],
+    row: Option<JsonB>,
+    limit: Option<i32>,
+) -> Vec<Vec<Option<String>>> {
     let list = columns.iter().map(|c| output_text(&c.name)).collect::<Vec<_>>().join(", ");
-    let (from, arg) = match &row {
-        Some(r) => (format!("jsonb_populate_record(NULL::{qualified}, $1) t"), Some(r.0.clone())),
-        None => (format!("(SELECT * FROM {qualified} LIMIT {limit}) t"), None),
+    let (from, arg) = match (&row, limit) {
+        (Some(r), _) => (format!("jsonb_populate_record(NULL::{qualified}, $1) t"), Some(r.0.clone())),
+        (None, Some(limit)) => (format!("(SELECT * FROM {qualified} LIMIT {limit}) t"), None),
+        (None, None) => (format!("{qualified} t"), None),
     };
     let sql = format!("SELECT coalesce(jsonb_agg(jsonb_build_array({list})), '[]') FROM {from}");
     let out = with_text_format(|| match arg {

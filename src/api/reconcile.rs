@@ -67,10 +67,11 @@ fn live_sinks(schema: &str) -> Vec<LiveSink> {
             "SELECT coalesce(jsonb_agg(jsonb_build_object('name', s.sink_name, 'type', s.sink_type, 'config', s.config,
                         'state', s.state, 'oids', s.table_oids::bigint[], 'slot', r.slot_name IS NOT NULL,
                         'slot_name', s.slot_name,
-                        'snapshots', (SELECT count(*) FROM {schema}._cdc_snapshots n
-                                       WHERE n.sink_id = s.sink_id AND n.state IN {open}))
+                        'snapshots', coalesce(n.open, 0))
                       ORDER BY s.sink_name), '[]')
-               FROM {schema}._cdc_sinks s LEFT JOIN pg_replication_slots r ON r.slot_name = s.slot_name",
+               FROM {schema}._cdc_sinks s LEFT JOIN pg_replication_slots r ON r.slot_name = s.slot_name
+               LEFT JOIN (SELECT sink_id, count(*) AS open FROM {schema}._cdc_snapshots
+                           WHERE state IN {open} GROUP BY sink_id) n ON n.sink_id = s.sink_id",
             open = cdc_core::state::SnapshotState::open_sql()
         ),
         &[],
@@ -94,28 +95,17 @@ fn live_sinks(schema: &str) -> Vec<LiveSink> {
         .collect()
 }
 
-/// Whether the slot of a sink holds a change not yet confirmed, looked at through a temporary copy
-/// of it (the sink's worker may hold the slot itself): its WAL past the confirmed position decoded
-/// until the first transaction that publishes a change of a captured table, whichever sink it is
-/// for (WAL the sink does not capture, such as a checkpoint, is not a change; its lag in bytes
-/// cannot tell the two apart). The reason when it does.
+/// Why dropping a sink whose slot is `slot` would lose a change, if it would (see
+/// [`catalog::slot_holds_change`]).
 fn undelivered(slot: &str) -> Option<String> {
-    // SAFETY: reads the backend's own process id.
-    let copy = format!("pg_cdc_reconcile_{}", unsafe { pg_sys::MyProcPid });
-    let changes = catalog::select_one::<i64>(
-        &format!(
-            "SELECT count(*) FROM pg_copy_logical_replication_slot($1, $2, true),
-                    LATERAL pg_logical_slot_peek_binary_changes($2, NULL, 1, 'proto_version', '1',
-                                                                'publication_names', '{}')",
-            catalog::PUBLICATION_NAMES
-        ),
-        &[slot.into(), copy.as_str().into()],
-    )
-    .unwrap_or(0);
-    // Read-only, as the copy: a writing statement would give the transaction an xid, after which
-    // PostgreSQL makes no slot in it (the next sink's copy, the new sinks' slots).
-    catalog::select_one::<bool>("SELECT pg_drop_replication_slot($1) IS NULL", &[copy.as_str().into()]);
-    (changes > 0).then(|| format!("its slot {slot} holds changes it has not delivered"))
+    // SAFETY: reads the current transaction's state, on the backend's own thread.
+    if unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId {
+        // PostgreSQL makes no slot, the temporary copy included, in a transaction that wrote.
+        return Some(format!(
+            "its slot {slot} cannot be looked into from a transaction that has written (run cdc_reconcile on its own)"
+        ));
+    }
+    catalog::slot_holds_change(slot, None).then(|| format!("its slot {slot} holds changes it has not delivered"))
 }
 
 /// Runs `f`; an ERROR it raises is raised again with the spec element's path and name in front.
@@ -300,8 +290,11 @@ fn plan(schema: &str, spec: &Spec) -> Plan {
         }
         let shown = at_element(&t.path, &t.name, || {
             let (_, shape) = super::access::as_caller(|| super::capture::table_shape(oid));
-            parse_capture_config(&t.config, &shape).or_raise();
+            let cfg = parse_capture_config(&t.config, &shape).or_raise();
             super::sinks::refuse_event_table(schema, oid, &shape.display_name);
+            if cfg.tokenizes() {
+                crate::keys::require_token_key(&format!("the capture config of {}", shape.display_name));
+            }
             catalog::qualified_name(oid).unwrap_or_else(|| t.name.clone())
         });
         let live = live_tables.iter().find(|l| l.oid == oid);

@@ -59,7 +59,7 @@ fn cdc_snapshot(
     // renamed meanwhile (no sink is).
     let only = sink_name.and_then(|_| sinks.first().map(|(id, _)| id.clone()));
     run_request(oid, only.as_deref());
-    let ids = fresh(|| requested_ids(&schema, oid, &sinks));
+    let ids = super::fresh(|| requested_ids(&schema, oid, &sinks));
     if ids.is_empty() {
         raise(CdcError::new(
             ErrorKind::Internal,
@@ -131,18 +131,6 @@ fn cdc_cancel_snapshot(table_name: Option<pg_sys::Oid>, sink_name: Option<&str>)
         );
     }
     SetOfIterator::new(ids)
-}
-
-/// Runs `f` (read-only SPI) under a new snapshot: in READ COMMITTED it sees what other
-/// transactions committed up to now, where the statement's own snapshot is frozen at its start.
-fn fresh<R>(f: impl FnOnce() -> R) -> R {
-    // SAFETY: pushes a snapshot the read-only SPI calls in `f` use and pops it after them; on an
-    // ERROR inside `f` the transaction's abort clears the active-snapshot stack.
-    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
-    let r = f();
-    // SAFETY: the snapshot pushed above is still the active one.
-    unsafe { pg_sys::PopActiveSnapshot() };
-    r
 }
 
 /// Waiting follows progress that other transactions commit: the call must be its own statement's
@@ -429,7 +417,7 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 fn follow(schema: &str, table: &str, ids: &[i64]) {
     let mut last_notice: Option<Instant> = None;
     loop {
-        let rows: Vec<Progress> = fresh(|| {
+        let rows: Vec<Progress> = super::fresh(|| {
             catalog::json(
                 &format!(
                     "SELECT coalesce(jsonb_agg(jsonb_build_object(

@@ -56,6 +56,7 @@ SELECT cdc_enable('sensor_readings', '{"filter": "reading_value > threshold"}');
 
 # Each block, by its document and first line (and which occurrence of it): what it needs beyond TABLES
 # ("fresh": tables it creates itself, "setup": a statement run first, "sinks": sinks added before it,
+# "settled": their snapshots delivered before it runs,
 # "demo": make demo's cdc_demo.orders), and the SQLSTATE it may end with here and why.
 KNOWN = {
     ("README.md", "CREATE EXTENSION IF NOT EXISTS pg_cdc;", 1): {},
@@ -97,6 +98,11 @@ KNOWN = {
         {"sinks": {"kafka_orders": '{"topic": "orders-cdc", "tables": ["orders"]}'}},
     ("docs/sql-reference.md", "SELECT ready, reasons FROM cdc_ready();"): {},
     ("docs/sql-reference.md", "LISTEN cdc_sink_state;"): {},
+    ("docs/sql-reference.md", "SELECT jsonb_pretty(cdc_reconcile('{\"tables\": [{\"name\": \"orders\", \"config\": {\"operations\": [\"INSERT\", \"UPDATE\"]}}],"):
+        {},
+    ("docs/sql-reference.md", "SELECT jsonb_pretty(cdc_export_spec());"): {},
+    ("docs/sql-reference.md", "SELECT cdc_verify('orders_log', 'orders');"):
+        {"sinks": {"orders_log": '{"table": "orders_events", "type": "table", "tables": ["orders"]}'}, "settled": True},
 }
 
 
@@ -209,6 +215,11 @@ def test_block_runs_as_written(doc, first, n, line, text, hook_port, secrets, pg
             cfg = json.loads(config)
             kind = cfg.pop("type", "kafka")
             pg.execute("SELECT cdc_add_sink(%s, %s, %s::jsonb)", (name, kind, json.dumps(cfg)))
+        if need.get("settled"):
+            # The block reads what the sinks delivered: their snapshots first.
+            wait_for(lambda: pg.execute("SELECT count(*) FROM cdc_snapshots WHERE sink_name = ANY (%s) "
+                                        "AND state NOT IN ('done', 'skipped')",
+                                        (list(need["sinks"]),)).fetchone()[0] == 0, what="the sinks' snapshots")
         pg.execute("RESET search_path")
         start = wal_lsn(pg)
         out = run_block(text, hook_port)

@@ -233,7 +233,7 @@ def test_update_from_0_8_0_lets_a_delivering_sink_pause_and_resume(pg, sinks, un
 
 
 def test_update_from_0_9_0_reconciles_the_sinks_of_the_older_catalog(pg, sinks, unique):
-    """0.10.0 adds cdc_reconcile and cdc_export_spec: a sink of 0.9.0 that delivers through the update is in
+    """0.10.0 adds cdc_reconcile, cdc_export_spec and cdc_verify: a sink of 0.9.0 that delivers through the update is in
     the export (its secrets hidden), the export reconciles as a no-op, and a changed spec alters it in place."""
     t, topic, name = f"upg9_{unique}", f"upg9-{unique}", f"upg9_{unique}"
     default = pg.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'pg_cdc'").fetchone()[0]
@@ -259,8 +259,9 @@ def test_update_from_0_9_0_reconciles_the_sinks_of_the_older_catalog(pg, sinks, 
         assert sorted(m["value"]["after"]["id"] for m in consume(topic, 2)) == [1, 2]
         grants = pg.execute(
             "SELECT has_function_privilege('cdc_admin', 'cdc_reconcile(jsonb, boolean)', 'EXECUTE'), "
-            "has_function_privilege('public', 'cdc_export_spec()', 'EXECUTE')").fetchone()
-        assert grants == (False, False), grants
+            "has_function_privilege('public', 'cdc_export_spec()', 'EXECUTE'), "
+            "has_function_privilege('cdc_admin', 'cdc_verify(text, regclass, integer, integer)', 'EXECUTE')").fetchone()
+        assert grants == (False, False, True), grants
     finally:
         pg.execute("SELECT cdc_drop_sink(sink_name) FROM _cdc_sinks WHERE sink_name = %s", (name,))
         pg.execute("SELECT cdc_disable(table_oid::regclass) FROM _cdc_publications WHERE table_oid = to_regclass(%s)", (t,))

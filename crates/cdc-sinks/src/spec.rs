@@ -278,8 +278,10 @@ pub fn plan_sink(spec: &SinkSpec, live: Option<(&str, &Value)>) -> CdcResult<Sin
     }
     let mut patch = desired.as_object().cloned().unwrap_or_default();
     if let Some(live) = live_config.as_object() {
+        // A key the spec leaves out is removed, unless it cannot change in place (it applies when a
+        // sink is added, or the sink's guarantee rests on it): that one keeps the live value.
         for key in live.keys() {
-            if !patch.contains_key(key) {
+            if !patch.contains_key(key) && alter::refused(live_type, key).is_none() {
                 patch.insert(key.clone(), Value::Null);
             }
         }
@@ -426,6 +428,12 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        // Left out, a key that cannot change in place keeps its live value.
+        let once = json!({"topic": "t", "exactly_once": true, "snapshot_mode": "never"});
+        assert!(matches!(
+            plan_sink(&spec(json!({"topic": "t"})), Some(("kafka", &once))).unwrap(),
+            SinkAction::Nothing { .. }
+        ));
         let e = plan_sink(&spec(json!({"topic": "t", "exactly_once": false})), Some(("kafka", &live))).unwrap_err();
         assert_eq!(e.kind, ErrorKind::FeatureNotSupported);
         assert!(e.message.starts_with("spec.sinks[0] (\"k\"): config.exactly_once"), "{}", e.message);
