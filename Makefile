@@ -5,7 +5,7 @@ ENV := source scripts/env.sh &&
 # then compiles only pg_cdc's own crates, not its dependencies again.
 export CARGO_TARGET_DIR ?= $(or $(PG_CDC_CACHE),/var/cache/pg_cdc)/target
 
-.PHONY: demo test test-cluster check-pg18 smoke-pg18 failover failover-pg18 test-pg18 check-pg16 smoke-pg16 failover-pg16 deps install up down restart psql unit lint regress e2e chaos chaos-long golden golden-debezium bench bench-e2e bench-sinks bench-read-path bench-snapshot clean logs
+.PHONY: demo test test-cluster check-pg18 smoke-pg18 failover failover-pg18 test-pg18 check-pg16 smoke-pg16 failover-pg16 deps install up down restart psql unit lint regress e2e chaos chaos-long golden golden-debezium bench bench-e2e bench-sinks bench-read-path bench-snapshot bench-reconcile clean logs
 
 ## demo: install what is missing, build + install the extension, start PostgreSQL and Kafka, run the demo
 demo: up
