@@ -175,10 +175,10 @@ impl TableEncoder {
                 "the filter is not true for this row: {}",
                 self.plan.config.filter.as_deref().unwrap_or_default()
             );
-            return Preview::refused(row, reason);
+            return Preview::refused(row, reason, true);
         };
         if let Some(e) = &self.key_error {
-            return Preview::refused(row, e.clone());
+            return Preview::refused(row, e.clone(), false);
         }
         let enriched: Vec<Option<LookupRow>> = (0..self.plan.enrich.len())
             .map(|i| {
@@ -202,6 +202,7 @@ impl TableEncoder {
         Preview {
             row,
             published: true,
+            filtered: false,
             reason: None,
             filter_matched: Some(match &mark {
                 FilterMark::Matched(b) => Value::String(b.to_string()),
@@ -228,6 +229,9 @@ struct Document {
 pub(crate) struct Preview {
     row: Value,
     pub published: bool,
+    /// Not published because the filter is not true for it (`reason` says so too).
+    #[serde(skip)]
+    pub filtered: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -241,10 +245,11 @@ pub(crate) struct Preview {
 }
 
 impl Preview {
-    fn refused(row: Value, reason: String) -> Self {
+    fn refused(row: Value, reason: String, filtered: bool) -> Self {
         Preview {
             row,
             published: false,
+            filtered,
             reason: Some(reason),
             filter_matched: None,
             key: None,

@@ -80,17 +80,14 @@ fn live_sinks(schema: &str) -> Vec<LiveSink> {
     rows.as_array()
         .into_iter()
         .flatten()
-        .map(|r| {
-            let state = str_field(r, "state").to_string();
-            LiveSink {
-                name: str_field(r, "name").to_string(),
-                sink_type: str_field(r, "type").to_string(),
-                config: r["config"].clone(),
-                state,
-                oids: r["oids"].as_array().map(|a| a.iter().filter_map(Value::as_u64).map(|o| o as u32).collect()),
-                snapshotting: r["snapshots"].as_i64().unwrap_or(0) > 0,
-                slot: (r["slot"] == Value::Bool(true)).then(|| str_field(r, "slot_name").to_string()),
-            }
+        .map(|r| LiveSink {
+            name: str_field(r, "name").to_string(),
+            sink_type: str_field(r, "type").to_string(),
+            config: r["config"].clone(),
+            state: str_field(r, "state").to_string(),
+            oids: r["oids"].as_array().map(|a| a.iter().filter_map(Value::as_u64).map(|o| o as u32).collect()),
+            snapshotting: r["snapshots"].as_i64().unwrap_or(0) > 0,
+            slot: (r["slot"] == Value::Bool(true)).then(|| str_field(r, "slot_name").to_string()),
         })
         .collect()
 }
@@ -161,18 +158,9 @@ fn in_subtransaction<R>(f: impl FnOnce() -> R) -> Result<R, Box<CaughtError>> {
     }
 }
 
-/// The OID of a table the spec names, as the caller's search_path resolves it, or 42P01.
+/// The OID of a table the spec names, as the caller's search_path resolves it, or 42602 / 42P01.
 fn resolve(path: &str, name: &str) -> pg_sys::Oid {
-    if !cdc_core::config::is_qualified_name(name) {
-        raise(
-            CdcError::new(ErrorKind::InvalidName, format!("{path}: \"{name}\" is not a valid table name"))
-                .hint("Write it as in SQL: orders, sales.orders, or \"Mixed Case\"."),
-        );
-    }
-    super::access::as_caller(|| catalog::select_one::<pg_sys::Oid>("SELECT to_regclass($1)::oid", &[name.into()]))
-        .unwrap_or_else(|| {
-            raise(CdcError::new(ErrorKind::UndefinedTable, format!("{path}: relation \"{name}\" does not exist")))
-        })
+    super::access::as_caller(|| super::sinks::table_oid(path, name))
 }
 
 /// One declared table, resolved.

@@ -19,16 +19,7 @@ pub fn slot_name(id: &Uuid) -> String {
 /// Resolves one name of `config.tables` to an ordinary table's OID and its schema-qualified name (as
 /// `catalog::qualified_name` writes it), or raises an error naming the path.
 pub(crate) fn resolve_table(path: &str, name: &str) -> (pg_sys::Oid, String) {
-    if !cdc_core::config::is_qualified_name(name) {
-        raise(
-            CdcError::new(ErrorKind::InvalidName, format!("{path}: \"{name}\" is not a valid table name"))
-                .hint("Write it as in SQL: orders, sales.orders, or \"Mixed Case\"."),
-        );
-    }
-    let oid =
-        crate::catalog::select_one::<pg_sys::Oid>("SELECT to_regclass($1)::oid", &[name.into()]).unwrap_or_else(|| {
-            raise(CdcError::new(ErrorKind::UndefinedTable, format!("{path}: relation \"{name}\" does not exist")))
-        });
+    let oid = table_oid(path, name);
     let info = crate::catalog::json(
         "SELECT jsonb_build_object('relkind', c.relkind::text, 'display', c.oid::regclass::text, \
          'qualified', (SELECT quote_ident(n.nspname::text) FROM pg_namespace n WHERE n.oid = c.relnamespace) \
@@ -49,6 +40,21 @@ pub(crate) fn resolve_table(path: &str, name: &str) -> (pg_sys::Oid, String) {
         pgrx::notice!("{path}: table {display} is not captured yet; the sink receives its changes once cdc_enable('{display}') runs");
     }
     (oid, crate::catalog::str_field(&info, "qualified").to_string())
+}
+
+/// The OID of the relation a table name written as in SQL names (the current search_path resolves
+/// it), or an error naming the path: 42602 for a name that is not SQL name syntax, 42P01 for one that
+/// names nothing.
+pub(crate) fn table_oid(path: &str, name: &str) -> pg_sys::Oid {
+    if !cdc_core::config::is_qualified_name(name) {
+        raise(
+            CdcError::new(ErrorKind::InvalidName, format!("{path}: \"{name}\" is not a valid table name"))
+                .hint("Write it as in SQL: orders, sales.orders, or \"Mixed Case\"."),
+        );
+    }
+    crate::catalog::select_one::<pg_sys::Oid>("SELECT to_regclass($1)::oid", &[name.into()]).unwrap_or_else(|| {
+        raise(CdcError::new(ErrorKind::UndefinedTable, format!("{path}: relation \"{name}\" does not exist")))
+    })
 }
 
 /// Adds a destination. Returns its id. Each sink reads its own logical replication slot, so a

@@ -37,16 +37,20 @@ fn read_source(table: &mut TableEncoder) -> Source {
         Source { snapshot, keys: Vec::with_capacity(rows.len()), afters: Vec::with_capacity(rows.len()), filtered: 0 };
     for texts in &rows {
         let p = table.preview(texts);
-        if !p.published {
-            if let Some(reason) = p.reason.as_deref().filter(|r| !r.starts_with("the filter")) {
-                // Not the filter: the row cannot be encoded (no tokenization key, say).
-                raise(CdcError::new(
-                    ErrorKind::PrerequisiteState,
-                    format!("a row of {} cannot be encoded as the sink would: {reason}", table.name),
-                ));
-            }
+        if p.filtered {
             out.filtered += 1;
             continue;
+        }
+        if !p.published {
+            // Not the filter: the row cannot be encoded (no tokenization key, say).
+            raise(CdcError::new(
+                ErrorKind::PrerequisiteState,
+                format!(
+                    "a row of {} cannot be encoded as the sink would: {}",
+                    table.name,
+                    p.reason.unwrap_or_default()
+                ),
+            ));
         }
         let text = p.event_text.as_deref().unwrap_or("{}");
         let after = serde_json::from_str::<Event<'_>>(text).ok().and_then(|e| e.after).map(|a| a.get().to_string());
@@ -204,12 +208,12 @@ fn cdc_verify(
             "SELECT jsonb_build_object('type', s.sink_type, 'config', s.config, 'slot', s.slot_name, 'state', s.state,
                         'carries', s.table_oids IS NULL OR $2 = ANY (s.table_oids),
                         'slot_exists', EXISTS (SELECT 1 FROM pg_replication_slots r WHERE r.slot_name = s.slot_name),
-                        'event_table', (SELECT t.event_table::regclass::text FROM {schema}._cdc_table_sinks t WHERE t.sink_id = s.sink_id),
-                        'event_table_oid', (SELECT t.event_table::bigint FROM {schema}._cdc_table_sinks t WHERE t.sink_id = s.sink_id),
-                        'trimmed_upto', (SELECT t.trimmed_upto FROM {schema}._cdc_table_sinks t WHERE t.sink_id = s.sink_id),
+                        'event_table', t.event_table::regclass::text, 'event_table_oid', t.event_table::bigint,
+                        'trimmed_upto', t.trimmed_upto,
                         'snapshotting', EXISTS (SELECT 1 FROM {schema}._cdc_snapshots n WHERE n.sink_id = s.sink_id
                                                    AND n.table_oid = $2 AND n.state IN {open}))
-               FROM {schema}._cdc_sinks s WHERE s.sink_name = $1",
+               FROM {schema}._cdc_sinks s LEFT JOIN {schema}._cdc_table_sinks t USING (sink_id)
+              WHERE s.sink_name = $1",
             open = cdc_core::state::SnapshotState::open_sql()
         ),
         &[sink_name.into(), oid.into()],
